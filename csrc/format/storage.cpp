@@ -1,0 +1,222 @@
+#include "format/storage.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace scorch {
+namespace {
+
+// Level coordinates [level][nnz] of the input tuples, with range checks on the tensor coordinates.
+std::vector<std::vector<int64_t>> level_coords(const Format& f, std::span<const int64_t> shape,
+                                               std::span<const int64_t> coords, int64_t nnz) {
+  const int nd = f.ndim();
+  SCORCH_CHECK(static_cast<int64_t>(coords.size()) == nd * nnz,
+               "coordinates must have shape ({}, nnz={}), got {} entries", nd, nnz, coords.size());
+  for (int d = 0; d < nd; ++d) {
+    const int64_t* c = coords.data() + d * nnz;
+    for (int64_t k = 0; k < nnz; ++k) {
+      SCORCH_CHECK(c[k] >= 0 && c[k] < shape[d],
+                         "index out of range: nonzero {} has coordinate {} in dimension {} of size {}", k, c[k], d,
+                         shape[d]);
+    }
+  }
+  std::vector<std::vector<int64_t>> lc;
+  for (const auto& l : f.levels()) {
+    std::vector<int64_t> v(static_cast<size_t>(nnz));
+    const int64_t* c = coords.data() + l.expr.dim * nnz;
+    for (int64_t k = 0; k < nnz; ++k) v[k] = l.expr.apply(c[k]);
+    lc.push_back(std::move(v));
+  }
+  return lc;
+}
+
+// Sort order of the tuples by level coordinates (lexicographic, storage order).
+std::vector<int64_t> sort_order(const std::vector<std::vector<int64_t>>& lc, std::span<const int64_t> sizes,
+                                int64_t nnz) {
+  std::vector<int64_t> order(static_cast<size_t>(nnz));
+  std::iota(order.begin(), order.end(), 0);
+  // Fast path: a mixed-radix key when the level extents fit in 62 bits.
+  bool fits = true;
+  unsigned __int128 span = 1;
+  for (auto s : sizes) {
+    span *= static_cast<unsigned __int128>(std::max<int64_t>(s, 1));
+    if (span > (static_cast<unsigned __int128>(1) << 62)) fits = false;
+  }
+  if (fits) {
+    std::vector<int64_t> key(static_cast<size_t>(nnz), 0);
+    for (size_t l = 0; l < lc.size(); ++l)
+      for (int64_t k = 0; k < nnz; ++k) key[k] = key[k] * std::max<int64_t>(sizes[l], 1) + lc[l][k];
+    bool sorted = true;
+    for (int64_t k = 1; k < nnz && sorted; ++k) sorted = key[k - 1] <= key[k];
+    if (!sorted) std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    return order;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    for (const auto& v : lc)
+      if (v[a] != v[b]) return v[a] < v[b];
+    return false;
+  });
+  return order;
+}
+
+// Per-level buffers split out of a flat list.
+std::vector<std::span<const IndexSpan>> split_buffers(const Format& f, std::span<const IndexSpan> buffers) {
+  SCORCH_CHECK(static_cast<int>(buffers.size()) == f.buffer_count(),
+               "format '{}' stores {} index buffers, got {}", f.str(), f.buffer_count(), buffers.size());
+  std::vector<std::span<const IndexSpan>> per_level;
+  size_t at = 0;
+  for (const auto& l : f.levels()) {
+    const size_t n = l.kind->buffer_names().size();
+    per_level.push_back(buffers.subspan(at, n));
+    at += n;
+  }
+  return per_level;
+}
+
+std::string level_name(const Format& f, size_t k) {
+  return fmt::format("level {} ({} of dimension {})", k, f.levels()[k].kind->name(), f.levels()[k].expr.str());
+}
+
+}  // namespace
+
+Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz) {
+  SCORCH_CHECK(nnz >= 0, "number of nonzeros must be non-negative, got {}", nnz);
+  const auto sizes = f.level_sizes(shape);
+  const auto lc = level_coords(f, shape, coords, nnz);
+  const auto order = sort_order(lc, sizes, nnz);
+
+  // Unique tuples in sorted order; every input tuple maps to its unique tuple.
+  std::vector<int64_t> input_tuple(static_cast<size_t>(nnz));
+  std::vector<int64_t> first;  // input index of the first occurrence of each unique tuple
+  for (int64_t r = 0; r < nnz; ++r) {
+    const int64_t k = order[r];
+    bool same = r > 0;
+    if (same) {
+      const int64_t prev = order[r - 1];
+      for (const auto& v : lc) same = same && v[k] == v[prev];
+    }
+    if (!same) first.push_back(k);
+    input_tuple[k] = static_cast<int64_t>(first.size()) - 1;
+  }
+  const int64_t nt = static_cast<int64_t>(first.size());
+
+  Packed out;
+  std::vector<int64_t> parts{0, nt};  // the root owns all tuples
+  std::vector<int64_t> col(static_cast<size_t>(nt));
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    const auto& kind = *f.levels()[l].kind;
+    for (int64_t t = 0; t < nt; ++t) col[t] = lc[l][first[t]];
+    std::vector<std::vector<int64_t>> bufs(kind.buffer_names().size());
+    parts = kind.pack(parts, col, sizes[l], bufs);
+    for (auto& b : bufs) out.buffers.push_back(std::move(b));
+  }
+  out.value_count = static_cast<int64_t>(parts.size()) - 1;
+  // Each leaf position owns at most one tuple; record where each tuple went.
+  std::vector<int64_t> tuple_pos(static_cast<size_t>(nt), -1);
+  for (int64_t q = 0; q < out.value_count; ++q) {
+    SCORCH_ASSERT(parts[q + 1] - parts[q] <= 1, "leaf position {} holds {} tuples", q, parts[q + 1] - parts[q]);
+    if (parts[q + 1] > parts[q]) tuple_pos[parts[q]] = q;
+  }
+  out.value_pos.resize(static_cast<size_t>(nnz));
+  for (int64_t k = 0; k < nnz; ++k) out.value_pos[k] = tuple_pos[input_tuple[k]];
+  return out;
+}
+
+namespace {
+
+// Walk the levels breadth-first. For each level, coordinate and parent of each position.
+struct Walk {
+  std::vector<std::vector<int64_t>> coord, parent;
+};
+
+Walk walk(const Format& f, const std::vector<int64_t>& sizes, const std::vector<std::span<const IndexSpan>>& per_level,
+          const std::vector<int64_t>& counts) {
+  Walk w;
+  int64_t parents = 1;
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    std::vector<int64_t> c(static_cast<size_t>(counts[l])), par(static_cast<size_t>(counts[l]));
+    for (int64_t p = 0; p < parents; ++p) {
+      f.levels()[l].kind->for_each_child(per_level[l], sizes[l], p, [&](int64_t coord, int64_t pos) {
+        SCORCH_ASSERT(pos >= 0 && pos < counts[l], "child position {} out of range", pos);
+        c[pos] = coord;
+        par[pos] = p;
+      });
+    }
+    parents = counts[l];
+    w.coord.push_back(std::move(c));
+    w.parent.push_back(std::move(par));
+  }
+  return w;
+}
+
+// Level coordinates of leaf q, written into `out` (one per level).
+void leaf_coords(const Walk& w, int64_t q, std::vector<int64_t>& out) {
+  for (size_t l = w.coord.size(); l-- > 0;) {
+    out[l] = w.coord[l][q];
+    q = w.parent[l][q];
+  }
+}
+
+std::vector<int64_t> check_levels(const Format& f, const std::vector<int64_t>& sizes,
+                                  const std::vector<std::span<const IndexSpan>>& per_level) {
+  std::vector<int64_t> counts;
+  int64_t parents = 1;
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    parents = f.levels()[l].kind->validate(per_level[l], parents, sizes[l], level_name(f, l));
+    counts.push_back(parents);
+  }
+  return counts;
+}
+
+}  // namespace
+
+void validate(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+              int64_t value_count) {
+  const auto sizes = f.level_sizes(shape);
+  const auto per_level = split_buffers(f, buffers);
+  const auto counts = check_levels(f, sizes, per_level);
+  const int64_t expect = counts.empty() ? 1 : counts.back();
+  SCORCH_CHECK(value_count == expect, "values has {} entries but the index buffers describe {} stored positions",
+               value_count, expect);
+  if (!f.ordered() || f.levels().empty()) return;
+  // Whole tuples must be in lexicographic order, and strictly so when the format is unique.
+  const Walk w = walk(f, sizes, per_level, counts);
+  const size_t nl = f.levels().size();
+  std::vector<int64_t> prev(nl), cur(nl);
+  const bool unique = f.unique();
+  for (int64_t q = 0; q < value_count; ++q) {
+    leaf_coords(w, q, cur);
+    if (q > 0) {
+      const bool less = std::lexicographical_compare(prev.begin(), prev.end(), cur.begin(), cur.end());
+      SCORCH_CHECK(less || (!unique && prev == cur), "stored coordinates are {} at positions {} and {}",
+                   prev == cur ? "duplicated" : "not sorted", q - 1, q);
+    }
+    std::swap(prev, cur);
+  }
+}
+
+std::vector<int64_t> unpack(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                            int64_t value_count) {
+  const auto sizes = f.level_sizes(shape);
+  const auto per_level = split_buffers(f, buffers);
+  const auto counts = check_levels(f, sizes, per_level);
+  SCORCH_CHECK(value_count == (counts.empty() ? 1 : counts.back()), "values has {} entries, buffers describe {}",
+               value_count, counts.empty() ? 1 : counts.back());
+  const int nd = f.ndim();
+  std::vector<int64_t> out(static_cast<size_t>(nd * value_count), 0);
+  const Walk w = walk(f, sizes, per_level, counts);
+  std::vector<int64_t> lc(f.levels().size());
+  for (int64_t q = 0; q < value_count; ++q) {
+    leaf_coords(w, q, lc);
+    for (size_t l = 0; l < lc.size(); ++l) {
+      const auto& e = f.levels()[l].expr;
+      int64_t& slot = out[e.dim * value_count + q];
+      slot += e.part == LevelExpr::Part::outer ? lc[l] * e.block : lc[l];
+    }
+  }
+  return out;
+}
+
+}  // namespace scorch

@@ -1,0 +1,35 @@
+// Packing coordinates into a format's level buffers, validating buffers, and unpacking them back into
+// coordinates. Values never pass through here: pack reports where each input value lands so the caller can
+// scatter-add values of any dtype (which also sums duplicates), and unpack gives the coordinates of each
+// stored value position.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "format/format.h"
+
+namespace scorch {
+
+struct Packed {
+  std::vector<std::vector<int64_t>> buffers;  // flattened over levels, in Format::buffer_names() order
+  std::vector<int64_t> value_pos;              // for each input coordinate tuple, its value position
+  int64_t value_count = 0;                     // number of stored values (positions of the last level)
+};
+
+// `coords` is row-major [ndim][nnz]: coords[d * nnz + k] is coordinate d of nonzero k. Tuples may come in
+// any order and repeat; repeats map to the same value position. Raises IndexError for a coordinate out of
+// range.
+Packed pack(const Format& format, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz);
+
+// Check buffers (flattened over levels) against the format and shape: lengths, pos monotonic, coordinates in
+// range, sorted/unique where promised, and `value_count` equal to the number of stored positions.
+void validate(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+              int64_t value_count);
+
+// Coordinates of every stored value position, row-major [ndim][value_count]. Buffers must be valid.
+std::vector<int64_t> unpack(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                            int64_t value_count);
+
+}  // namespace scorch

@@ -1,0 +1,135 @@
+// Torch operators of the format layer: pack coordinates into level buffers, validate buffers, unpack them to
+// coordinates and densify. Registered in TORCH_LIBRARY(scorch) so Python, TorchScript and C++ share them.
+#include <torch/library.h>
+
+#include <ATen/ATen.h>
+
+#include "format/format.h"
+#include "format/storage.h"
+#include "convert.h"
+
+namespace scorch::torch_glue {
+
+std::vector<at::Tensor> checked_index_buffers(const std::vector<at::Tensor>& buffers,
+                                              const std::vector<std::string>& names) {
+  SCORCH_CHECK(buffers.size() == names.size(), "expected {} index buffers, got {}", names.size(), buffers.size());
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const auto& b = buffers[i];
+    SCORCH_CHECK_TYPE(b.scalar_type() == at::kInt || b.scalar_type() == at::kLong,
+                      "index buffer '{}' must be int32 or int64, got {}", names[i], c10::toString(b.scalar_type()));
+    SCORCH_CHECK(b.dim() == 1, "index buffer '{}' must be 1-D, got {} dimensions", names[i], b.dim());
+    SCORCH_CHECK(b.device().is_cpu(), "index buffer '{}' must be on the CPU", names[i]);
+    out.push_back(b.contiguous());
+  }
+  return out;
+}
+
+std::vector<IndexSpan> spans_of(const std::vector<at::Tensor>& buffers) {
+  std::vector<IndexSpan> spans;
+  for (const auto& b : buffers) {
+    if (b.scalar_type() == at::kLong) spans.emplace_back(b.data_ptr<int64_t>(), b.numel());
+    else spans.emplace_back(b.data_ptr<int32_t>(), b.numel());
+  }
+  return spans;
+}
+
+void check_values(const at::Tensor& v, const char* what) {
+  const auto t = v.scalar_type();
+  SCORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf,
+                    "{} must be float32, float64, bfloat16 or float16, got {}", what, c10::toString(t));
+  SCORCH_CHECK(v.dim() == 1, "{} must be 1-D, got {} dimensions", what, v.dim());
+  SCORCH_CHECK(v.device().is_cpu(), "{} must be on the CPU", what);
+}
+
+namespace {
+
+std::vector<int64_t> to_vec(c10::IntArrayRef a) { return {a.begin(), a.end()}; }
+
+std::tuple<std::vector<at::Tensor>, at::Tensor> pack_op(const at::Tensor& indices, const at::Tensor& values,
+                                                        c10::IntArrayRef size, c10::string_view format,
+                                                        at::ScalarType index_dtype) {
+  return translate_errors([&] {
+    const auto shape = to_vec(size);
+    const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
+    SCORCH_CHECK_TYPE(index_dtype == at::kInt || index_dtype == at::kLong, "index_dtype must be int32 or int64, got {}",
+                      c10::toString(index_dtype));
+    SCORCH_CHECK_TYPE(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
+                      "indices must be int32 or int64, got {}", c10::toString(indices.scalar_type()));
+    SCORCH_CHECK(indices.dim() == 2 && indices.size(0) == static_cast<int64_t>(shape.size()),
+                 "indices must have shape (ndim={}, nnz), got {}", shape.size(), c10::str(indices.sizes()));
+    check_values(values, "values");
+    SCORCH_CHECK(values.size(0) == indices.size(1), "indices describe {} nonzeros but values has {}", indices.size(1),
+                 values.size(0));
+    const at::Tensor idx = indices.to(at::kLong).contiguous();
+    const int64_t nnz = idx.size(1);
+    Packed p = pack(f, shape, {idx.data_ptr<int64_t>(), static_cast<size_t>(idx.numel())}, nnz);
+
+    const int64_t limit = index_dtype == at::kInt ? std::numeric_limits<int32_t>::max() : INT64_MAX;
+    std::vector<at::Tensor> buffers;
+    for (auto& b : p.buffers) {
+      for (auto x : b) SCORCH_CHECK(x <= limit, "index value {} does not fit in int32; use index_dtype=torch.int64", x);
+      buffers.push_back(at::tensor(b, at::kLong).to(index_dtype));
+    }
+    SCORCH_CHECK(p.value_count <= limit, "{} stored values do not fit int32 positions; use index_dtype=torch.int64",
+                 p.value_count);
+    at::Tensor out = at::zeros({p.value_count}, values.options());
+    if (nnz > 0) out.index_add_(0, at::tensor(p.value_pos, at::kLong), values);
+    return std::make_tuple(std::move(buffers), out);
+  });
+}
+
+void validate_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+                 c10::string_view format) {
+  translate_errors([&] {
+    const auto shape = to_vec(size);
+    const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
+    const auto bufs = checked_index_buffers(buffers, f.buffer_names());
+    check_values(values, "values");
+    const auto spans = spans_of(bufs);
+    validate(f, shape, spans, values.size(0));
+    return 0;
+  });
+}
+
+at::Tensor unpack_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+                     c10::string_view format) {
+  const int64_t value_count = values.size(0);
+  return translate_errors([&] {
+    const auto shape = to_vec(size);
+    const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
+    const auto bufs = checked_index_buffers(buffers, f.buffer_names());
+    const auto spans = spans_of(bufs);
+    auto coords = unpack(f, shape, spans, value_count);
+    return at::tensor(coords, at::kLong).reshape({static_cast<int64_t>(shape.size()), value_count});
+  });
+}
+
+at::Tensor to_dense_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+                       c10::string_view format) {
+  at::Tensor coords = unpack_op(buffers, values, size, format);
+  at::Tensor dense = at::zeros(size, values.options());
+  if (values.numel() == 0) return dense;
+  if (size.empty()) return values.reshape({}).clone();
+  c10::List<std::optional<at::Tensor>> index;
+  for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
+  return dense.index_put_(index, values, /*accumulate=*/true);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(scorch, m) {
+  m.def("pack(Tensor indices, Tensor values, int[] size, str format, ScalarType index_dtype) -> (Tensor[], Tensor)");
+  m.def("validate(Tensor[] buffers, Tensor values, int[] size, str format) -> ()");
+  m.def("unpack(Tensor[] buffers, Tensor values, int[] size, str format) -> Tensor");
+  m.def("to_dense(Tensor[] buffers, Tensor values, int[] size, str format) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(scorch, CPU, m) {
+  m.impl("pack", pack_op);
+  m.impl("validate", validate_op);
+  m.impl("unpack", unpack_op);
+  m.impl("to_dense", to_dense_op);
+}
+
+}  // namespace scorch::torch_glue

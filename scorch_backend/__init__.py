@@ -1,0 +1,25 @@
+"""Scorch: a sparse tensor compiler for PyTorch.
+
+    import scorch_backend as sb
+    A = sb.sparse(dense, format="csr")      # or "csc", "coo", "dcsr", "dcsc", "csf", "bsr", levels...
+    A.format, A.nnz, A.density, A.to_dense(), A.to_torch(torch.sparse_csr), A.to_scipy(), A.to_format("coo")
+"""
+
+from ._native import ops, ops_library_path
+from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
+from .format import Format, make_format
+from .tensor import SparseTensor
+
+__all__ = [
+    "Format",
+    "SparseTensor",
+    "from_coordinates",
+    "make_format",
+    "ops",
+    "ops_library_path",
+    "sparse",
+    "to_format",
+    "to_scipy",
+    "to_torch",
+]
+__version__ = "0.1.0"

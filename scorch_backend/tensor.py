@@ -1,0 +1,281 @@
+"""SparseTensor: a torch.Tensor wrapper subclass whose inner tensors are a format's level buffers and values.
+
+It is traceable (`__tensor_flatten__` / `__tensor_unflatten__`), so SparseTensors cross the torch.compile
+boundary with their format intact. ATen ops without a sparse rule yet are computed on a dense copy, with a
+warning that names the op once per process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+import torch
+
+from ._native import ops
+from .format import Format
+
+aten = torch.ops.aten
+
+VALUE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+_warned_ops: set[str] = set()
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor in any level format.
+
+    Usually built with `scorch_backend.sparse(...)`. The constructor takes a format (name, text or Format),
+    a shape, the index buffers in `format.buffer_names` order and the stored values, and validates them:
+    SparseTensor("csr", (2, 3), [pos, crd], values).
+    """
+
+    _format: Format
+    _buffer_names: tuple[str, ...]
+    _values: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, format: Format, shape: Sequence[int], buffers: Sequence[torch.Tensor], values: torch.Tensor,
+                *, validate: bool = True, requires_grad: bool = False):
+        shape = tuple(int(s) for s in shape) if not isinstance(shape, torch.Size) else shape
+        if not isinstance(format, Format):
+            from .format import make_format
+
+            format = make_format(format, len(shape))
+        if len(shape) != format.ndim:
+            raise ValueError(f"format {format} is for {format.ndim}-dimensional tensors, got shape {tuple(shape)}")
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"values must be a tensor, got {type(values).__name__}")
+        if values.dtype not in VALUE_DTYPES:
+            raise TypeError(f"values must be float32, float64, bfloat16 or float16, got {values.dtype}")
+        names = tuple(format.buffer_names)
+        buffers = list(buffers)
+        if len(buffers) != len(names):
+            raise ValueError(f"format {format} stores {len(names)} index buffers {list(names)}, got {len(buffers)}")
+        for name, b in zip(names, buffers):
+            if not isinstance(b, torch.Tensor):
+                raise TypeError(f"index buffer '{name}' must be a tensor, got {type(b).__name__}")
+            if b.dtype not in INDEX_DTYPES:
+                raise TypeError(f"index buffer '{name}' must be int32 or int64, got {b.dtype}")
+        if validate:
+            ops.validate(buffers, values, list(shape), format.canonical)
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=values.dtype, device=values.device,
+                                                requires_grad=requires_grad)
+        r._format = format
+        r._buffer_names = names
+        for name, b in zip(names, buffers):
+            setattr(r, name, b)
+        r._values = values
+        return r
+
+    # --- tracing support -------------------------------------------------------------------------------
+    def __tensor_flatten__(self):
+        return list(self._buffer_names) + ["_values"], (self._format.canonical, self._format.ndim)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        canonical, ndim = meta
+        fmt = Format(canonical, ndim)
+        buffers = [inner_tensors[n] for n in fmt.buffer_names]
+        return SparseTensor(fmt, outer_size, buffers, inner_tensors["_values"], validate=False)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    # --- what it holds ---------------------------------------------------------------------------------
+    @property
+    def format(self) -> Format:
+        return self._format
+
+    @property
+    def level_buffers(self) -> dict[str, torch.Tensor]:
+        """The index buffers by name: "pos1", "crd1" ... (kind + level number)."""
+        return {n: getattr(self, n) for n in self._buffer_names}
+
+    @property
+    def stored_values(self) -> torch.Tensor:
+        return self._values
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        for n in self._buffer_names:
+            return getattr(self, n).dtype
+        return torch.int64
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored values (explicit zeros inside stored blocks or dense levels included)."""
+        return self._values.numel()
+
+    @property
+    def density(self) -> float:
+        numel = self.numel()
+        return self.nnz / numel if numel else 0.0
+
+    def _buffer_list(self) -> list[torch.Tensor]:
+        return [getattr(self, n) for n in self._buffer_names]
+
+    def coordinates(self) -> torch.Tensor:
+        """Coordinates of the stored values, shape (ndim, nnz), in storage order."""
+        return ops.unpack(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+
+    # --- conversions -----------------------------------------------------------------------------------
+    def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:  # noqa: ARG002 - torch's signature
+        out = ops.to_dense(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+        return out if dtype is None else out.to(dtype)
+
+    def to_format(self, format, *, mode_order=None, blocksize=None, index_dtype=None) -> "SparseTensor":
+        from .convert import to_format
+
+        return to_format(self, format, mode_order=mode_order, blocksize=blocksize, index_dtype=index_dtype)
+
+    def to_torch(self, layout=torch.sparse_coo, *, blocksize=None) -> torch.Tensor:
+        from .convert import to_torch
+
+        return to_torch(self, layout, blocksize=blocksize)
+
+    def to_scipy(self):
+        from .convert import to_scipy
+
+        return to_scipy(self)
+
+    def with_values(self, values: torch.Tensor) -> "SparseTensor":
+        """The same pattern holding other values (same length)."""
+        if values.shape != self._values.shape:
+            raise ValueError(f"values must have shape {tuple(self._values.shape)}, got {tuple(values.shape)}")
+        return SparseTensor(self._format, self.shape, self._buffer_list(), values, validate=False)
+
+    def __repr__(self) -> str:
+        return (f"SparseTensor(format={self._format}, shape={tuple(self.shape)}, nnz={self.nnz}, "
+                f"dtype={self.dtype}, index_dtype={self.index_dtype})")
+
+    # --- ATen dispatch ---------------------------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rule = _RULES.get(func)
+        if rule is not None:
+            out = rule(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return _densify_and_run(func, args, kwargs)
+
+
+def _densify_and_run(func, args, kwargs):
+    name = str(func)
+    if name not in _warned_ops:
+        _warned_ops.add(name)
+        warnings.warn(f"scorch: {name} has no sparse implementation yet; it runs on a dense copy of its "
+                      "SparseTensor arguments", stacklevel=3)
+
+    def dense(x):
+        return x.to_dense() if isinstance(x, SparseTensor) else x
+
+    args = torch.utils._pytree.tree_map(dense, args)
+    kwargs = torch.utils._pytree.tree_map(dense, kwargs)
+    return func(*args, **kwargs)
+
+
+# --- rules: ops that keep the sparsity pattern and work on values or on the format alone ------------------
+_RULES: dict = {}
+
+
+def _rule(*funcs):
+    def register(fn):
+        for f in funcs:
+            _RULES[f] = fn
+        return fn
+
+    return register
+
+
+def _same_pattern(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
+
+
+@_rule(aten.detach.default, aten.alias.default)
+def _detach(x):
+    return _same_pattern(x, x._values.detach())
+
+
+@_rule(aten.clone.default)
+def _clone(x, *, memory_format=None):  # noqa: ARG001 - a sparse layout has no memory format
+    return SparseTensor(x.format, x.shape, [b.clone() for b in x._buffer_list()], x._values.clone(), validate=False)
+
+
+def _make_unary(op):
+    def apply(x):
+        return _same_pattern(x, op(x._values))
+
+    return apply
+
+
+# Unary ops with f(0) == 0 keep the pattern.
+for _f in (aten.neg.default, aten.abs.default, aten.relu.default, aten.sqrt.default, aten.sin.default,
+           aten.tanh.default, aten.sgn.default, aten.expm1.default, aten.log1p.default, aten.square.default):
+    _RULES[_f] = _make_unary(_f)
+
+
+# Sparse times (or divided by) a scalar keeps the pattern; sparse-sparse and sparse-dense products are the
+# compiler's (ops issue) and fall back to dense for now.
+def _scalar_op(op):
+    is_div = op in (aten.div.Tensor, aten.div.Scalar)
+
+    def keeps_zeros(s) -> bool:  # 0 * s and 0 / s must be 0, or the result is not sparse
+        v = complex(s.item() if isinstance(s, torch.Tensor) else s)
+        return v == v and abs(v) != float("inf") and not (is_div and v == 0)
+
+    def apply(x, y, *, rounding_mode=None):
+        if rounding_mode is not None:
+            return NotImplemented
+        if isinstance(x, SparseTensor) and (not isinstance(y, torch.Tensor) or
+                                            (y.dim() == 0 and not isinstance(y, SparseTensor))):
+            if not keeps_zeros(y):
+                return NotImplemented
+            return _same_pattern(x, op(x._values, y))
+        if op is aten.mul.Tensor and isinstance(y, SparseTensor) and (
+                not isinstance(x, torch.Tensor) or (x.dim() == 0 and not isinstance(x, SparseTensor))):
+            if not keeps_zeros(x):
+                return NotImplemented
+            return _same_pattern(y, op(x, y._values))
+        return NotImplemented
+
+    return apply
+
+
+for _f in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar):
+    _RULES[_f] = _scalar_op(_f)
+
+
+@_rule(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if layout not in (None, torch.strided) or (device is not None and torch.device(device).type != "cpu"):
+        return NotImplemented
+    if dtype is not None and dtype not in VALUE_DTYPES:
+        raise TypeError(f"a SparseTensor holds float32, float64, bfloat16 or float16 values, not {dtype}")
+    return _same_pattern(x, x._values.to(dtype=dtype or x.dtype, copy=True))
+
+
+def _permuted(x: SparseTensor, perm) -> SparseTensor:
+    shape = [x.shape[p] for p in perm]
+    return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
+
+
+@_rule(aten.t.default)
+def _t(x):
+    if x.dim() < 2:
+        return x
+    return _permuted(x, [1, 0])
+
+
+@_rule(aten.transpose.int)
+def _transpose(x, d0, d1):
+    perm = list(range(x.dim()))
+    d0, d1 = d0 % max(x.dim(), 1), d1 % max(x.dim(), 1)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permuted(x, perm)
+
+
+@_rule(aten.permute.default)
+def _permute(x, dims):
+    return _permuted(x, [d % x.dim() for d in dims])
