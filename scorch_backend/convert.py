@@ -7,6 +7,7 @@ CSR/CSC/BSR into the csr/csc/bsr presets) and validated.
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -164,7 +165,9 @@ def to_torch(x: SparseTensor, layout=torch.sparse_coo, *, blocksize=None) -> tor
         y = to_format(x, name)
         pos, crd = y.level_buffers["pos1"], y.level_buffers["crd1"]
         make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
-        return make(pos, crd, y.stored_values, tuple(x.shape), check_invariants=False)
+        with warnings.catch_warnings():  # torch's "CSR support is in beta" notice, once per process
+            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+            return make(pos, crd, y.stored_values, tuple(x.shape), check_invariants=False)
     if layout == torch.sparse_bsr:
         blocksize = tuple(blocksize or x.format.blocksize or ())
         if len(blocksize) != 2:

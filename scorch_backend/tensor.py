@@ -7,6 +7,7 @@ warning that names the op once per process.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from typing import Sequence
 
@@ -79,6 +80,13 @@ class SparseTensor(torch.Tensor):
         fmt = Format(canonical, ndim)
         buffers = [inner_tensors[n] for n in fmt.buffer_names]
         return SparseTensor(fmt, outer_size, buffers, inner_tensors["_values"], validate=False)
+
+    def _stable_hash_for_caching(self) -> str:
+        # A process-independent key for AOTAutograd's cache: the format and the buffers' metadata.
+        meta = (tuple(self.shape), self.requires_grad, self._format.canonical,
+                [(n, str(t.dtype), tuple(str(s) for s in t.shape))
+                 for n, t in zip(self._buffer_names + ("_values",), self._buffer_list() + [self._values])])
+        return hashlib.blake2b(repr(meta).encode(), digest_size=16).hexdigest()
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
