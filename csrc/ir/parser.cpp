@@ -1,0 +1,389 @@
+#include "ir/parser.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+#include "common/error.h"
+
+namespace scorch::ir {
+namespace {
+
+bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Renumber variables in canonical order (output first, then the right side left to right), so that printing
+// the canonical form and parsing it back gives the same statement.
+void renumber_vars(Statement& st) {
+  std::vector<int> map(st.var_names.size(), -1);
+  std::vector<std::string> names;
+  auto visit = [&](int v) {
+    if (map[v] < 0) {
+      map[v] = static_cast<int>(names.size());
+      names.push_back(st.var_names[v]);
+    }
+  };
+  for (int v : st.out_vars) visit(v);
+  std::vector<const Expr*> acc;
+  collect_accesses(st.rhs, acc);
+  for (const Expr* a : acc)
+    for (int v : a->vars) visit(v);
+  for (int& v : st.out_vars) v = map[v];
+  // Rebuild the tree with renumbered accesses (nodes are immutable).
+  std::function<ExprPtr(const ExprPtr&)> rebuild = [&](const ExprPtr& e) -> ExprPtr {
+    switch (e->kind) {
+      case ExprKind::access: {
+        std::vector<int> vars;
+        for (int v : e->vars) vars.push_back(map[v]);
+        return Expr::access(e->tensor, e->access_id, vars, e->var_pos, e->pos);
+      }
+      case ExprKind::literal: return e;
+      case ExprKind::neg: return Expr::neg(rebuild(e->a), e->pos);
+      default: return Expr::binary(e->kind, rebuild(e->a), rebuild(e->b), e->pos);
+    }
+  };
+  st.rhs = rebuild(st.rhs);
+  st.var_names = names;
+}
+
+class NotationParser {
+ public:
+  NotationParser(const std::string& text, const std::vector<std::string>& tensors, Statement& st)
+      : s_(text), tensors_(tensors), st_(st) {}
+
+  void parse() {
+    skip();
+    const size_t lhs_pos = i_;
+    std::string name = ident("the output tensor's name");
+    (void)lhs_pos;
+    if (eat('(')) {
+      if (!eat(')')) {
+        do {
+          skip();
+          const size_t at = i_;
+          int v = var(ident("an index variable"));
+          if (std::find(st_.out_vars.begin(), st_.out_vars.end(), v) != st_.out_vars.end())
+            fail(at, fmt::format("index '{}' appears twice in the output", st_.var_names[v]));
+          st_.out_vars.push_back(v);
+          st_.out_var_pos.push_back(at);
+        } while (eat(','));
+        expect(')');
+      }
+    }
+    expect('=');
+    st_.rhs = expr();
+    skip();
+    if (i_ != s_.size()) fail(i_, "expected '+', '-', '*' or the end");
+    // Every output index must be bound by the right side.
+    std::vector<const Expr*> acc;
+    collect_accesses(st_.rhs, acc);
+    for (size_t d = 0; d < st_.out_vars.size(); ++d) {
+      bool bound = false;
+      for (const Expr* a : acc) bound |= std::count(a->vars.begin(), a->vars.end(), st_.out_vars[d]) > 0;
+      if (!bound)
+        fail(st_.out_var_pos[d],
+             fmt::format("output index '{}' does not appear on the right side", st_.var_names[st_.out_vars[d]]));
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(size_t at, const std::string& msg) { st_.fail_at(at, msg); }
+  void skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool eat(char c) {
+    skip();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail(i_, fmt::format("expected '{}'", c));
+  }
+  std::string ident(const char* what) {
+    skip();
+    if (i_ >= s_.size() || !is_name_start(s_[i_])) fail(i_, fmt::format("expected {}", what));
+    const size_t b = i_;
+    while (i_ < s_.size() && is_name_char(s_[i_])) ++i_;
+    return s_.substr(b, i_ - b);
+  }
+  int var(const std::string& name) {
+    auto it = std::find(st_.var_names.begin(), st_.var_names.end(), name);
+    if (it != st_.var_names.end()) return static_cast<int>(it - st_.var_names.begin());
+    st_.var_names.push_back(name);
+    return static_cast<int>(st_.var_names.size()) - 1;
+  }
+
+  ExprPtr expr() {
+    ExprPtr e = term();
+    for (;;) {
+      skip();
+      const size_t at = i_;
+      if (eat('+')) e = Expr::binary(ExprKind::add, e, term(), at);
+      else if (eat('-')) e = Expr::binary(ExprKind::sub, e, term(), at);
+      else return e;
+    }
+  }
+  ExprPtr term() {
+    ExprPtr e = unary();
+    for (;;) {
+      skip();
+      const size_t at = i_;
+      if (eat('*')) e = Expr::binary(ExprKind::mul, e, unary(), at);
+      else return e;
+    }
+  }
+  ExprPtr unary() {
+    skip();
+    const size_t at = i_;
+    if (eat('-')) return Expr::neg(unary(), at);
+    return primary();
+  }
+  ExprPtr primary() {
+    skip();
+    const size_t at = i_;
+    if (eat('(')) {
+      ExprPtr e = expr();
+      expect(')');
+      return e;
+    }
+    if (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.')) {
+      const char* begin = s_.c_str() + i_;
+      char* end = nullptr;
+      const double v = std::strtod(begin, &end);
+      if (end == begin) fail(at, "expected a number");
+      i_ += static_cast<size_t>(end - begin);
+      if (i_ < s_.size() && is_name_char(s_[i_])) fail(i_, "unexpected character after a number");
+      return Expr::literal(v, at);
+    }
+    if (i_ >= s_.size() || !is_name_start(s_[i_])) fail(at, "expected a tensor access, a number or '('");
+    const std::string name = ident("a tensor name");
+    auto it = std::find(tensors_.begin(), tensors_.end(), name);
+    if (it == tensors_.end()) fail(at, fmt::format("unknown tensor '{}'", name));
+    const int t = static_cast<int>(it - tensors_.begin());
+    std::vector<int> vars;
+    std::vector<size_t> pos;
+    if (eat('(')) {
+      if (!eat(')')) {
+        do {
+          skip();
+          pos.push_back(i_);
+          vars.push_back(var(ident("an index variable")));
+        } while (eat(','));
+        expect(')');
+      }
+    }
+    return Expr::access(t, next_access_++, vars, pos, at);
+  }
+
+  const std::string& s_;
+  const std::vector<std::string>& tensors_;
+  Statement& st_;
+  size_t i_ = 0;
+  int next_access_ = 0;
+};
+
+void check_ranks(const Statement& st, const std::vector<int>& ndims) {
+  if (ndims.empty()) return;
+  SCORCH_ASSERT(static_cast<int>(ndims.size()) == st.num_tensors(), "rank list does not match the operands");
+  std::vector<const Expr*> acc;
+  collect_accesses(st.rhs, acc);
+  for (const Expr* a : acc) {
+    if (static_cast<int>(a->vars.size()) != ndims[a->tensor])
+      st.fail_at(a->pos, fmt::format("'{}' has {} dimensions but is indexed with {}", st.tensor_names[a->tensor],
+                                     ndims[a->tensor], a->vars.size()));
+  }
+}
+
+}  // namespace
+
+Statement parse_index_notation(const std::string& text, const std::vector<std::string>& tensor_names,
+                               const std::vector<int>& ndims) {
+  Statement st;
+  st.source = text;
+  st.tensor_names = tensor_names;
+  NotationParser(text, tensor_names, st).parse();
+  check_ranks(st, ndims);
+  renumber_vars(st);
+  return st;
+}
+
+Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
+  Statement st;
+  st.source = eq;
+  const size_t n = eq.size();
+  size_t i = 0;
+  auto skip = [&] {
+    while (i < n && std::isspace(static_cast<unsigned char>(eq[i]))) ++i;
+  };
+  auto var_of = [&](char c) {
+    const std::string name(1, c);
+    auto it = std::find(st.var_names.begin(), st.var_names.end(), name);
+    if (it != st.var_names.end()) return static_cast<int>(it - st.var_names.begin());
+    st.var_names.push_back(name);
+    return static_cast<int>(st.var_names.size()) - 1;
+  };
+  // Ellipsis dimensions get names that cannot clash with letters.
+  int ellipsis_dims = -1;
+  auto ellipsis_var = [&](int k) { return var_of(static_cast<char>('0' + k)); };
+
+  // Parse "subscripts" for operand `t` (or the output when t < 0): letters and at most one "...".
+  struct Sub {
+    std::vector<int> vars;
+    std::vector<size_t> pos;
+    size_t start;
+  };
+  auto subscripts = [&](int t, int rank) {
+    Sub s;
+    skip();
+    s.start = i;
+    int ellipsis_at = -1;
+    size_t ellipsis_pos = 0;
+    std::vector<char> letters;
+    std::vector<size_t> letter_pos;
+    while (i < n && (std::isalpha(static_cast<unsigned char>(eq[i])) || eq[i] == '.' || eq[i] == ' ')) {
+      if (eq[i] == ' ') {
+        ++i;
+        continue;
+      }
+      if (eq[i] == '.') {
+        if (eq.compare(i, 3, "...") != 0) st.fail_at(i, "expected '...'");
+        if (ellipsis_at >= 0) st.fail_at(i, "only one '...' per operand");
+        ellipsis_at = static_cast<int>(letters.size());
+        ellipsis_pos = i;
+        i += 3;
+        continue;
+      }
+      letters.push_back(eq[i]);
+      letter_pos.push_back(i);
+      ++i;
+    }
+    int nell = 0;
+    if (ellipsis_at >= 0) {
+      if (t >= 0) {
+        nell = rank - static_cast<int>(letters.size());
+        if (nell < 0)
+          st.fail_at(s.start, fmt::format("operand {} has {} dimensions but {} subscripts", t, rank, letters.size()));
+        if (ellipsis_dims >= 0 && ellipsis_dims != nell)
+          st.fail_at(ellipsis_pos, "'...' covers a different number of dimensions than in an earlier operand "
+                                   "(broadcasting is not supported)");
+        ellipsis_dims = nell;
+      } else {
+        nell = std::max(ellipsis_dims, 0);
+      }
+    }
+    for (size_t k = 0; k <= letters.size(); ++k) {
+      if (static_cast<int>(k) == ellipsis_at)
+        for (int e = 0; e < nell; ++e) {
+          s.vars.push_back(ellipsis_var(e));
+          s.pos.push_back(ellipsis_pos);
+        }
+      if (k < letters.size()) {
+        s.vars.push_back(var_of(letters[k]));
+        s.pos.push_back(letter_pos[k]);
+      }
+    }
+    if (t >= 0 && static_cast<int>(s.vars.size()) != rank)
+      st.fail_at(s.start, fmt::format("operand {} has {} dimensions but {} subscripts", t, rank, s.vars.size()));
+    return s;
+  };
+
+  std::vector<Sub> ops;
+  for (;;) {
+    const int t = static_cast<int>(ops.size());
+    if (t >= static_cast<int>(ndims.size()))
+      st.fail_at(i, fmt::format("the equation has more operands than the {} given", ndims.size()));
+    ops.push_back(subscripts(t, ndims[t]));
+    skip();
+    if (i < n && eq[i] == ',') {
+      ++i;
+      continue;
+    }
+    break;
+  }
+  skip();
+  if (i < n && eq[i] != '-') st.fail_at(i, "unexpected character in the equation");
+  if (ops.size() != ndims.size())
+    st.fail_at(i, fmt::format("the equation has {} operands but {} were given", ops.size(), ndims.size()));
+  for (size_t t = 0; t < ops.size(); ++t) st.tensor_names.push_back(fmt::format("operand {}", t));
+
+  skip();
+  Sub out;
+  bool explicit_out = false;
+  if (i < n && eq[i] == '-') {
+    if (i + 1 >= n || eq[i + 1] != '>') st.fail_at(i, "expected '->'");
+    i += 2;
+    out = subscripts(-1, 0);
+    explicit_out = true;
+    skip();
+  }
+  if (i != n) st.fail_at(i, "unexpected character in the equation");
+
+  // Build the right side: a product of all operands.
+  ExprPtr rhs;
+  for (size_t t = 0; t < ops.size(); ++t) {
+    ExprPtr a = Expr::access(static_cast<int>(t), static_cast<int>(t), ops[t].vars, ops[t].pos, ops[t].start);
+    rhs = rhs ? Expr::binary(ExprKind::mul, rhs, a, ops[t].start) : a;
+  }
+  st.rhs = rhs;
+  if (explicit_out) {
+    for (size_t d = 0; d < out.vars.size(); ++d) {
+      const int v = out.vars[d];
+      if (std::find(st.out_vars.begin(), st.out_vars.end(), v) != st.out_vars.end())
+        st.fail_at(out.pos[d], fmt::format("index '{}' appears twice in the output", st.var_names[v]));
+      bool bound = false;
+      for (const auto& o : ops) bound |= std::count(o.vars.begin(), o.vars.end(), v) > 0;
+      if (!bound) st.fail_at(out.pos[d], fmt::format("output index '{}' appears in no operand", st.var_names[v]));
+      st.out_vars.push_back(v);
+      st.out_var_pos.push_back(out.pos[d]);
+    }
+  } else {
+    // Implicit: ellipsis dimensions first, then indices used exactly once, in alphabetical order.
+    std::map<std::string, int> count;
+    for (const auto& o : ops)
+      for (int v : o.vars) count[st.var_names[v]]++;
+    for (int e = 0; e < std::max(ellipsis_dims, 0); ++e) {
+      st.out_vars.push_back(ellipsis_var(e));
+      st.out_var_pos.push_back(n);
+    }
+    std::vector<std::string> once;
+    for (auto& [name, c] : count)
+      if (c == 1 && std::isalpha(static_cast<unsigned char>(name[0]))) once.push_back(name);
+    std::sort(once.begin(), once.end());  // ASCII: upper case before lower case, as numpy and torch do
+    for (auto& name : once) {
+      st.out_vars.push_back(var_of(name[0]));
+      st.out_var_pos.push_back(n);
+    }
+  }
+  renumber_vars(st);
+  return st;
+}
+
+std::vector<int64_t> infer_var_sizes(const Statement& st, const std::vector<std::vector<int64_t>>& shapes) {
+  SCORCH_CHECK(static_cast<int>(shapes.size()) == st.num_tensors(), "expected {} operands, got {}", st.num_tensors(),
+               shapes.size());
+  std::vector<int64_t> size(st.var_names.size(), -1);
+  std::vector<const Expr*> acc;
+  collect_accesses(st.rhs, acc);
+  for (const Expr* a : acc) {
+    const auto& shape = shapes[a->tensor];
+    if (shape.size() != a->vars.size())
+      st.fail_at(a->pos, fmt::format("{} has {} dimensions but is indexed with {}", st.tensor_names[a->tensor],
+                                     shape.size(), a->vars.size()));
+    for (size_t d = 0; d < a->vars.size(); ++d) {
+      const int v = a->vars[d];
+      if (size[v] < 0) size[v] = shape[d];
+      else if (size[v] != shape[d])
+        st.fail_at(a->var_pos[d], fmt::format("index '{}' has size {} here but {} elsewhere", st.var_names[v],
+                                              shape[d], size[v]));
+    }
+  }
+  for (size_t v = 0; v < size.size(); ++v) SCORCH_ASSERT(size[v] >= 0, "index {} has no size", st.var_names[v]);
+  return size;
+}
+
+}  // namespace scorch::ir

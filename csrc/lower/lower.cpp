@@ -1,0 +1,487 @@
+#include "lower/lower.h"
+
+#include <algorithm>
+#include <map>
+
+#include "common/error.h"
+#include "lower/merge_lattice.h"
+
+namespace scorch {
+
+using ir::Expr;
+using ir::ExprKind;
+using ir::ExprPtr;
+using loops::Stmts;
+
+int input_pointer_count(const KernelSpec& spec) {
+  int n = 0;
+  for (const auto& s : spec.operands) n += s.strided() ? 1 : s.format->buffer_count() + 1;
+  return n;
+}
+
+namespace {
+
+// Where the value computed in the innermost loop goes.
+enum class Sink { dense, scalar, workspace, stream };
+
+class Lowerer {
+ public:
+  Lowerer(const KernelSpec& spec, const Schedule& sched) : spec_(spec), sched_(sched), st_(spec.stmt) {
+    std::vector<const Expr*> acc;
+    ir::collect_accesses(st_.rhs, acc);
+    for (const Expr* a : acc) {
+      Access info{a, a->tensor, {}};
+      const Storage& s = spec.operands[a->tensor];
+      if (!s.strided()) {
+        info.lvars = level_vars(*s.format, a->vars);
+        for (const auto& l : s.format->levels()) {
+          const std::string k = l.kind->name();
+          SCORCH_CHECK(k == "dense" || k == "compressed" || k == "singleton",
+                       "the compiler handles dense, compressed and singleton levels; convert '{}' first", k);
+          SCORCH_CHECK(l.expr.part == LevelExpr::Part::whole, "blocked levels are not compiled; convert first");
+          SCORCH_CHECK(l.kind->properties().ordered, "unordered levels are not compiled; convert first");
+        }
+      }
+      access_[a->access_id] = info;
+    }
+  }
+
+  LoweredKernel run() {
+    LoweredKernel out;
+    out.sparse_output = !spec_.output.strided();
+    Stmts& b = out.body;
+    unpack_arguments(b);
+
+    // The loop nest, inside the thread region.
+    States states;
+    for (const auto& [id, a] : access_) states[id] = State{};
+    current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
+    Stmts nest = wrap_emission(-1, [&] { return lower_depth(0, st_.rhs, states); });
+
+    Stmts region;
+    region.push_back(loops::line("const int tid = omp_get_thread_num();"));
+    region.push_back(loops::line("const int nt = omp_get_num_threads();"));
+    region.push_back(loops::line("(void)tid; (void)nt;"));
+    if (out.sparse_output) region.push_back(loops::line("Stream& st = streams[tid];"));
+    if (spec_.output.strided()) {
+      if (sched_.private_output) {
+        region.push_back(loops::line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
+        region.push_back(loops::line("priv[tid] = o;"));
+        region.push_back(loops::line("if (!o) { args->status = 1; }"));
+        region.push_back(loops::line("else {"));
+      } else {
+        region.push_back(loops::line("val_t* __restrict o = out;"));
+        region.push_back(loops::line("{"));
+      }
+    } else {
+      region.push_back(loops::line("{"));
+    }
+    if (sched_.output == OutputMode::workspace) {
+      const std::string n = size_of(sched_.workspace_var);
+      region.push_back(loops::line(fmt::format("val_t* ws_val = (val_t*)calloc({0} ? {0} : 1, sizeof(val_t));", n)));
+      region.push_back(loops::line(fmt::format("unsigned char* ws_flag = (unsigned char*)calloc({0} ? {0} : 1, 1);", n)));
+      region.push_back(loops::line(fmt::format("int64_t* ws_list = (int64_t*)malloc(({0} ? {0} : 1) * sizeof(int64_t));", n)));
+      region.push_back(loops::line("int64_t ws_n = 0;"));
+      region.push_back(loops::line("if (!ws_val || !ws_flag || !ws_list) { args->status = 1; } else {"));
+      region.insert(region.end(), nest.begin(), nest.end());
+      region.push_back(loops::line("}"));
+      region.push_back(loops::line("free(ws_val); free(ws_flag); free(ws_list);"));
+    } else {
+      region.insert(region.end(), nest.begin(), nest.end());
+    }
+    region.push_back(loops::line("}"));
+
+    if (!parallel_) {
+      if (sched_.parallel) reasons_.push_back(parallel_why_);
+    }
+    b.push_back(loops::line(fmt::format("int nthreads = {};", parallel_ ? "args->num_threads > 0 ? args->num_threads : 1" : "1")));
+    if (sched_.private_output && parallel_) {
+      b.push_back(loops::line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
+    }
+    if (out.sparse_output) {
+      b.push_back(loops::line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
+      b.push_back(loops::line("if (!streams) return 1;"));
+    }
+    if (sched_.private_output) {
+      b.push_back(loops::line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
+      b.push_back(loops::line("if (!priv) return 1;"));
+    }
+    b.push_back(loops::parallel("nthreads", region));
+    if (sched_.private_output) {
+      b.push_back(loops::for_range("t", "1", "nthreads", {
+          loops::line("if (!priv[t]) continue;"),
+          loops::for_range("q", "0", "out_numel", {loops::line("out[q] += priv[t][q];")}),
+          loops::line("free(priv[t]);")}));
+      b.push_back(loops::line("free(priv);"));
+    }
+    if (out.sparse_output) {
+      b.push_back(loops::line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = 1;",
+                                          st_.out_vars.size())));
+      b.push_back(loops::line("free(streams);"));
+    }
+    b.push_back(loops::line("return args->status;"));
+    out.reasons = reasons_;
+    return out;
+  }
+
+ private:
+  struct Access {
+    const Expr* e;
+    int tensor;
+    std::vector<int> lvars;  // index variable of each level (level-format operands)
+  };
+  // The positions of an access's next level that belong to the coordinates fixed so far: [b, e).
+  struct State {
+    int level = 0;
+    std::string b = "0", e = "1";
+  };
+  using States = std::map<int, State>;
+
+  std::string size_of(int v) const { return fmt::format("N{}", v); }
+  std::string var(int v) const { return fmt::format("i{}", v); }
+  const Format& format_of(int access_id) const { return *spec_.operands[access_.at(access_id).tensor].format; }
+  std::string buf(int tensor, int level, const char* name) const { return fmt::format("t{}_{}{}", tensor, name, level); }
+
+  void unpack_arguments(Stmts& b) {
+    int p = 0, s = 0;
+    for (size_t t = 0; t < spec_.operands.size(); ++t) {
+      const Storage& op = spec_.operands[t];
+      if (op.strided()) {
+        b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_data = (const val_t*)args->inputs[{}];", t, p++)));
+        const int nd = spec_.operand_ndim(static_cast<int>(t));
+        for (int d = 0; d < nd; ++d)
+          b.push_back(loops::line(fmt::format("const int64_t t{}_st{} = args->strides[{}];", t, d, s++)));
+        continue;
+      }
+      const auto& levels = op.format->levels();
+      for (size_t l = 0; l < levels.size(); ++l)
+        for (const auto& name : levels[l].kind->buffer_names())
+          b.push_back(loops::line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p++)));
+      b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
+    }
+    b.push_back(loops::line("(void)args->strides;"));
+    for (int v = 0; v < st_.num_vars(); ++v)
+      b.push_back(loops::line(fmt::format("const int64_t N{0} = args->sizes[{0}]; (void)N{0};", v)));
+    if (spec_.output.strided()) {
+      b.push_back(loops::line("val_t* __restrict out = (val_t*)args->out_dense;"));
+      std::string numel = "1";
+      const auto& ov = st_.out_vars;
+      for (size_t d = ov.size(); d-- > 0;) {
+        b.push_back(loops::line(fmt::format("const int64_t os{} = {};", d, numel)));
+        numel += " * " + size_of(ov[d]);
+      }
+      b.push_back(loops::line(fmt::format("const int64_t out_numel = {}; (void)out_numel;", numel)));
+    }
+  }
+
+  // At the emission depth of append/workspace outputs, the body gets an accumulator (or a workspace) and
+  // the statements that emit what it collected; elsewhere the body is returned as it is.
+  template <typename F>
+  Stmts wrap_emission(int depth, F&& inner) {
+    const bool here = depth == sched_.emit_depth &&
+                      (sched_.output == OutputMode::append || sched_.output == OutputMode::workspace);
+    if (!here) return inner();
+    Stmts out;
+    const Sink saved = current_sink_;
+    if (sched_.output == OutputMode::append) {
+      current_sink_ = Sink::scalar;
+      out.push_back(loops::line("val_t acc = 0; bool any = false;"));
+      Stmts body = inner();
+      out.insert(out.end(), body.begin(), body.end());
+      out.push_back(loops::line(fmt::format("if (any) {{ const int64_t c[] = {{{}}}; push(st, c, {}, acc); }}",
+                                            out_coords(), st_.out_vars.size())));
+    } else {
+      current_sink_ = Sink::workspace;
+      Stmts body = inner();
+      out.insert(out.end(), body.begin(), body.end());
+      std::string coords;
+      for (size_t d = 0; d < st_.out_vars.size(); ++d)
+        coords += (d ? ", " : "") + (st_.out_vars[d] == sched_.workspace_var ? std::string("w") : var(st_.out_vars[d]));
+      out.push_back(loops::line("std::sort(ws_list, ws_list + ws_n);"));
+      out.push_back(loops::for_range("q", "0", "ws_n", {
+          loops::line("const int64_t w = ws_list[q];"),
+          loops::line(fmt::format("const int64_t c[] = {{{}}};", coords)),
+          loops::line(fmt::format("push(st, c, {}, ws_val[w]);", st_.out_vars.size())),
+          loops::line("ws_val[w] = 0; ws_flag[w] = 0;")}));
+      out.push_back(loops::line("ws_n = 0;"));
+    }
+    current_sink_ = saved;
+    return out;
+  }
+
+  std::string out_coords() const {
+    std::string s;
+    for (size_t d = 0; d < st_.out_vars.size(); ++d) s += (d ? ", " : "") + var(st_.out_vars[d]);
+    return s;
+  }
+
+  std::string value(const ExprPtr& e, const States& states) const {
+    switch (e->kind) {
+      case ExprKind::access: {
+        const Storage& s = spec_.operands[e->tensor];
+        if (s.strided()) {
+          std::string idx;
+          for (size_t d = 0; d < e->vars.size(); ++d)
+            idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", var(e->vars[d]), e->tensor, d);
+          return fmt::format("t{}_data[{}]", e->tensor, idx.empty() ? "0" : idx);
+        }
+        const State& stt = states.at(e->access_id);
+        SCORCH_ASSERT(stt.level == static_cast<int>(s.format->levels().size()), "access not fully descended");
+        return fmt::format("t{}_vals[{}]", e->tensor, stt.b);
+      }
+      case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
+      case ExprKind::neg: return "(-" + value(e->a, states) + ")";
+      case ExprKind::add: return "(" + value(e->a, states) + " + " + value(e->b, states) + ")";
+      case ExprKind::sub: return "(" + value(e->a, states) + " - " + value(e->b, states) + ")";
+      case ExprKind::mul: return "(" + value(e->a, states) + " * " + value(e->b, states) + ")";
+    }
+    return "0";
+  }
+
+  Stmts compute(const ExprPtr& e, const States& states) {
+    const std::string v = value(e, states);
+    switch (current_sink_) {
+      case Sink::dense: {
+        std::string lin;
+        for (size_t d = 0; d < st_.out_vars.size(); ++d) lin += fmt::format("{}{} * os{}", d ? " + " : "", var(st_.out_vars[d]), d);
+        return {loops::line(fmt::format("o[{}] += {};", lin.empty() ? "0" : lin, v))};
+      }
+      case Sink::scalar: return {loops::line(fmt::format("acc += {}; any = true;", v))};
+      case Sink::workspace:
+        return {loops::line(fmt::format("{{ const int64_t w = {}; if (!ws_flag[w]) {{ ws_flag[w] = 1; ws_list[ws_n++] = w; }} ws_val[w] += {}; }}",
+                                        var(sched_.workspace_var), v))};
+      case Sink::stream:
+        return {loops::line(fmt::format("{{ const int64_t c[] = {{{}}}; push(st, c, {}, {}); }}", out_coords(),
+                                        st_.out_vars.size(), v))};
+    }
+    return {};
+  }
+
+  // The loops for order[d..]; `states` holds the accesses still in `e`.
+  Stmts lower_depth(int d, const ExprPtr& e, const States& states) {
+    const int n = static_cast<int>(sched_.order.size());
+    if (d == n) return compute(e, states);
+    const int v = sched_.order[d];
+    const std::string iv = var(v);
+
+    std::vector<const Expr*> accs;
+    ir::collect_accesses(e, accs);
+    struct Part {
+      int id, tensor, level;
+      std::string kind;
+      bool unique;
+    };
+    std::map<int, Part> parts;  // participating level-format accesses
+    for (const Expr* a : accs) {
+      const Access& info = access_.at(a->access_id);
+      if (spec_.operands[info.tensor].strided()) continue;
+      const State& s = states.at(a->access_id);
+      if (s.level < static_cast<int>(info.lvars.size()) && info.lvars[s.level] == v) {
+        const auto& lvl = format_of(a->access_id).levels()[s.level];
+        parts[a->access_id] = {a->access_id, info.tensor, s.level, lvl.kind->name(), lvl.kind->properties().unique};
+      }
+    }
+    auto sparse_here = [&](const Expr& a) {
+      auto it = parts.find(a.access_id);
+      return it != parts.end() && it->second.kind != "dense";
+    };
+    const auto lattice = build_lattice(e, sparse_here);
+    const auto& all_iters = lattice.front().iterators;
+    bool full = false;
+    for (const auto& p : lattice) full |= p.iterators.empty();
+
+    // Iterator names carry the level: deeper levels of the same access get their own.
+    auto tag = [&](int id) { return fmt::format("{}l{}", id, parts.at(id).level); };
+    auto k = [&](int id) { return "k" + tag(id); };
+    auto ke = [&](int id) { return "ke" + tag(id); };
+    auto kn = [&](int id) { return "kn" + tag(id); };
+    auto m = [&](int id) { return "m" + tag(id); };
+    auto c = [&](int id) { return "c" + tag(id); };
+
+    Stmts out;
+    // Start every sparse iterator at its parent's segment.
+    for (int id : all_iters) {
+      const Part& p = parts.at(id);
+      const State& s = states.at(id);
+      if (p.kind == "compressed") {
+        out.push_back(loops::line(fmt::format("int64_t {} = {}[{}];", k(id), buf(p.tensor, p.level, "pos"), s.b)));
+        out.push_back(loops::line(fmt::format("int64_t {} = {}[{}];", ke(id), buf(p.tensor, p.level, "pos"), s.e)));
+      } else {
+        out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
+        out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
+      }
+    }
+    auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
+    // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
+    auto run_end = [&](int id, Stmts& body) -> std::string {
+      const Part& p = parts.at(id);
+      if (p.unique) return k(id) + " + 1";
+      body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; while ({0} < {2} && {3}[{0}] == {3}[{1}]) ++{0};",
+                                             kn(id), k(id), ke(id), buf(p.tensor, p.level, "crd"))));
+      return kn(id);
+    };
+
+    // The body of one lattice point: child segments for the participating accesses, then the next loop.
+    auto case_body = [&](const LatticePoint& pt, const std::map<int, std::string>& ends) {
+      std::vector<const Expr*> keep;
+      ir::collect_accesses(pt.expr, keep);
+      States next;
+      for (const Expr* a : keep) {
+        State s = states.at(a->access_id);
+        auto it = parts.find(a->access_id);
+        if (it != parts.end()) {
+          if (it->second.kind == "dense") {
+            const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
+            s = State{s.level + 1, pos, pos + " + 1"};
+          } else {
+            s = State{s.level + 1, k(a->access_id), ends.at(a->access_id)};
+          }
+        }
+        next[a->access_id] = s;
+      }
+      return wrap_emission(d, [&] { return lower_depth(d + 1, pt.expr, next); });
+    };
+
+    const bool can_parallel = d == 0 && sched_.parallel;
+    if (full) {
+      // Dense loop over the whole extent; sparse iterators advance when they hold the coordinate.
+      Stmts body;
+      std::map<int, std::string> ends;
+      for (int id : all_iters) {
+        body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3} == {4};", m(id), k(id), ke(id), crd(id), iv)));
+        const Part& p = parts.at(id);
+        if (p.unique) {
+          ends[id] = k(id) + " + 1";
+        } else {
+          body.push_back(loops::line(fmt::format("int64_t {0} = {1}; if ({2}) {{ {0} = {1} + 1; while ({0} < {3} && {4}[{0}] == {5}) ++{0}; }}",
+                                                 kn(id), k(id), m(id), ke(id), buf(p.tensor, p.level, "crd"), iv)));
+          ends[id] = kn(id);
+        }
+      }
+      std::vector<std::string> conds;
+      std::vector<Stmts> branches;
+      for (const auto& pt : lattice) {
+        std::string cond;
+        for (int id : pt.iterators) cond += (cond.empty() ? "" : " && ") + m(id);
+        conds.push_back(cond);
+        branches.push_back(case_body(pt, ends));
+        if (cond.empty()) break;
+      }
+      body.push_back(loops::if_chain(conds, branches));
+      for (int id : all_iters) body.push_back(loops::line(fmt::format("if ({}) {} = {};", m(id), k(id), ends[id])));
+      std::string lo = "0", hi = size_of(v);
+      if (can_parallel && all_iters.empty()) {
+        parallel_ = true;
+        split_dense_range(v, parts, states, out, lo, hi);
+      } else if (can_parallel) {
+        parallel_why_ = fmt::format("outer loop {} merges sparse iterators in a dense loop: serial", st_.var_names[v]);
+      }
+      const bool simd = d == n - 1 && all_iters.empty() && current_sink_ == Sink::dense &&
+                        std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
+      out.push_back(loops::for_range(iv, lo, hi, body, simd));
+      return out;
+    }
+
+    // Sparse loops: one per lattice point, each co-iterating that point's iterators.
+    for (size_t pi = 0; pi < lattice.size(); ++pi) {
+      const auto& P = lattice[pi];
+      std::vector<const LatticePoint*> cases;
+      for (const auto& q : lattice)
+        if (iterators_subset(q.iterators, P.iterators)) cases.push_back(&q);
+      if (P.iterators.size() == 1 && cases.size() == 1) {
+        const int id = P.iterators[0];
+        Stmts body;
+        std::map<int, std::string> ends;
+        ends[id] = run_end(id, body);
+        body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, crd(id))));
+        Stmts inner = case_body(P, ends);
+        body.insert(body.end(), inner.begin(), inner.end());
+        if (pi == 0 && can_parallel && parts.at(id).unique) {
+          parallel_ = true;
+          out.push_back(loops::line(fmt::format("{{ const int64_t span = {} - {}; const int64_t b0 = {};", ke(id), k(id), k(id))));
+          out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * tid / nt);", k(id))));
+          out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }}", ke(id))));
+        } else if (pi == 0 && can_parallel) {
+          parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
+        }
+        body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));
+        out.push_back(loops::while_loop(fmt::format("{} < {}", k(id), ke(id)), body));
+        continue;
+      }
+      if (pi == 0 && can_parallel)
+        parallel_why_ = fmt::format("outer loop {} co-iterates {} sparse operands: serial", st_.var_names[v],
+                                    P.iterators.size());
+      Stmts body;
+      std::string cond;
+      for (int id : P.iterators) {
+        cond += (cond.empty() ? "" : " && ") + fmt::format("{} < {}", k(id), ke(id));
+        body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), crd(id))));
+      }
+      std::string mn = c(P.iterators[0]);
+      for (size_t q = 1; q < P.iterators.size(); ++q) mn = fmt::format("std::min<int64_t>({}, {})", mn, c(P.iterators[q]));
+      body.push_back(loops::line(fmt::format("const int64_t {} = {};", iv, mn)));
+      std::map<int, std::string> ends;
+      for (int id : P.iterators) {
+        const Part& p = parts.at(id);
+        if (p.unique) {
+          ends[id] = k(id) + " + 1";
+        } else {
+          body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; if ({2} == {3}) {{ while ({0} < {4} && {5}[{0}] == {3}) ++{0}; }}",
+                                                 kn(id), k(id), c(id), iv, ke(id), buf(p.tensor, p.level, "crd"))));
+          ends[id] = kn(id);
+        }
+      }
+      std::vector<std::string> conds;
+      std::vector<Stmts> branches;
+      for (const LatticePoint* q : cases) {
+        std::string cond;
+        for (int id : q->iterators) cond += (cond.empty() ? "" : " && ") + fmt::format("{} == {}", c(id), iv);
+        conds.push_back(cond.empty() ? "true" : cond);
+        branches.push_back(case_body(*q, ends));
+      }
+      body.push_back(loops::if_chain(conds, branches));
+      for (int id : P.iterators) body.push_back(loops::line(fmt::format("if ({} == {}) {} = {};", c(id), iv, k(id), ends[id])));
+      out.push_back(loops::while_loop(cond, body));
+    }
+    return out;
+  }
+
+  // Bounds of this thread's share of a dense outer loop, balanced by nonzeros when a CSR-like operand
+  // (dense level then compressed level) gives its row pointers.
+  template <typename Parts>
+  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, std::string& lo, std::string& hi) {
+    for (const auto& [id, p] : parts) {
+      const Format& f = format_of(id);
+      if (p.kind == "dense" && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->name() == "compressed" &&
+          states.at(id).b == "0") {
+        const std::string pos = buf(p.tensor, 1, "pos");
+        out.push_back(loops::line(fmt::format("const int64_t lo{0} = balanced_bound({1}, {2}, tid, nt);", v, pos, size_of(v))));
+        out.push_back(loops::line(fmt::format("const int64_t hi{0} = balanced_bound({1}, {2}, tid + 1, nt);", v, pos, size_of(v))));
+        lo = fmt::format("lo{}", v);
+        hi = fmt::format("hi{}", v);
+        reasons_.push_back(fmt::format("outer loop {} split by nonzeros of operand {}", st_.var_names[v],
+                                       st_.tensor_names[p.tensor]));
+        return;
+      }
+    }
+    out.push_back(loops::line(fmt::format("const int64_t lo{0} = (int64_t)((__int128){1} * tid / nt);", v, size_of(v))));
+    out.push_back(loops::line(fmt::format("const int64_t hi{0} = (int64_t)((__int128){1} * (tid + 1) / nt);", v, size_of(v))));
+    lo = fmt::format("lo{}", v);
+    hi = fmt::format("hi{}", v);
+  }
+
+  const KernelSpec& spec_;
+  const Schedule& sched_;
+  const ir::Statement& st_;
+  std::map<int, Access> access_;
+  Sink current_sink_ = Sink::dense;
+  bool parallel_ = false;
+  std::string parallel_why_ = "outer loop is not split";
+  std::vector<std::string> reasons_;
+};
+
+}  // namespace
+
+LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule) { return Lowerer(spec, schedule).run(); }
+
+}  // namespace scorch

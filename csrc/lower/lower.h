@@ -1,0 +1,29 @@
+// Lowering: a kernel spec and its schedule become loop IR. Each index variable becomes a loop whose form
+// comes from the merge lattice of the expression at that variable: a dense loop (locating into dense
+// levels, merging sparse iterators), a plain loop over one sparse iterator, or a co-iterating while loop.
+// The output is written in place (dense), appended, collected in a workspace, or collected as coordinates.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lower/kernel_spec.h"
+#include "lower/loop_ir.h"
+#include "lower/schedule.h"
+
+namespace scorch {
+
+struct LoweredKernel {
+  loops::Stmts body;                 // the body of the kernel entry function
+  std::vector<std::string> reasons;  // decisions taken while lowering (e.g. a parallel loop made serial)
+  bool sparse_output = false;
+};
+
+// Argument layout shared by lowering and the runtime: for each operand, its index buffers (in
+// Format::buffer_names() order) then its values; a strided operand is one data pointer and contributes its
+// strides to the strides array, operand by operand.
+int input_pointer_count(const KernelSpec& spec);
+
+LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule);
+
+}  // namespace scorch

@@ -1,0 +1,162 @@
+#include "lower/schedule.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace scorch {
+
+std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars) {
+  std::vector<int> vars;
+  for (const auto& l : f.levels()) vars.push_back(access_vars[l.expr.dim]);
+  return vars;
+}
+
+std::vector<std::pair<int, int>> order_constraints(const KernelSpec& spec) {
+  std::vector<std::pair<int, int>> c;
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided()) continue;
+    const auto vars = level_vars(*s.format, a->vars);
+    for (size_t l = 1; l < vars.size(); ++l) c.emplace_back(vars[l - 1], vars[l]);
+  }
+  return c;
+}
+
+namespace {
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Variables iterated by a compressed or singleton level somewhere.
+std::vector<int> sparse_vars(const KernelSpec& spec) {
+  std::vector<int> out;
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided()) continue;
+    const auto& levels = s.format->levels();
+    for (size_t l = 0; l < levels.size(); ++l)
+      if (levels[l].kind->name() != "dense") out.push_back(a->vars[levels[l].expr.dim]);
+  }
+  return out;
+}
+
+// The output's variables in its storage order.
+std::vector<int> output_storage_vars(const KernelSpec& spec) {
+  if (spec.output.strided()) return spec.stmt.out_vars;
+  return level_vars(*spec.output.format, spec.stmt.out_vars);
+}
+
+}  // namespace
+
+std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints) {
+  const int n = spec.stmt.num_vars();
+  const auto sparse = sparse_vars(spec);
+  const auto out_order = output_storage_vars(spec);
+  std::vector<int> order;
+  std::vector<bool> placed(n, false);
+  for (int step = 0; step < n; ++step) {
+    int best = -1;
+    auto key = [&](int v) {
+      const int out_pos = static_cast<int>(std::find(out_order.begin(), out_order.end(), v) - out_order.begin());
+      // Sparse-iterated variables first (they are where the work is), then output variables in storage
+      // order (parallel, race-free outer loops and ordered sparse output), then the rest.
+      return std::make_tuple(contains(sparse, v) ? 0 : 1, out_pos, v);
+    };
+    for (int v = 0; v < n; ++v) {
+      if (placed[v]) continue;
+      bool ready = true;
+      for (auto [a, b] : constraints) ready &= !(b == v && !placed[a] && a != b);
+      for (auto [a, b] : constraints) ready &= !(a == b && a == v);  // a self-loop can never be satisfied
+      if (ready && (best < 0 || key(v) < key(best))) best = v;
+    }
+    if (best < 0) return {};
+    placed[best] = true;
+    order.push_back(best);
+  }
+  return order;
+}
+
+Schedule make_schedule(const KernelSpec& spec) {
+  Schedule s;
+  const auto& st = spec.stmt;
+  const auto constraints = order_constraints(spec);
+  s.order = choose_loop_order(spec, constraints);
+  SCORCH_CHECK(!s.order.empty() || st.num_vars() == 0,
+               "no loop order walks every sparse operand in its storage order; convert an operand first "
+               "(the planner does this: {})",
+               spec.str());
+  {
+    std::string why = "loop order ";
+    for (int v : s.order) why += st.var_names[v] + " ";
+    why += ": every level-format operand walked in level order";
+    const auto sv = sparse_vars(spec);
+    if (!sv.empty()) why += "; sparse-iterated variables placed outermost";
+    s.reasons.push_back(why);
+  }
+  const int n = static_cast<int>(s.order.size());
+  const auto out_vars = output_storage_vars(spec);
+  const int m = static_cast<int>(out_vars.size());
+  auto prefix_is = [&](const std::vector<int>& vars, int len) {
+    if (len > n) return false;
+    for (int d = 0; d < len; ++d)
+      if (s.order[d] != vars[d]) return false;
+    return true;
+  };
+
+  if (spec.output.strided()) {
+    s.output = OutputMode::dense;
+    s.reasons.push_back("dense output: updated in place");
+  } else if (prefix_is(out_vars, m)) {
+    s.output = OutputMode::append;
+    s.emit_depth = m - 1;
+    s.reasons.push_back(m < n ? "sparse output reached in storage order; reductions inside are accumulated in a "
+                                "scalar and each entry appended once"
+                              : "sparse output reached in storage order: entries appended");
+  } else if (m >= 1 && prefix_is(out_vars, m - 1)) {
+    s.output = OutputMode::workspace;
+    s.emit_depth = m - 2;
+    s.workspace_var = out_vars[m - 1];
+    s.reasons.push_back(fmt::format("sparse output's last variable {} is reached inside a reduction: a dense "
+                                    "workspace over it collects each {} before it is sorted and appended",
+                                    st.var_names[s.workspace_var], m >= 2 ? "row" : "result"));
+  } else {
+    s.output = OutputMode::coords;
+    s.reasons.push_back("sparse output reached out of order: coordinates collected, then sorted and summed");
+  }
+
+  if (n == 0) {
+    s.reasons.push_back("no loops");
+    return s;
+  }
+  const int outer = s.order[0];
+  const bool outer_is_output = std::find(st.out_vars.begin(), st.out_vars.end(), outer) != st.out_vars.end();
+  s.parallel = true;
+  if (spec.output.strided() && !outer_is_output) {
+    s.private_output = true;
+    s.reasons.push_back(fmt::format("outer loop {} is a reduction: each thread sums into its own copy of the "
+                                    "output, added up at the end",
+                                    st.var_names[outer]));
+  } else {
+    s.reasons.push_back(fmt::format("outer loop {} split among threads{}", st.var_names[outer],
+                                    spec.output.strided() ? " (each writes its own output entries)"
+                                                          : " (per-thread output streams, joined in order)"));
+  }
+  return s;
+}
+
+std::string Schedule::str(const ir::Statement& st) const {
+  std::string s = "order:";
+  for (int v : order) s += " " + st.var_names[v];
+  const char* modes[] = {"dense", "append", "workspace", "coords"};
+  s += fmt::format("; output: {}", modes[static_cast<int>(output)]);
+  if (workspace_var >= 0) s += fmt::format(" over {}", st.var_names[workspace_var]);
+  s += parallel ? "; parallel outer loop" : "; serial";
+  if (private_output) s += " with private outputs";
+  return s;
+}
+
+}  // namespace scorch

@@ -1,0 +1,43 @@
+// The schedule of a kernel, chosen from the spec alone in microseconds: loop order, how the output is
+// written, and whether and how the outermost loop runs in parallel, with the reason for each choice.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lower/kernel_spec.h"
+
+namespace scorch {
+
+enum class OutputMode {
+  dense,      // strided output, updated in place (out += ...)
+  append,     // sparse output produced in storage order, one entry per coordinate: appended
+  workspace,  // sparse output whose last variable is reached out of order: a dense row workspace per thread
+  coords,     // anything else: coordinates appended in any order, sorted and summed afterwards
+};
+
+struct Schedule {
+  std::vector<int> order;       // index variables, outermost first
+  OutputMode output = OutputMode::dense;
+  int emit_depth = -1;          // append/workspace: depth whose loop body emits (-1: around the whole nest)
+  int workspace_var = -1;       // workspace: the output variable the workspace is indexed by
+  bool parallel = false;        // the outermost loop is split among threads
+  bool private_output = false;  // dense output with an outer reduction: per-thread copies, summed at the end
+  std::vector<std::string> reasons;
+
+  std::string str(const ir::Statement& st) const;
+};
+
+// Order constraints: every level-format operand must be walked in its level order.
+// Returns pairs (before, after) of index variables.
+std::vector<std::pair<int, int>> order_constraints(const KernelSpec& spec);
+
+// A loop order respecting the constraints, or empty when they conflict.
+std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints);
+
+Schedule make_schedule(const KernelSpec& spec);
+
+// Level variables of an access of a level-format operand: the index variable of each level, in level order.
+std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars);
+
+}  // namespace scorch

@@ -1,0 +1,170 @@
+// The compiler core without torch: parsing, lattices, schedules, and JIT-compiled kernels run on raw arrays.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+
+#include "common/error.h"
+#include "ir/parser.h"
+#include "lower/kernel_spec.h"
+#include "lower/merge_lattice.h"
+#include "lower/schedule.h"
+#include "runtime/jit.h"
+
+namespace scorch {
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Parser, EinsumExplicitAndImplicit) {
+  auto st = ir::parse_einsum("ij,jk->ik", {2, 2});
+  EXPECT_EQ(st.canonical(), "out(i0,i1) = t0(i0,i2) * t1(i2,i1)");
+  st = ir::parse_einsum("ij,jk", {2, 2});  // implicit: i, k in alphabetical order
+  EXPECT_EQ(st.canonical(), "out(i0,i1) = t0(i0,i2) * t1(i2,i1)");
+  st = ir::parse_einsum("ba,ac", {2, 2});  // implicit output "bc"
+  EXPECT_EQ(st.str(), "out(b,c) = operand 0(b,a) * operand 1(a,c)");
+  st = ir::parse_einsum("...ij,...jk->...ik", {3, 3});
+  EXPECT_EQ(st.canonical(), "out(i0,i1,i2) = t0(i0,i1,i3) * t1(i0,i3,i2)");
+  st = ir::parse_einsum("ij->", {2});
+  EXPECT_EQ(st.canonical(), "out() = t0(i0,i1)");
+}
+
+TEST(Parser, EinsumErrorsPointAtTheMistake) {
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk->iq", {2, 2}); }).find("output index 'q' appears in no operand\n  ij,jk->iq\n          ^"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij,jkl->ik", {2, 2}); }).find("operand 1 has 2 dimensions but 3 subscripts"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk->ii", {2, 2}); }).find("appears twice"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij;jk", {2, 2}); }).find("unexpected character"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk,k", {2, 2}); }).find("more operands"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("i.j", {2}); }).find("expected '...'"), std::string::npos);
+}
+
+TEST(Parser, IndexNotation) {
+  auto st = ir::parse_index_notation("y(i) = A(i,j) * x(j) + 2 * b(i)", {"A", "x", "b"});
+  EXPECT_EQ(st.canonical(), "out(i0) = t0(i0,i1) * t1(i1) + 2.0 * t2(i0)");
+  EXPECT_EQ(st.str(), "out(i) = A(i,j) * x(j) + 2.0 * b(i)");
+  st = ir::parse_index_notation("C(i,j) = -(A(i,j) - B(i,j)) * s", {"A", "B", "s"});
+  EXPECT_EQ(st.canonical(), "out(i0,i1) = -(t0(i0,i1) - t1(i0,i1)) * t2()");
+  // The canonical form parses back to itself.
+  auto again = ir::parse_index_notation(st.canonical(), {"t0", "t1", "t2"});
+  EXPECT_EQ(again.canonical(), st.canonical());
+  const std::string e = error_of([] { ir::parse_index_notation("y(i) = A(i,j) * z(j)", {"A", "x"}); });
+  EXPECT_NE(e.find("unknown tensor 'z'\n  y(i) = A(i,j) * z(j)\n                  ^"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { ir::parse_index_notation("y(i) = A(i,j) *", {"A"}); }).find("expected a tensor access"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_index_notation("y(k) = A(i,j)", {"A"}); }).find("does not appear"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_index_notation("y(i) = A(i,j)", {"A"}, {3}); }).find("has 3 dimensions but is indexed with 2"),
+            std::string::npos);
+}
+
+TEST(Parser, SizesAreChecked) {
+  auto st = ir::parse_einsum("ij,jk->ik", {2, 2});
+  EXPECT_EQ(ir::infer_var_sizes(st, {{3, 4}, {4, 5}}), (std::vector<int64_t>{3, 5, 4}));
+  const std::string e = error_of([&] { ir::infer_var_sizes(st, {{3, 4}, {6, 5}}); });
+  EXPECT_NE(e.find("index 'j' has size 6 here but 4 elsewhere\n  ij,jk->ik\n     ^"), std::string::npos) << e;
+}
+
+TEST(Lattice, ProductIntersectsSumUnites) {
+  auto st = ir::parse_index_notation("y(i) = a(i) * b(i) + c(i)", {"a", "b", "c"});
+  auto all_sparse = [](const ir::Expr&) { return true; };
+  auto l = build_lattice(st.rhs, all_sparse);
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0].iterators, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(l[1].iterators, (std::vector<int>{0, 1}));
+  EXPECT_EQ(l[2].iterators, (std::vector<int>{2}));
+  // With c dense, the sum is present everywhere: one region needs a, b and one is c alone (always).
+  auto l2 = build_lattice(st.rhs, [](const ir::Expr& a) { return a.tensor != 2; });
+  ASSERT_EQ(l2.size(), 2u);
+  EXPECT_EQ(l2[0].iterators, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(l2[1].iterators.empty());
+}
+
+TEST(Schedule, ClassicKernels) {
+  auto sched = [](const std::string& s) {
+    auto spec = KernelSpec::parse(s);
+    return make_schedule(spec).str(spec.stmt);
+  };
+  // SpMM: rows, then the row's nonzeros, then the dense columns innermost.
+  EXPECT_EQ(sched("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=strided; out=strided; f32; i32"),
+            "order: i0 i2 i1; output: dense; parallel outer loop");
+  // SpGEMM into CSR: the output's columns come inside the reduction, so a row workspace.
+  EXPECT_EQ(sched("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=csr; out=csr; f32; i32"),
+            "order: i0 i2 i1; output: workspace over i1; parallel outer loop");
+  // SDDMM: append in the sampling pattern's order with the reduction inside.
+  EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) * t1(i0,i2) * t2(i2,i1); t0=csr; t1=strided; t2=strided; out=csr; f32; i32"),
+            "order: i0 i1 i2; output: append; parallel outer loop");
+  // CSC SpMV: the outer loop is a reduction, so private outputs.
+  EXPECT_EQ(sched("out(i0) = t0(i0,i1) * t1(i1); t0=csc; t1=strided; out=strided; f64; i64"),
+            "order: i1 i0; output: dense; parallel outer loop with private outputs");
+  // Conflicting orders cannot be scheduled without a conversion.
+  EXPECT_NE(error_of([&] { sched("out(i0,i1) = t0(i0,i1) * t1(i0,i1); t0=csr; t1=csc; out=strided; f32; i32"); })
+                .find("no loop order"),
+            std::string::npos);
+}
+
+TEST(KernelSpec, RoundTrip) {
+  const std::string s = "out(i0,i1) = t0(i0,i1) + t1(i0,i1); t0=dense(0),compressed(1); t1=compressed[nonunique](0),singleton(1); out=dense(0),compressed(1); f64; i64";
+  EXPECT_EQ(KernelSpec::parse(s).str(), s);
+  EXPECT_NE(error_of([] { KernelSpec::parse("out(i0) = t0(i0); t0=compressed(0); out=strided; f16; i32"); }).find("f32 or f64"),
+            std::string::npos);
+}
+
+class Jit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::getenv("SCORCH_CACHE_DIR")) setenv("SCORCH_CACHE_DIR", (std::string(::testing::TempDir()) + "/scorch-cache").c_str(), 1);
+  }
+};
+
+TEST_F(Jit, SpmvOnRawArrays) {
+  // [[1 0 2] [0 0 0] [0 3 0]] @ [1 2 3] = [7 0 6]
+  const int32_t pos[] = {0, 2, 2, 3}, crd[] = {0, 2, 1};
+  const double vals[] = {1, 2, 3}, x[] = {1, 2, 3};
+  double y[3] = {0, 0, 0};
+  auto k = get_kernel("out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f64; i32");
+  void* inputs[] = {(void*)pos, (void*)crd, (void*)vals, (void*)x};
+  const int64_t sizes[] = {3, 3}, strides[] = {1};
+  scorch_kernel_args args{inputs, sizes, strides, y, 0, nullptr, nullptr, 2, 0};
+  ASSERT_EQ(k->fn(&args), 0);
+  EXPECT_EQ(y[0], 7);
+  EXPECT_EQ(y[1], 0);
+  EXPECT_EQ(y[2], 6);
+  EXPECT_EQ(get_kernel(k->spec).get(), k.get());  // the in-process cache
+}
+
+TEST_F(Jit, SparseAddProducesTheUnion) {
+  // a = [0 1 0 2], b = [3 0 0 4] as 1-D compressed vectors; a + b = [3 1 0 6] in any order
+  const int64_t apos[] = {0, 2}, acrd[] = {1, 3}, bpos[] = {0, 2}, bcrd[] = {0, 3};
+  const float av[] = {1, 2}, bv[] = {3, 4};
+  auto k = get_kernel("out(i0) = t0(i0) + t1(i0); t0=compressed(0); t1=compressed(0); out=compressed(0); f32; i64");
+  void* inputs[] = {(void*)apos, (void*)acrd, (void*)av, (void*)bpos, (void*)bcrd, (void*)bv};
+  const int64_t sizes[] = {4};
+  scorch_kernel_args args{inputs, sizes, nullptr, nullptr, 0, nullptr, nullptr, 1, 0};
+  ASSERT_EQ(k->fn(&args), 0);
+  ASSERT_EQ(args.out_nnz, 3);
+  std::vector<std::pair<int64_t, float>> got;
+  for (int64_t q = 0; q < args.out_nnz; ++q) got.emplace_back(args.out_coords[q], static_cast<float*>(args.out_vals)[q]);
+  EXPECT_EQ(got, (std::vector<std::pair<int64_t, float>>{{0, 3.f}, {1, 1.f}, {3, 6.f}}));
+  k->free_fn(args.out_coords);
+  k->free_fn(args.out_vals);
+}
+
+TEST_F(Jit, CompilerFailureIsReported) {
+  setenv("CXX", "false", 1);
+  const std::string e = error_of([] { get_kernel("out(i0) = t0(i0) * 3.0; t0=strided; out=strided; f64; i64"); });
+  unsetenv("CXX");
+  EXPECT_NE(e.find("compiling a kernel failed"), std::string::npos) << e;
+  EXPECT_NE(e.find("source: "), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace scorch
