@@ -3,16 +3,23 @@
     import scorch_backend as sb
     A = sb.sparse(dense, format="csr")      # or "csc", "coo", "dcsr", "dcsc", "csf", "bsr", levels...
     A.format, A.nnz, A.density, A.to_dense(), A.to_torch(torch.sparse_csr), A.to_scipy(), A.to_format("coo")
+    y = sb.einsum("ij,j->i", A, x)                           # compiled sparse kernels, any sparse/dense mix
+    y = sb.compute("y(i) = A(i,j) * x(j) + b(i)", A=A, x=x, b=b)
 """
 
 from ._native import ops, ops_library_path
 from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
+from .einsum import compute, einsum, kernel_info, plan_einsum
 from .format import Format, make_format
 from .tensor import SparseTensor
 
 __all__ = [
     "Format",
     "SparseTensor",
+    "compute",
+    "einsum",
+    "kernel_info",
+    "plan_einsum",
     "from_coordinates",
     "make_format",
     "ops",

@@ -79,6 +79,14 @@ class CompressedLevel final : public LevelKind {
     return pos[parent_count];
   }
 
+  int64_t check_lengths(std::span<const IndexSpan> b, int64_t parent_count, int64_t,
+                        const std::string& where) const override {
+    SCORCH_CHECK(b[0].size == parent_count + 1, "{}: pos has {} entries, expected {}", where, b[0].size, parent_count + 1);
+    SCORCH_CHECK(b[0][0] == 0 && b[1].size == b[0][parent_count], "{}: crd has {} entries but pos[-1] is {}", where,
+                 b[1].size, b[0][parent_count]);
+    return b[0][parent_count];
+  }
+
   void for_each_child(std::span<const IndexSpan> b, int64_t, int64_t parent,
                       const std::function<void(int64_t, int64_t)>& f) const override {
     for (int64_t k = b[0][parent]; k < b[0][parent + 1]; ++k) f(b[1][k], k);

@@ -36,6 +36,11 @@ class DenseLevel final : public LevelKind {
     return parent_count * size;
   }
 
+  int64_t check_lengths(std::span<const IndexSpan> b, int64_t parent_count, int64_t size,
+                        const std::string& where) const override {
+    return validate(b, parent_count, size, where);
+  }
+
   void for_each_child(std::span<const IndexSpan>, int64_t size, int64_t parent,
                       const std::function<void(int64_t, int64_t)>& f) const override {
     for (int64_t i = 0; i < size; ++i) f(i, parent * size + i);

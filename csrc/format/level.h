@@ -58,6 +58,13 @@ class LevelKind {
   virtual int64_t validate(std::span<const IndexSpan> buffers, int64_t parent_count, int64_t size,
                            const std::string& where) const = 0;
 
+  // Only the O(1) length checks of validate, for buffers already validated once (e.g. before each kernel
+  // call). The default runs the full validation.
+  virtual int64_t check_lengths(std::span<const IndexSpan> buffers, int64_t parent_count, int64_t size,
+                                const std::string& where) const {
+    return validate(buffers, parent_count, size, where);
+  }
+
   // Call f(coordinate, child position) for each child of parent position `parent`, in storage order.
   virtual void for_each_child(std::span<const IndexSpan> buffers, int64_t size, int64_t parent,
                               const std::function<void(int64_t, int64_t)>& f) const = 0;

@@ -40,6 +40,12 @@ class SingletonLevel final : public LevelKind {
     return parent_count;
   }
 
+  int64_t check_lengths(std::span<const IndexSpan> b, int64_t parent_count, int64_t,
+                        const std::string& where) const override {
+    SCORCH_CHECK(b[0].size == parent_count, "{}: crd has {} entries, expected {}", where, b[0].size, parent_count);
+    return parent_count;
+  }
+
   void for_each_child(std::span<const IndexSpan> b, int64_t, int64_t parent,
                       const std::function<void(int64_t, int64_t)>& f) const override {
     f(b[0][parent], parent);

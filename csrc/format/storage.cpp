@@ -172,6 +172,17 @@ std::vector<int64_t> check_levels(const Format& f, const std::vector<int64_t>& s
 
 }  // namespace
 
+void check_lengths(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                   int64_t value_count) {
+  const auto sizes = f.level_sizes(shape);
+  const auto per_level = split_buffers(f, buffers);
+  int64_t parents = 1;
+  for (size_t l = 0; l < f.levels().size(); ++l)
+    parents = f.levels()[l].kind->check_lengths(per_level[l], parents, sizes[l], level_name(f, l));
+  SCORCH_CHECK(value_count == parents, "values has {} entries but the index buffers describe {} stored positions",
+               value_count, parents);
+}
+
 void validate(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
               int64_t value_count) {
   const auto sizes = f.level_sizes(shape);

@@ -28,6 +28,10 @@ Packed pack(const Format& format, std::span<const int64_t> shape, std::span<cons
 void validate(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
               int64_t value_count);
 
+// Only the length checks of validate (O(levels) for the built-in kinds).
+void check_lengths(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                   int64_t value_count);
+
 // Coordinates of every stored value position, row-major [ndim][value_count]. Buffers must be valid.
 std::vector<int64_t> unpack(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
                             int64_t value_count);

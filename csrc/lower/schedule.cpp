@@ -107,9 +107,15 @@ Schedule make_schedule(const KernelSpec& spec) {
     return true;
   };
 
+  bool blocked_output = false;
+  if (!spec.output.strided())
+    for (const auto& l : spec.output.format->levels()) blocked_output |= l.expr.part != LevelExpr::Part::whole;
   if (spec.output.strided()) {
     s.output = OutputMode::dense;
     s.reasons.push_back("dense output: updated in place");
+  } else if (blocked_output) {
+    s.output = OutputMode::coords;
+    s.reasons.push_back("blocked output format: coordinates collected, then packed into blocks");
   } else if (prefix_is(out_vars, m)) {
     s.output = OutputMode::append;
     s.emit_depth = m - 1;

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/error.h"
+#include "format/format.h"
 #include "format/level.h"
 
 namespace scorch::torch_glue {
@@ -33,5 +34,10 @@ std::vector<IndexSpan> spans_of(const std::vector<at::Tensor>& buffers);
 
 // Values must be a 1-D CPU tensor of a supported dtype (float32, float64, bfloat16, float16).
 void check_values(const at::Tensor& values, const char* what);
+
+// Pack coordinates ([ndim][nnz], any order, repeats summed) and their values into a format's buffers.
+std::tuple<std::vector<at::Tensor>, at::Tensor> pack_to_tensors(const Format& f, const std::vector<int64_t>& shape,
+                                                                 const int64_t* coords, int64_t nnz,
+                                                                 const at::Tensor& values, at::ScalarType index_dtype);
 
 }  // namespace scorch::torch_glue

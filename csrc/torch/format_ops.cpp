@@ -42,6 +42,23 @@ void check_values(const at::Tensor& v, const char* what) {
   SCORCH_CHECK(v.device().is_cpu(), "{} must be on the CPU", what);
 }
 
+std::tuple<std::vector<at::Tensor>, at::Tensor> pack_to_tensors(const Format& f, const std::vector<int64_t>& shape,
+                                                                 const int64_t* coords, int64_t nnz,
+                                                                 const at::Tensor& values, at::ScalarType index_dtype) {
+  Packed p = pack(f, shape, {coords, static_cast<size_t>(nnz * f.ndim())}, nnz);
+  const int64_t limit = index_dtype == at::kInt ? std::numeric_limits<int32_t>::max() : INT64_MAX;
+  std::vector<at::Tensor> buffers;
+  for (auto& b : p.buffers) {
+    for (auto x : b) SCORCH_CHECK(x <= limit, "index value {} does not fit in int32; use index_dtype=torch.int64", x);
+    buffers.push_back(at::tensor(b, at::kLong).to(index_dtype));
+  }
+  SCORCH_CHECK(p.value_count <= limit, "{} stored values do not fit int32 positions; use index_dtype=torch.int64",
+               p.value_count);
+  at::Tensor out = at::zeros({p.value_count}, values.options());
+  if (nnz > 0) out.index_add_(0, at::tensor(p.value_pos, at::kLong), values);
+  return std::make_tuple(std::move(buffers), out);
+}
+
 namespace {
 
 std::vector<int64_t> to_vec(c10::IntArrayRef a) { return {a.begin(), a.end()}; }
@@ -62,20 +79,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> pack_op(const at::Tensor& indice
     SCORCH_CHECK(values.size(0) == indices.size(1), "indices describe {} nonzeros but values has {}", indices.size(1),
                  values.size(0));
     const at::Tensor idx = indices.to(at::kLong).contiguous();
-    const int64_t nnz = idx.size(1);
-    Packed p = pack(f, shape, {idx.data_ptr<int64_t>(), static_cast<size_t>(idx.numel())}, nnz);
-
-    const int64_t limit = index_dtype == at::kInt ? std::numeric_limits<int32_t>::max() : INT64_MAX;
-    std::vector<at::Tensor> buffers;
-    for (auto& b : p.buffers) {
-      for (auto x : b) SCORCH_CHECK(x <= limit, "index value {} does not fit in int32; use index_dtype=torch.int64", x);
-      buffers.push_back(at::tensor(b, at::kLong).to(index_dtype));
-    }
-    SCORCH_CHECK(p.value_count <= limit, "{} stored values do not fit int32 positions; use index_dtype=torch.int64",
-                 p.value_count);
-    at::Tensor out = at::zeros({p.value_count}, values.options());
-    if (nnz > 0) out.index_add_(0, at::tensor(p.value_pos, at::kLong), values);
-    return std::make_tuple(std::move(buffers), out);
+    return pack_to_tensors(f, shape, idx.data_ptr<int64_t>(), idx.size(1), values, index_dtype);
   });
 }
 

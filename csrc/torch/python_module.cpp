@@ -5,6 +5,9 @@
 
 #include "common/error.h"
 #include "format/format.h"
+#include "ir/parser.h"
+#include "lower/plan.h"
+#include "runtime/jit.h"
 
 namespace py = pybind11;
 
@@ -36,6 +39,57 @@ py::dict format_info(const std::string& spec, int ndim) {
   return out;
 }
 
+std::vector<scorch::OperandDesc> descs(const std::vector<std::tuple<std::string, std::vector<int64_t>, int64_t>>& ops) {
+  std::vector<scorch::OperandDesc> out;
+  for (const auto& [f, shape, nnz] : ops) out.push_back({f, shape, nnz});
+  return out;
+}
+
+py::dict plan_dict(const scorch::ir::Statement& st, const scorch::Plan& p) {
+  py::dict d;
+  d["spec"] = p.spec;
+  d["convert"] = p.convert;
+  d["out_format"] = p.out_format;
+  d["var_sizes"] = p.var_sizes;
+  d["out_shape"] = p.out_shape;
+  d["reasons"] = p.reasons;
+  d["statement"] = st.str();
+  return d;
+}
+
+using OperandList = std::vector<std::tuple<std::string, std::vector<int64_t>, int64_t>>;
+
+py::dict plan_einsum(const std::string& equation, const OperandList& ops, const std::string& out_format, bool f64,
+                     bool idx64) {
+  std::vector<int> ndims;
+  for (const auto& o : ops) ndims.push_back(static_cast<int>(std::get<1>(o).size()));
+  const auto st = scorch::ir::parse_einsum(equation, ndims);
+  return plan_dict(st, scorch::make_plan(st, descs(ops), out_format, f64, idx64));
+}
+
+py::dict plan_compute(const std::string& text, const std::vector<std::string>& names, const OperandList& ops,
+                      const std::string& out_format, bool f64, bool idx64) {
+  std::vector<int> ndims;
+  for (const auto& o : ops) ndims.push_back(static_cast<int>(std::get<1>(o).size()));
+  const auto st = scorch::ir::parse_index_notation(text, names, ndims);
+  return plan_dict(st, scorch::make_plan(st, descs(ops), out_format, f64, idx64));
+}
+
+py::dict kernel_info(const std::string& spec) {
+  const auto k = scorch::get_kernel(spec);
+  py::dict d;
+  d["spec"] = k->spec;
+  d["statement"] = k->statement;
+  d["schedule"] = k->schedule;
+  d["reasons"] = k->reasons;
+  d["loop_ir"] = k->loop_ir;
+  d["source_path"] = k->source_path;
+  d["library_path"] = k->library_path;
+  d["seconds"] = k->seconds;
+  d["compiled"] = k->compiled;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -52,4 +106,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");
+  m.def("plan_einsum", &plan_einsum, py::arg("equation"), py::arg("operands"), py::arg("out_format"), py::arg("f64"),
+        py::arg("idx64"), "Plan an einsum call: operands are (format or 'strided', shape, nnz).");
+  m.def("plan_compute", &plan_compute, py::arg("text"), py::arg("names"), py::arg("operands"), py::arg("out_format"),
+        py::arg("f64"), py::arg("idx64"), "Plan an index-notation statement.");
+  m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
+  m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
+  m.def("kernel_cache_dir", &scorch::kernel_cache_dir);
 }

@@ -1,0 +1,163 @@
+"""Eager front ends of the sparse compiler: `einsum` and `compute` on any mix of SparseTensors and dense tensors.
+
+Each call is planned in C++ (parse, size checks, operand conversions, output format), then runs the kernel
+named by the plan's spec through `torch.ops.scorch.kernel`, which compiles it once per process (and once per
+machine, thanks to the disk cache).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from . import _C
+from ._native import ops
+from .format import Format, make_format
+from .tensor import SparseTensor
+
+_COMPUTE_DTYPES = {torch.float64: torch.float64, torch.float32: torch.float32,
+                   torch.bfloat16: torch.float32, torch.float16: torch.float32}
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class _Operand:
+    tensor: torch.Tensor  # SparseTensor or dense
+    sparse: bool
+
+    def desc(self):
+        t = self.tensor
+        if self.sparse:
+            return (t.format.canonical, list(t.shape), t.nnz)
+        return ("strided", list(t.shape), t.numel())
+
+
+def _operand(x, where: str) -> _Operand:
+    if isinstance(x, SparseTensor):
+        return _Operand(x, True)
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise TypeError(f"{where} is a torch.sparse tensor ({x.layout}); wrap it with scorch_backend.sparse()")
+        if x.device.type != "cpu":
+            raise ValueError(f"{where} is on {x.device}; Scorch runs on the CPU")
+        if not x.is_floating_point():
+            raise TypeError(f"{where} has dtype {x.dtype}; Scorch computes with floating-point values")
+        return _Operand(x, False)
+    if isinstance(x, numbers.Real):
+        return _Operand(torch.tensor(float(x)), False)
+    raise TypeError(f"{where} must be a SparseTensor or a torch.Tensor, got {type(x).__name__}")
+
+
+def _out_format_text(out_format, rank: int) -> str:
+    if out_format is None:
+        return ""
+    if out_format == "dense" or out_format == "strided" or out_format is torch.strided:
+        return "strided"
+    return make_format(out_format, rank).canonical
+
+
+def _result_dtype(operands) -> torch.dtype:
+    dtype = None
+    for o in operands:
+        dtype = o.tensor.dtype if dtype is None else torch.promote_types(dtype, o.tensor.dtype)
+    return dtype or torch.float32
+
+
+def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dtype: torch.dtype):
+    compute = _COMPUTE_DTYPES[result_dtype]
+    inputs = []
+    for o, conv in zip(operands, plan["convert"]):
+        t = o.tensor
+        if conv == "strided":
+            t = t.to_dense() if isinstance(t, SparseTensor) else t
+        elif conv:
+            t = t.to_format(Format(conv, t.dim()))
+        if isinstance(t, SparseTensor):
+            inputs.extend(b.to(idx_dtype) for b in t.level_buffers.values())
+            inputs.append(t.stored_values.detach().to(compute))
+        else:
+            inputs.append(t.detach().to(compute))
+    buffers, values = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
+    shape = plan["out_shape"]
+    if plan["out_format"] == "strided":
+        return values.to(result_dtype)
+    fmt = Format(plan["out_format"], len(shape))
+    return SparseTensor(fmt, shape, buffers, values.to(result_dtype), validate=False)
+
+
+def _index_dtype(operands) -> torch.dtype:
+    for o in operands:
+        t = o.tensor
+        if isinstance(t, SparseTensor) and (t.index_dtype == torch.int64 or t.nnz > _INT32_MAX):
+            return torch.int64
+        if any(s > _INT32_MAX for s in t.shape):
+            return torch.int64
+    return torch.int32
+
+
+def plan_einsum(equation: str, *operands, out_format=None) -> dict:
+    """What `einsum` would do: the kernel spec, conversions, output format and the reasons."""
+    ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
+    dtype = _result_dtype(ops_)
+    idx = _index_dtype(ops_)
+    rank = _output_rank(equation, ops_)
+    return _C.plan_einsum(equation, [o.desc() for o in ops_], _out_format_text(out_format, rank),
+                          _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
+
+
+def _output_rank(equation: str, ops_) -> int:
+    # Only needed to parse an explicit out_format: ask the planner with a dense output.
+    if not isinstance(equation, str):
+        raise TypeError(f"equation must be a str, got {type(equation).__name__}")
+    p = _C.plan_einsum(equation, [o.desc() for o in ops_], "strided", False, False)
+    return len(p["out_shape"])
+
+
+def einsum(equation: str, *operands, out_format=None):
+    """Einstein summation over SparseTensors and dense tensors, compiled to a sparse kernel.
+
+    `equation` is a torch.einsum equation ("ij,jk->ik", implicit output allowed, "..." for leading
+    dimensions). The result is a SparseTensor when the computation is sparse (a product with a sparse factor,
+    a sum of sparse terms), else a dense tensor; `out_format` ("dense", a preset or format text) overrides it.
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not 1 <= len(operands):
+        raise ValueError("einsum needs at least one operand")
+    ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
+    dtype = _result_dtype(ops_)
+    idx = _index_dtype(ops_)
+    out_text = _out_format_text(out_format, _output_rank(equation, ops_)) if out_format is not None else ""
+    plan = _C.plan_einsum(equation, [o.desc() for o in ops_], out_text, _COMPUTE_DTYPES[dtype] == torch.float64,
+                          idx == torch.int64)
+    return _run(plan, ops_, dtype, idx)
+
+
+def compute(expression: str, out_format=None, **operands):
+    """Evaluate tensor index notation, e.g. compute("y(i) = A(i,j) * x(j) + b(i)", A=A, x=x, b=b).
+
+    `+` and `-` of sparse terms co-iterate their union, `*` the intersection; indices absent from the left
+    side are summed; numbers are constants. Operands are SparseTensors, dense tensors or Python numbers
+    (0-dimensional: written without parentheses).
+    """
+    if not isinstance(expression, str):
+        raise TypeError(f"expression must be a str, got {type(expression).__name__}")
+    names = list(operands)
+    ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
+    dtype = _result_dtype(ops_)
+    idx = _index_dtype(ops_)
+    descs = [o.desc() for o in ops_]
+    out_text = ""
+    if out_format is not None:
+        rank = len(_C.plan_compute(expression, names, descs, "strided", False, False)["out_shape"])
+        out_text = _out_format_text(out_format, rank)
+    plan = _C.plan_compute(expression, names, descs, out_text, _COMPUTE_DTYPES[dtype] == torch.float64,
+                           idx == torch.int64)
+    return _run(plan, ops_, dtype, idx)
+
+
+def kernel_info(spec: str) -> dict:
+    """Compile (or load) the kernel of a spec and describe it: schedule, reasons, loop IR, source path."""
+    return _C.kernel_info(spec)
