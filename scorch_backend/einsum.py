@@ -8,6 +8,8 @@ machine, thanks to the disk cache).
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -132,30 +134,47 @@ def einsum(equation: str, *operands, out_format=None):
     out_text = _out_format_text(out_format, _output_rank(equation, ops_)) if out_format is not None else ""
     plan = _C.plan_einsum(equation, [o.desc() for o in ops_], out_text, _COMPUTE_DTYPES[dtype] == torch.float64,
                           idx == torch.int64)
+    _debug(f"einsum {equation}: {plan['statement']}", plan)
     return _run(plan, ops_, dtype, idx)
 
 
 def compute(expression: str, out_format=None, **operands):
     """Evaluate tensor index notation, e.g. compute("y(i) = A(i,j) * x(j) + b(i)", A=A, x=x, b=b).
 
-    `+` and `-` of sparse terms co-iterate their union, `*` the intersection; indices absent from the left
-    side are summed; numbers are constants. Operands are SparseTensors, dense tensors or Python numbers
-    (0-dimensional: written without parentheses).
+    `+` and `-` of sparse terms co-iterate their union, `*` the intersection; numbers are constants; an index
+    absent from the left side is summed over the smallest term holding all its uses (so the example is
+    A @ x + b). Operands are SparseTensors, dense tensors or Python numbers (0-dimensional: written without
+    parentheses).
     """
     if not isinstance(expression, str):
         raise TypeError(f"expression must be a str, got {type(expression).__name__}")
     names = list(operands)
     ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
     dtype = _result_dtype(ops_)
-    idx = _index_dtype(ops_)
-    descs = [o.desc() for o in ops_]
-    out_text = ""
-    if out_format is not None:
-        rank = len(_C.plan_compute(expression, names, descs, "strided", False, False)["out_shape"])
-        out_text = _out_format_text(out_format, rank)
-    plan = _C.plan_compute(expression, names, descs, out_text, _COMPUTE_DTYPES[dtype] == torch.float64,
-                           idx == torch.int64)
-    return _run(plan, ops_, dtype, idx)
+    f64 = _COMPUTE_DTYPES[dtype] == torch.float64
+    steps = _C.split_compute(expression, names, [list(o.tensor.shape) for o in ops_])
+    result = None
+    for k, (text, global_ids) in enumerate(steps):
+        step_ops = [ops_[g] for g in global_ids]
+        local = [f"t{j}" for j in range(len(step_ops))]
+        descs = [o.desc() for o in step_ops]
+        idx = _index_dtype(step_ops)
+        out_text = ""
+        if out_format is not None and k == len(steps) - 1:
+            rank = len(_C.plan_compute(text, local, descs, "strided", False, False)["out_shape"])
+            out_text = _out_format_text(out_format, rank)
+        plan = _C.plan_compute(text, local, descs, out_text, f64, idx == torch.int64)
+        _debug(expression if len(steps) == 1 else f"{expression}  [step {k + 1}/{len(steps)}: {text}]", plan)
+        result = _run(plan, step_ops, dtype, idx)
+        ops_.append(_Operand(result, isinstance(result, SparseTensor)))
+    return result
+
+
+def _debug(what: str, plan: dict) -> None:
+    if int(os.environ.get("SCORCH_DEBUG", "0") or 0) >= 1:
+        lines = [f"[scorch] {what}", f"  kernel spec: {plan['spec']}"]
+        lines += [f"    - {r}" for r in plan["reasons"]]
+        print("\n".join(lines), file=sys.stderr)
 
 
 def kernel_info(spec: str) -> dict:

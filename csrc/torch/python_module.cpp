@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "format/format.h"
 #include "ir/parser.h"
+#include "ir/split_reductions.h"
 #include "lower/plan.h"
 #include "runtime/jit.h"
 
@@ -75,6 +76,19 @@ py::dict plan_compute(const std::string& text, const std::vector<std::string>& n
   return plan_dict(st, scorch::make_plan(st, descs(ops), out_format, f64, idx64));
 }
 
+// Parse index notation, check sizes against the operands' shapes, and split it into steps (see
+// ir/split_reductions.h): a list of (canonical text over t0, t1, ..., global operand ids).
+py::list split_compute(const std::string& text, const std::vector<std::string>& names,
+                       const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<int> ndims;
+  for (const auto& s : shapes) ndims.push_back(static_cast<int>(s.size()));
+  const auto st = scorch::ir::parse_index_notation(text, names, ndims);
+  scorch::ir::infer_var_sizes(st, shapes);
+  py::list out;
+  for (const auto& step : scorch::ir::split_reductions(st)) out.append(py::make_tuple(step.stmt.canonical(), step.operands));
+  return out;
+}
+
 py::dict kernel_info(const std::string& spec) {
   const auto k = scorch::get_kernel(spec);
   py::dict d;
@@ -110,6 +124,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("idx64"), "Plan an einsum call: operands are (format or 'strided', shape, nnz).");
   m.def("plan_compute", &plan_compute, py::arg("text"), py::arg("names"), py::arg("operands"), py::arg("out_format"),
         py::arg("f64"), py::arg("idx64"), "Plan an index-notation statement.");
+  m.def("split_compute", &split_compute, py::arg("text"), py::arg("names"), py::arg("shapes"),
+        "Split index notation into steps with their own reduction scopes.");
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
   m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
   m.def("kernel_cache_dir", &scorch::kernel_cache_dir);

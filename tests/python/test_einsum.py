@@ -1,0 +1,277 @@
+"""Named kernels of the compiler against torch on dense copies, plus front-end errors and the JIT cache."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scorch_backend as sb
+from conftest import random_dense
+from reference import evaluate
+
+
+def dense(x):
+    return x.to_dense() if isinstance(x, sb.SparseTensor) else x
+
+
+def check(out, ref, *, sparse=None, fmt=None, rtol=1e-5, atol=1e-5):
+    if sparse is not None:
+        assert isinstance(out, sb.SparseTensor) == sparse, type(out)
+    if fmt is not None:
+        assert str(out.format) == fmt
+    torch.testing.assert_close(dense(out), ref.to(dense(out).dtype), rtol=rtol, atol=atol)
+
+
+A = random_dense((37, 29), 0.1, dtype=torch.float64, seed=1)
+B = random_dense((29, 23), 0.2, dtype=torch.float64, seed=2)
+x = torch.randn(29, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr", "dcsc", "dense", "bsr(1,1)"])
+def test_spmv(fmt):
+    check(sb.einsum("ij,j->i", sb.sparse(A, fmt), x), A @ x, sparse=False)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_spmm(fmt):
+    Bd = torch.randn(29, 16, dtype=torch.float64)
+    check(sb.einsum("ij,jk->ik", sb.sparse(A, fmt), Bd), A @ Bd, sparse=False)
+
+
+def test_dense_times_csr():
+    D = torch.randn(11, 37, dtype=torch.float64)
+    check(sb.einsum("ij,jk->ik", D, sb.sparse(A, "csr")), D @ A, sparse=False)
+
+
+def test_sddmm_keeps_the_sampling_pattern():
+    S = sb.sparse(random_dense((37, 23), 0.1, dtype=torch.float64, seed=5), "csr")
+    P = torch.randn(37, 8, dtype=torch.float64)
+    Q = torch.randn(8, 23, dtype=torch.float64)
+    out = sb.einsum("ij,ik,kj->ij", S, P, Q)
+    check(out, S.to_dense() * (P @ Q), sparse=True, fmt="csr")
+    assert torch.equal(out.level_buffers["crd1"], S.level_buffers["crd1"])
+
+
+@pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("csr", "csc"), ("csc", "csc"), ("coo", "dcsr")])
+def test_spgemm(fa, fb):
+    out = sb.einsum("ij,jk->ik", sb.sparse(A, fa), sb.sparse(B, fb))
+    check(out, A @ B, sparse=True)
+    assert out.nnz <= 37 * 23
+
+
+@pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("csr", "coo"), ("dcsr", "csc"), ("csf", "dense")])
+def test_spadd_and_sub(fa, fb):
+    A2 = random_dense((37, 29), 0.15, dtype=torch.float64, seed=9)
+    out = sb.compute("C(i,j) = A(i,j) + B(i,j)", A=sb.sparse(A, fa), B=sb.sparse(A2, fb))
+    check(out, A + A2, sparse=fb != "dense")
+    out = sb.compute("C(i,j) = A(i,j) - 2 * B(i,j)", A=sb.sparse(A, fa), B=sb.sparse(A2, fb))
+    check(out, A - 2 * A2)
+
+
+def test_sparse_times_sparse_and_dense_elementwise():
+    A2 = random_dense((37, 29), 0.5, dtype=torch.float64, seed=3)
+    # A2 has more nonzeros, so A is the one converted (to CSC), and the output follows the loop order.
+    check(sb.einsum("ij,ij->ij", sb.sparse(A, "csr"), sb.sparse(A2, "csc")), A * A2, sparse=True, fmt="csc")
+    check(sb.einsum("ij,ij->ij", sb.sparse(A, "coo"), A2), A * A2, sparse=True, fmt="coo")
+    check(sb.compute("C(i,j) = A(i,j) + D(i,j)", A=sb.sparse(A, "csr"), D=A2), A + A2, sparse=False)
+
+
+T = random_dense((7, 6, 5), 0.2, dtype=torch.float64, seed=4)
+
+
+@pytest.mark.parametrize("fmt", ["csf", "coo"])
+def test_ttv_ttm_mttkrp(fmt):
+    S = sb.sparse(T, fmt)
+    c = torch.randn(5, dtype=torch.float64)
+    C = torch.randn(4, 5, dtype=torch.float64)
+    check(sb.einsum("ijk,k->ij", S, c), torch.einsum("ijk,k->ij", T, c), sparse=False)
+    check(sb.einsum("ijl,kl->ijk", S, C), torch.einsum("ijl,kl->ijk", T, C), sparse=False)
+    Bm = torch.randn(6, 3, dtype=torch.float64)
+    Cm = torch.randn(5, 3, dtype=torch.float64)
+    check(sb.einsum("ikl,kj,lj->ij", S, Bm, Cm), torch.einsum("ikl,kj,lj->ij", T, Bm, Cm), sparse=False)
+
+
+def test_batched_sparse_attention():
+    mask = random_dense((2, 3, 9, 9), 0.3, dtype=torch.float32, seed=6)
+    S = sb.sparse(mask, "csr")  # dense batch, head and row levels, compressed columns
+    V = torch.randn(2, 3, 9, 4)
+    check(sb.einsum("bhij,bhjd->bhid", S, V), torch.einsum("bhij,bhjd->bhid", mask, V), sparse=False)
+
+
+def test_reductions():
+    S = sb.sparse(A, "csr")
+    check(sb.einsum("ij->", S), A.sum(), sparse=False)
+    check(sb.einsum("ij->i", S), A.sum(1), sparse=False)
+    check(sb.einsum("ij->j", S), A.sum(0), sparse=False)
+    check(sb.einsum("ij->ji", S), A.t(), sparse=True)
+    check(sb.compute("s = A(i,j) * A(i,j)", A=S), (A * A).sum())
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (1, 1)])
+def test_empty_operands(shape):
+    Z = torch.zeros(shape, dtype=torch.float64)
+    for fmt in ["csr", "coo", "csc"]:
+        S = sb.sparse(Z, fmt)
+        y = torch.randn(shape[1], 3, dtype=torch.float64)
+        check(sb.einsum("ij,jk->ik", S, y), Z @ y)
+        check(sb.einsum("ij,ij->ij", S, S), Z * Z)
+        check(sb.einsum("ij->", S), Z.sum())
+    all_zero = sb.sparse(torch.zeros(4, 4), "csr")
+    out = sb.einsum("ij,jk->ik", all_zero, all_zero)
+    assert out.nnz == 0
+
+
+def test_implicit_output_ellipsis_and_constants():
+    S = sb.sparse(A, "csr")
+    check(sb.einsum("ij,j", S, x), A @ x)
+    X = random_dense((2, 37, 29), 0.2, dtype=torch.float64, seed=8)
+    Y = torch.randn(2, 29, 3, dtype=torch.float64)
+    check(sb.einsum("...ij,...jk->...ik", sb.sparse(X, "csr"), Y), X @ Y)
+    b = torch.randn(37, dtype=torch.float64)
+    check(sb.compute("y(i) = A(i,j) * x(j) + 2 * b(i)", A=S, x=x, b=b), evaluate(
+        "y(i) = A(i,j) * x(j) + 2 * b(i)", {"A": A, "x": x, "b": b}))
+    check(sb.compute("y(i) = -(A(i,j) - 0.5) * x(j) * s", A=S, x=x, s=3.0),
+          evaluate("y(i) = -(A(i,j) - 0.5) * x(j) * s", {"A": A, "x": x, "s": torch.tensor(3.0)}))
+
+
+def test_diagonal_and_repeated_operands():
+    Sq = random_dense((9, 9), 0.4, dtype=torch.float64, seed=12)
+    S = sb.sparse(Sq, "csr")
+    check(sb.einsum("ii->i", S), torch.einsum("ii->i", Sq))
+    check(sb.einsum("ij,ji->ij", S, S), Sq * Sq.t())
+
+
+def test_out_format_override_and_dtypes():
+    S = sb.sparse(A.float(), "csr")
+    out = sb.einsum("ij,jk->ik", S, sb.sparse(B.float(), "csr"), out_format="coo")
+    assert str(out.format) == "coo" and out.dtype == torch.float32
+    out = sb.einsum("ij,jk->ik", S, sb.sparse(B.float(), "csr"), out_format="dense")
+    assert not isinstance(out, sb.SparseTensor)
+    out = sb.einsum("ij,ij->ij", S, S, out_format="bsr(1,1)")
+    assert str(out.format) == "bsr(1,1)"
+    check(out, A.float() ** 2)
+    h = sb.einsum("ij,j->i", S.to(torch.bfloat16), x.to(torch.bfloat16))
+    assert h.dtype == torch.bfloat16
+    check(h, A @ x, rtol=3e-2, atol=3e-2)
+    m = sb.einsum("ij,j->i", S, x)  # float32 x float64 promotes to float64
+    assert m.dtype == torch.float64
+
+
+def test_int64_indices():
+    S = sb.sparse(A, "csr", index_dtype=torch.int64)
+    out = sb.einsum("ij,jk->ik", S, sb.sparse(B, "csr"))
+    assert out.index_dtype == torch.int64
+    check(out, A @ B)
+
+
+def test_threads_do_not_change_results():
+    big = random_dense((300, 200), 0.05, dtype=torch.float64, seed=13)
+    S = sb.sparse(big, "csr")
+    D = torch.randn(200, 17, dtype=torch.float64)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sb.einsum("ij,jk->ik", S, D)
+        torch.set_num_threads(2)
+        two = sb.einsum("ij,jk->ik", S, D)
+        two_sp = sb.einsum("ij,jk->ik", S, sb.sparse(D.t().contiguous(), "csr").t())
+    finally:
+        torch.set_num_threads(old)
+    torch.testing.assert_close(one, two)
+    check(two_sp, big @ D)
+
+
+def test_errors_have_carets():
+    S = sb.sparse(A, "csr")
+    with pytest.raises(ValueError, match=r"index 'j' has size 30 here but 29 elsewhere\n  ij,jk->ik\n     \^"):
+        sb.einsum("ij,jk->ik", S, torch.zeros(30, 3))
+    with pytest.raises(ValueError, match="operand 1 has 1 dimensions but 2 subscripts"):
+        sb.einsum("ij,jk->ik", S, x)
+    with pytest.raises(ValueError, match=r"unknown tensor 'z'"):
+        sb.compute("y(i) = A(i,j) * z(j)", A=S, x=x)
+    with pytest.raises(ValueError, match=r"expected a tensor access"):
+        sb.compute("y(i) = A(i,j) * ", A=S)
+    with pytest.raises(ValueError, match="equation has 2 operands but 3 were given"):
+        sb.einsum("ij,jk->ik", S, S, S)
+    with pytest.raises(TypeError, match="torch.sparse tensor"):
+        sb.einsum("ij,j->i", A.to_sparse(), x)
+    with pytest.raises(TypeError, match="floating-point"):
+        sb.einsum("ij,j->i", S, torch.ones(29, dtype=torch.int64))
+
+
+def test_kernel_op_checks_inputs_before_running():
+    spec = "out(i0) = t0(i0,i1) * t1(i1); t0=dense(0),compressed(1); t1=strided; out=strided; f64; i32"
+    S = sb.sparse(A, "csr")
+    pos, crd = S.level_buffers["pos1"], S.level_buffers["crd1"]
+    with pytest.raises(ValueError, match="crd has 10 entries"):
+        sb.ops.kernel(spec, [pos, crd[:10], S.stored_values, x], [37, 29], 1)
+    with pytest.raises(TypeError, match="values must be Double, got Float"):
+        sb.ops.kernel(spec, [pos, crd, S.stored_values.float(), x], [37, 29], 1)
+    with pytest.raises(ValueError, match="operand 1 has shape"):
+        sb.ops.kernel(spec, [pos, crd, S.stored_values, x[:5]], [37, 29], 1)
+
+
+def test_kernel_info_and_debug_output(tmp_path):
+    info = sb.kernel_info("out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; i32")
+    assert info["schedule"].startswith("order: i0 i1")
+    assert os.path.exists(info["source_path"]) and os.path.exists(info["library_path"])
+    src = open(info["source_path"]).read()
+    assert 'extern "C" int scorch_kernel' in src and "torch" not in src.split("Kernel spec")[1].split("\n", 2)[2]
+    code = ("import torch, scorch_backend as sb\n"
+            "S = sb.sparse(torch.eye(4), 'csr')\n"
+            "sb.einsum('ij,jk->ik', S, torch.ones(4, 2))\n")
+    env = dict(os.environ, SCORCH_DEBUG="2", SCORCH_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for what in ["einsum ij,jk->ik: out(i,k) = operand 0(i,j) * operand 1(j,k)", "kernel spec: out(i0,i1) =",
+                 "index notation: out(i0,i1) = t0(i0,i2) * t1(i2,i1)", "schedule: order: i0 i2 i1",
+                 "loop IR:", "compiled in", f"source: {tmp_path}"]:
+        assert what in r.stderr, (what, r.stderr)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "loaded from cache" in r.stderr
+
+
+def test_cache_is_shared_safely_by_processes(tmp_path):
+    # Several processes build the same new kernel at once: one compiles, all load a complete library.
+    code = ("import torch, scorch_backend as sb\n"
+            "S = sb.sparse(torch.eye(5) * 3, 'dcsr')\n"
+            "y = sb.compute('y(i) = A(i,j) * x(j) + 7 * x(i)', A=S, x=torch.arange(5.0))\n"
+            "assert torch.equal(y, torch.arange(5.0) * 10), y\n")  # A @ x + 7 x: the sum over j is A's only
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    libs = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+    # Two kernels (A @ x, then + 7 x), each built once, and no temporary file left behind.
+    assert len(libs) == 2 and not [f for f in os.listdir(tmp_path) if ".tmp." in f]
+
+
+def test_compiler_failure_raises_runtime_error(tmp_path):
+    code = ("import torch, scorch_backend as sb\n"
+            "S = sb.sparse(torch.eye(3), 'csr')\n"
+            "try:\n"
+            "    sb.einsum('ij,j->i', S, torch.ones(3))\n"
+            "except RuntimeError as e:\n"
+            "    print('caught', e)\n")
+    env = dict(os.environ, CXX="false", SCORCH_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "caught scorch: compiling a kernel failed" in r.stdout and "source:" in r.stdout, r.stdout + r.stderr
+
+
+def test_real_matrices_spmm(data_dir):
+    from scorch_backend import datasets
+
+    found = list(datasets.real_matrices(data_dir, max_per_kind=2))
+    if not found:
+        idx, vals, shape = datasets.rmat(9, 4)
+        mats = [("rmat9", sb.from_coordinates(idx, vals, shape, "csr"))]
+    else:
+        mats = [(name, sb.sparse(datasets.read_matrix(p), "csr")) for name, p in found]
+    for name, S in mats:
+        D = torch.randn(S.shape[1], 8)
+        ref = S.to_torch(torch.sparse_csr) @ D
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", S, D), ref, rtol=1e-4, atol=1e-4, msg=name)
