@@ -9,7 +9,7 @@
 
 from ._native import ops, ops_library_path
 from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
-from .einsum import compute, einsum, kernel_info, plan_einsum
+from .frontend import compute, einsum, kernel_info, plan_einsum
 from .format import Format, make_format
 from .tensor import SparseTensor
 

@@ -67,7 +67,7 @@ class Lowerer {
       if (sched_.private_output) {
         region.push_back(loops::line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
         region.push_back(loops::line("priv[tid] = o;"));
-        region.push_back(loops::line("if (!o) { args->status = 1; }"));
+        region.push_back(loops::line("if (tid != 0 && !o) { args->status = 1; }  // out itself is null when empty"));
         region.push_back(loops::line("else {"));
       } else {
         region.push_back(loops::line("val_t* __restrict o = out;"));
