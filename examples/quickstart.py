@@ -1,4 +1,5 @@
-"""Scorch quickstart: build sparse tensors, look inside them, convert them between formats.
+"""Scorch quickstart: build sparse tensors, look inside them, convert them between formats, and compute with
+them through the sparse compiler (einsum and index notation).
 
     python examples/quickstart.py                 # on generated data
     python examples/quickstart.py --real          # also on a real matrix from --data (default ../shared/data)
@@ -65,6 +66,22 @@ def main():
 
     out = scale(sb.sparse(x, "csr"))
     print("\ntorch.compile'd scale(csr) returns", out)
+
+    # The compiler: any einsum over any mix of sparse and dense operands, compiled to a C++ kernel.
+    A = sb.sparse(x, "csr")
+    v = torch.arange(6.0)
+    y = sb.einsum("ij,j->i", A, v)
+    print("\nSpMV einsum('ij,j->i', csr, dense):", y.tolist(), "(torch:", (x @ v).tolist(), ")")
+    C = sb.einsum("ij,kj->ik", A, A)  # SpGEMM A @ A^T: A is re-sorted (CSC) to match the loop order
+    print("SpGEMM A @ A^T ->", C, "max error", (C.to_dense() - x @ x.t()).abs().max().item())
+    D = sb.compute("D(i,j) = A(i,j) + 2 * B(i,j)", A=A, B=sb.sparse(x.flip(0), "coo"))
+    print("compute('D(i,j) = A(i,j) + 2 * B(i,j)') ->", D)
+    plan = sb.plan_einsum("ij,kj->ik", A, A)
+    print("its kernel:", plan["spec"])
+    for reason in plan["reasons"]:
+        print("   -", reason)
+    info = sb.kernel_info(plan["spec"])
+    print("schedule:", info["schedule"], "| source:", info["source_path"])
 
     if args.real:
         found = next(datasets.real_matrices(args.data, kinds=("graphs",)), None)

@@ -7,6 +7,7 @@ machine, thanks to the disk cache).
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import sys
@@ -89,6 +90,15 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
     return SparseTensor(fmt, shape, buffers, values.to(result_dtype), validate=False)
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan_einsum_cached(equation, descs, out_text, f64, idx64):
+    return _C.plan_einsum(equation, [(f, list(shape), nnz) for f, shape, nnz in descs], out_text, f64, idx64)
+
+
+def _frozen(descs):
+    return tuple((f, tuple(shape), nnz) for f, shape, nnz in descs)
+
+
 def _index_dtype(operands) -> torch.dtype:
     for o in operands:
         t = o.tensor
@@ -132,8 +142,9 @@ def einsum(equation: str, *operands, out_format=None):
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
     out_text = _out_format_text(out_format, _output_rank(equation, ops_)) if out_format is not None else ""
-    plan = _C.plan_einsum(equation, [o.desc() for o in ops_], out_text, _COMPUTE_DTYPES[dtype] == torch.float64,
-                          idx == torch.int64)
+    # Plans depend only on the equation and the operands' formats, shapes and sizes: cached.
+    plan = _plan_einsum_cached(equation, _frozen(o.desc() for o in ops_), out_text,
+                               _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
     _debug(f"einsum {equation}: {plan['statement']}", plan)
     return _run(plan, ops_, dtype, idx)
 

@@ -16,6 +16,14 @@ const char* kPreamble = R"(#include <algorithm>
 
 namespace {
 
+// 64-byte vectors (GCC vector extension): register tiles of dense output columns.
+typedef val_t vec_t __attribute__((vector_size(64)));
+inline vec_t vload(const val_t* p) {
+  vec_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
 // Output stream of one thread: coordinate tuples and values, grown by doubling.
 struct Stream {
   int64_t n, cap;

@@ -12,7 +12,7 @@
   struct scorch_kernel_args {                                                              \
     void* const* inputs;   /* operand buffers */                                           \
     const int64_t* sizes;  /* extent of each index variable */                             \
-    const int64_t* strides; /* strides of strided operands, operand by operand */          \
+    const int64_t* strides; /* strided operands' strides (row-major: kernels derive them) */ \
     void* out_dense;       /* dense output, zero-filled by the caller */                   \
     int64_t out_nnz;       /* sparse output: number of entries */                          \
     int64_t* out_coords;   /* sparse output: coordinates [ndim][out_nnz], kernel-allocated */ \

@@ -27,13 +27,14 @@ StmtPtr block(Stmts body) {
   s->body = std::move(body);
   return s;
 }
-StmtPtr for_range(std::string var, std::string begin, std::string end, Stmts body, bool simd) {
+StmtPtr for_range(std::string var, std::string begin, std::string end, Stmts body, bool simd, std::string reduction) {
   auto s = make(Kind::for_range);
   s->text = std::move(var);
   s->begin = std::move(begin);
   s->end = std::move(end);
   s->body = std::move(body);
-  s->simd = simd;
+  s->simd = simd || !reduction.empty();
+  s->reduction = std::move(reduction);
   return s;
 }
 StmtPtr while_loop(std::string cond, Stmts body) {
@@ -69,7 +70,8 @@ void print_into(const Stmts& stmts, int indent, std::string& out) {
         out += pad + "}\n";
         break;
       case Kind::for_range:
-        if (s->simd) out += pad + "#pragma omp simd\n";
+        if (!s->reduction.empty()) out += pad + "#pragma omp simd reduction(+:" + s->reduction + ")\n";
+        else if (s->simd) out += pad + "#pragma omp simd\n";
         out += pad + fmt::format("for (int64_t {0} = {1}; {0} < {2}; ++{0}) {{\n", s->text, s->begin, s->end);
         print_into(s->body, indent + 1, out);
         out += pad + "}\n";

@@ -33,6 +33,7 @@ struct Stmt {
   std::string text;               // line, comment; for: loop variable; while: condition
   std::string begin, end;         // for: [begin, end)
   bool simd = false;              // for: vectorizable
+  std::string reduction;          // for with simd: a scalar summed across iterations
   std::string threads;            // parallel: number of threads
   Stmts body;                     // block, for, while, parallel
   std::vector<std::string> conds; // if: one condition per branch ("" = else)
@@ -42,7 +43,8 @@ struct Stmt {
 StmtPtr line(std::string text);
 StmtPtr comment(std::string text);
 StmtPtr block(Stmts body);
-StmtPtr for_range(std::string var, std::string begin, std::string end, Stmts body, bool simd = false);
+StmtPtr for_range(std::string var, std::string begin, std::string end, Stmts body, bool simd = false,
+                  std::string reduction = "");
 StmtPtr while_loop(std::string cond, Stmts body);
 StmtPtr if_chain(std::vector<std::string> conds, std::vector<Stmts> branches);
 StmtPtr parallel(std::string threads, Stmts body);

@@ -22,7 +22,10 @@ int input_pointer_count(const KernelSpec& spec) {
 namespace {
 
 // Where the value computed in the innermost loop goes.
-enum class Sink { dense, scalar, workspace, stream };
+enum class Sink { dense, scalar, workspace, stream, local, tile, vtile };
+
+// Columns of the dense output kept in registers by a tiled inner loop (SpMM-like kernels).
+constexpr int kTile = 64;
 
 class Lowerer {
  public:
@@ -43,6 +46,28 @@ class Lowerer {
         }
       }
       access_[a->access_id] = info;
+    }
+    choose_tile();
+  }
+
+  // Tile the innermost loop when it runs over an output index that only strided operands use, right inside
+  // a reduction (SpMM's j inside k): the tile of output columns then stays in registers.
+  void choose_tile() {
+    const int n = static_cast<int>(sched_.order.size());
+    if (!spec_.output.strided() || n < 2) return;
+    const int j = sched_.order[n - 1], k = sched_.order[n - 2];
+    if (!std::count(st_.out_vars.begin(), st_.out_vars.end(), j) || std::count(st_.out_vars.begin(), st_.out_vars.end(), k))
+      return;
+    for (const auto& [id, a] : access_)
+      if (std::count(a.lvars.begin(), a.lvars.end(), j)) return;  // j walks a level: not a plain dense loop
+    tile_depth_ = n - 2;
+    tile_var_ = j;
+    // Vector registers when every access along j has it as its last, contiguous index.
+    vector_tile_ = true;
+    for (const auto& [id, a] : access_) {
+      const auto& vars = a.e->vars;
+      if (std::count(vars.begin(), vars.end(), j) > 1 || (std::count(vars.begin(), vars.end(), j) && vars.back() != j))
+        vector_tile_ = false;
     }
   }
 
@@ -144,13 +169,25 @@ class Lowerer {
 
   void unpack_arguments(Stmts& b) {
     int p = 0, s = 0;
+    (void)s;
+    for (int v = 0; v < st_.num_vars(); ++v)
+      b.push_back(loops::line(fmt::format("const int64_t N{0} = args->sizes[{0}]; (void)N{0};", v)));
     for (size_t t = 0; t < spec_.operands.size(); ++t) {
       const Storage& op = spec_.operands[t];
       if (op.strided()) {
         b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_data = (const val_t*)args->inputs[{}];", t, p++)));
-        const int nd = spec_.operand_ndim(static_cast<int>(t));
-        for (int d = 0; d < nd; ++d)
-          b.push_back(loops::line(fmt::format("const int64_t t{}_st{} = args->strides[{}];", t, d, s++)));
+        // Strided operands arrive contiguous (row-major), so strides follow from the sizes and the last is
+        // the literal 1 the vectorizer needs.
+        const Expr* first = nullptr;
+        for (const auto& [id, a] : access_)
+          if (a.tensor == static_cast<int>(t) && !first) first = a.e;
+        const int nd = first ? static_cast<int>(first->vars.size()) : 0;
+        std::string stride = "1";
+        for (int d = nd; d-- > 0;) {
+          b.push_back(loops::line(fmt::format("const int64_t t{}_st{} = {};", t, d, stride)));
+          stride += " * " + size_of(first->vars[d]);
+          ++s;
+        }
         continue;
       }
       const auto& levels = op.format->levels();
@@ -160,8 +197,6 @@ class Lowerer {
       b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
     }
     b.push_back(loops::line("(void)args->strides;"));
-    for (int v = 0; v < st_.num_vars(); ++v)
-      b.push_back(loops::line(fmt::format("const int64_t N{0} = args->sizes[{0}]; (void)N{0};", v)));
     if (spec_.output.strided()) {
       b.push_back(loops::line("val_t* __restrict out = (val_t*)args->out_dense;"));
       std::string numel = "1";
@@ -215,6 +250,31 @@ class Lowerer {
     return s;
   }
 
+  int vectors_per_tile() const { return kTile / (spec_.f64 ? 8 : 16); }  // 64-byte vectors
+
+  // The value for vector q of a full tile: accesses along the tile's column index load a vector (the index
+  // is their last and contiguous), the rest are scalars that broadcast.
+  std::string vector_value(const ExprPtr& e, const States& states, int q) const {
+    switch (e->kind) {
+      case ExprKind::access: {
+        std::string idx;
+        const bool along = std::count(e->vars.begin(), e->vars.end(), tile_var_) > 0;
+        if (!along) return value(e, states);
+        for (size_t d = 0; d < e->vars.size(); ++d) {
+          const std::string x = e->vars[d] == tile_var_ ? fmt::format("(jo + {})", q * (spec_.f64 ? 8 : 16)) : var(e->vars[d]);
+          idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", x, e->tensor, d);
+        }
+        return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
+      }
+      case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
+      case ExprKind::neg: return "(-" + vector_value(e->a, states, q) + ")";
+      case ExprKind::add: return "(" + vector_value(e->a, states, q) + " + " + vector_value(e->b, states, q) + ")";
+      case ExprKind::sub: return "(" + vector_value(e->a, states, q) + " - " + vector_value(e->b, states, q) + ")";
+      case ExprKind::mul: return "(" + vector_value(e->a, states, q) + " * " + vector_value(e->b, states, q) + ")";
+    }
+    return "0";
+  }
+
   std::string value(const ExprPtr& e, const States& states) const {
     switch (e->kind) {
       case ExprKind::access: {
@@ -241,12 +301,18 @@ class Lowerer {
   Stmts compute(const ExprPtr& e, const States& states) {
     const std::string v = value(e, states);
     switch (current_sink_) {
-      case Sink::dense: {
-        std::string lin;
-        for (size_t d = 0; d < st_.out_vars.size(); ++d) lin += fmt::format("{}{} * os{}", d ? " + " : "", var(st_.out_vars[d]), d);
-        return {loops::line(fmt::format("o[{}] += {};", lin.empty() ? "0" : lin, v))};
+      case Sink::dense: return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
+      case Sink::scalar:
+        if (any_hoisted_) return {loops::line(fmt::format("acc += {};", v))};
+        return {loops::line(fmt::format("acc += {}; any = true;", v))};
+      case Sink::local: return {loops::line(fmt::format("lacc += {};", v))};
+      case Sink::tile: return {loops::line(fmt::format("tacc[jj] += {};", v))};
+      case Sink::vtile: {
+        Stmts out;
+        for (int q = 0; q < vectors_per_tile(); ++q)
+          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, q))));
+        return out;
       }
-      case Sink::scalar: return {loops::line(fmt::format("acc += {}; any = true;", v))};
       case Sink::workspace:
         return {loops::line(fmt::format("{{ const int64_t w = {}; if (!ws_flag[w]) {{ ws_flag[w] = 1; ws_list[ws_n++] = w; }} ws_val[w] += {}; }}",
                                         var(sched_.workspace_var), v))};
@@ -258,11 +324,90 @@ class Lowerer {
   }
 
   // The loops for order[d..]; `states` holds the accesses still in `e`.
+  std::string dense_out_index(const std::string& tile_var = "") const {
+    std::string lin;
+    for (size_t d = 0; d < st_.out_vars.size(); ++d) {
+      const int v = st_.out_vars[d];
+      const std::string x = v == tile_var_ && !tile_var.empty() ? tile_var : var(v);
+      lin += fmt::format("{}{} * os{}", d ? " + " : "", x, d);
+    }
+    return lin.empty() ? "0" : lin;
+  }
+
+  // The scalar an innermost loop at depth d sums into, when its iterations only add to it.
+  std::string innermost_accumulator(int d) const {
+    if (d != static_cast<int>(sched_.order.size()) - 1) return "";
+    if (current_sink_ == Sink::local) return "lacc";
+    if (current_sink_ == Sink::scalar) return "acc";
+    return "";
+  }
+
+  // Dense output, and the loops from depth d inward are all reductions: sum into a register, store once.
+  bool local_accumulation_at(int d) const {
+    const int n = static_cast<int>(sched_.order.size());
+    if (current_sink_ != Sink::dense || d == 0 || d >= n) return false;
+    for (int q = d; q < n; ++q)
+      if (std::count(st_.out_vars.begin(), st_.out_vars.end(), sched_.order[q])) return false;
+    for (int q = d - 1; q >= 0; --q)  // only at the outermost such depth
+      if (!std::count(st_.out_vars.begin(), st_.out_vars.end(), sched_.order[q])) return false;
+    return true;
+  }
+
   Stmts lower_depth(int d, const ExprPtr& e, const States& states) {
     const int n = static_cast<int>(sched_.order.size());
     if (d == n) return compute(e, states);
+    if (local_accumulation_at(d)) {
+      current_sink_ = Sink::local;
+      Stmts out{loops::line("val_t lacc = 0;")};
+      Stmts inner = lower_depth(d, e, states);
+      out.insert(out.end(), inner.begin(), inner.end());
+      out.push_back(loops::line(fmt::format("o[{}] += lacc;", dense_out_index())));
+      current_sink_ = Sink::dense;
+      return out;
+    }
+    if (d == tile_depth_ && current_sink_ == Sink::dense) {
+      // The innermost output loop is split into tiles of kTile columns accumulated in registers across the
+      // reduction loop above it: full tiles in vector registers, the last partial tile in a small array.
+      const std::string nj = size_of(tile_var_);
+      Stmts out;
+      if (vector_tile_) {
+        current_sink_ = Sink::vtile;
+        Stmts body{loops::line(fmt::format("const int64_t jo = jt * {};", kTile))};
+        std::string decl = "vec_t va0 = {}";
+        for (int q = 1; q < vectors_per_tile(); ++q) decl += fmt::format(", va{} = {{}}", q);
+        body.push_back(loops::line(decl + ";"));
+        Stmts inner = lower_depth(d, e, states);
+        body.insert(body.end(), inner.begin(), inner.end());
+        const int w = spec_.f64 ? 8 : 16;
+        for (int q = 0; q < vectors_per_tile(); ++q)
+          body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
+              "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
+        out.push_back(loops::for_range("jt", "0", fmt::format("{} / {}", nj, kTile), body));
+      }
+      current_sink_ = Sink::tile;
+      const std::string first = vector_tile_ ? fmt::format("({} / {})", nj, kTile) : "0";
+      Stmts body{loops::line(fmt::format("const int64_t jo = jt * {};", kTile)),
+                 loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", kTile, nj)),
+                 loops::line(fmt::format("val_t tacc[{}] = {{}};", kTile))};
+      Stmts inner = lower_depth(d, e, states);
+      body.insert(body.end(), inner.begin(), inner.end());
+      body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
+      current_sink_ = Sink::dense;
+      out.push_back(loops::for_range("jt", first, fmt::format("({} + {}) / {}", nj, kTile - 1, kTile), body));
+      return out;
+    }
     const int v = sched_.order[d];
     const std::string iv = var(v);
+    if (current_sink_ == Sink::vtile && v == tile_var_) return lower_depth(d + 1, e, states);
+    if (current_sink_ == Sink::tile && v == tile_var_) {
+      // Inside a tile: a full tile has a constant trip count (kept in registers), the last one may be short.
+      Stmts full{loops::line(fmt::format("const int64_t {} = jo + jj;", iv))};
+      Stmts inner = lower_depth(d + 1, e, states);
+      full.insert(full.end(), inner.begin(), inner.end());
+      return {loops::if_chain({fmt::format("jn == {}", kTile), ""},
+                              {{loops::for_range("jj", "0", std::to_string(kTile), full, true)},
+                               {loops::for_range("jj", "0", "jn", full)}})};
+    }
 
     std::vector<const Expr*> accs;
     ir::collect_accesses(e, accs);
@@ -378,6 +523,13 @@ class Lowerer {
       }
       const bool simd = d == n - 1 && all_iters.empty() && current_sink_ == Sink::dense &&
                         std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
+      const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
+      if (!red.empty()) {
+        // A pure reduction: vectorize it (the pragma permits reassociating the sum).
+        if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
+        out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
+        return out;
+      }
       out.push_back(loops::for_range(iv, lo, hi, body, simd));
       return out;
     }
@@ -403,6 +555,25 @@ class Lowerer {
           out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }}", ke(id))));
         } else if (pi == 0 && can_parallel) {
           parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
+        }
+        const std::string red = parts.at(id).unique ? innermost_accumulator(d) : "";
+        if (parts.at(id).unique) {
+          // A counted loop; inside, the iterator's name is bound to the loop counter.
+          Stmts fbody{loops::line(fmt::format("const int64_t {} = p{};", k(id), tag(id)))};
+          if (!red.empty()) {
+            if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
+            any_hoisted_ = red == "acc";
+            Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, crd(id)))};
+            Stmts inner2 = case_body(P, ends);
+            again.insert(again.end(), inner2.begin(), inner2.end());
+            any_hoisted_ = false;
+            fbody.insert(fbody.end(), again.begin(), again.end());
+          } else {
+            fbody.insert(fbody.end(), body.begin(), body.end());
+          }
+          // No simd pragma here: the loads through crd are gathers, slower than scalar code on this CPU kind.
+          out.push_back(loops::for_range("p" + tag(id), k(id), ke(id), fbody, false, ""));
+          continue;
         }
         body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));
         out.push_back(loops::while_loop(fmt::format("{} < {}", k(id), ke(id)), body));
@@ -446,6 +617,34 @@ class Lowerer {
     return out;
   }
 
+  // The body of an innermost dense loop with one (full) lattice point, made again with `any` hoisted.
+  Stmts rebuild_without_any(int d, const ExprPtr& e, const States& states, int v) {
+    any_hoisted_ = current_sink_ == Sink::scalar;
+    (void)v;
+    Stmts body = compute(e, advance_dense(d, e, states));
+    any_hoisted_ = false;
+    return body;
+  }
+
+  // States after locating every access that has a dense level at depth d's variable.
+  States advance_dense(int d, const ExprPtr& e, const States& states) {
+    const int v = sched_.order[d];
+    std::vector<const Expr*> keep;
+    ir::collect_accesses(e, keep);
+    States next;
+    for (const Expr* a : keep) {
+      State s = states.at(a->access_id);
+      const Access& info = access_.at(a->access_id);
+      if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
+          info.lvars[s.level] == v) {
+        const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), var(v));
+        s = State{s.level + 1, pos, pos + " + 1"};
+      }
+      next[a->access_id] = s;
+    }
+    return next;
+  }
+
   // Bounds of this thread's share of a dense outer loop, balanced by nonzeros when a CSR-like operand
   // (dense level then compressed level) gives its row pointers.
   template <typename Parts>
@@ -475,6 +674,10 @@ class Lowerer {
   const ir::Statement& st_;
   std::map<int, Access> access_;
   Sink current_sink_ = Sink::dense;
+  bool any_hoisted_ = false;  // an innermost reduction loop set `any` before it runs
+  int tile_depth_ = -1;
+  int tile_var_ = -1;
+  bool vector_tile_ = false;
   bool parallel_ = false;
   std::string parallel_why_ = "outer loop is not split";
   std::vector<std::string> reasons_;

@@ -139,6 +139,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
   k->reasons.insert(k->reasons.end(), l.kernel.reasons.begin(), l.kernel.reasons.end());
   k->loop_ir = loops::print(l.kernel.body);
   k->sparse_output = l.kernel.sparse_output;
+  k->sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
   k->input_pointers = input_pointer_count(l.spec);
 
   const std::string dir = kernel_cache_dir();
@@ -193,7 +194,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
     for (const auto& r : k->reasons) msg += "    - " + r + "\n";
     msg += fmt::format("  {} in {:.3f} s; source: {}\n", k->compiled ? "compiled" : "loaded from cache", k->seconds,
                        k->source_path);
-    if (debug_level() >= 2) msg += "  loop IR:\n" + loops::print(l.kernel.body, 2);
+    msg += "  loop IR:\n" + loops::print(l.kernel.body, 2);
     std::fputs(msg.c_str(), stderr);
   }
   return k;

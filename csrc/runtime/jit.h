@@ -22,6 +22,7 @@ struct CompiledKernel {
   std::string loop_ir;
   std::string source_path, library_path;
   bool sparse_output = false;
+  bool sorted_output = false;   // sparse output arrives sorted in storage order, without repeats
   int input_pointers = 0;
   double seconds = 0;           // time to get it: codegen + compile, or codegen + load
   bool compiled = false;        // false: loaded from the disk cache

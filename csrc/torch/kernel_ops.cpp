@@ -41,6 +41,43 @@ const Entry& lookup(const std::string& text) {
   return *entries.emplace(text, std::move(e)).first->second;
 }
 
+// Sorted, repeat-free coordinates into a format of dense levels then one compressed level (CSR, batched CSR,
+// a compressed vector) in one pass: count per row, prefix-sum, copy the last coordinate. Returns false
+// (and the caller packs generally) if the format does not fit or the coordinates turn out unsorted.
+template <typename I>
+bool pack_sorted_rows(const Format& f, const std::vector<int64_t>& shape, const int64_t* coords, int64_t nnz,
+                      at::Tensor& pos_out, at::Tensor& crd_out) {
+  const auto& levels = f.levels();
+  if (levels.empty() || levels.back().kind->name() != "compressed" || !levels.back().kind->properties().unique)
+    return false;
+  int64_t rows = 1;
+  for (size_t l = 0; l + 1 < levels.size(); ++l) {
+    if (levels[l].kind->name() != "dense" || levels[l].expr.part != LevelExpr::Part::whole) return false;
+    rows *= shape[levels[l].expr.dim];
+  }
+  if (levels.back().expr.part != LevelExpr::Part::whole) return false;
+  at::Tensor pos = at::zeros({rows + 1}, c10::CppTypeToScalarType<I>::value);
+  at::Tensor crd = at::empty({nnz}, c10::CppTypeToScalarType<I>::value);
+  I* p = pos.data_ptr<I>();
+  I* c = crd.data_ptr<I>();
+  const int64_t* last = coords + levels.back().expr.dim * nnz;
+  int64_t prev_row = -1, prev_col = -1;
+  for (int64_t q = 0; q < nnz; ++q) {
+    int64_t row = 0;
+    for (size_t l = 0; l + 1 < levels.size(); ++l)
+      row = row * shape[levels[l].expr.dim] + coords[levels[l].expr.dim * nnz + q];
+    if (row < prev_row || (row == prev_row && last[q] <= prev_col)) return false;
+    prev_row = row;
+    prev_col = last[q];
+    p[row + 1]++;
+    c[q] = static_cast<I>(last[q]);
+  }
+  for (int64_t r = 0; r < rows; ++r) p[r + 1] += p[r];
+  pos_out = pos;
+  crd_out = crd;
+  return true;
+}
+
 std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_text,
                                                           const std::vector<at::Tensor>& inputs,
                                                           c10::IntArrayRef sizes, int64_t num_threads) {
@@ -82,8 +119,9 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_
         SCORCH_CHECK(x.device().is_cpu(), "operand {} must be on the CPU", t);
         SCORCH_CHECK(std::vector<int64_t>(x.sizes().begin(), x.sizes().end()) == shapes[t],
                      "operand {} has shape {}, the statement needs {}", t, c10::str(x.sizes()), fmt::join(shapes[t], ", "));
-        ptrs.push_back(const_cast<void*>(x.const_data_ptr()));
-        for (auto st : x.strides()) strides.push_back(st);
+        keep.push_back(x.contiguous());  // kernels assume row-major strided operands
+        ptrs.push_back(keep.back().data_ptr());
+        for (auto st : keep.back().strides()) strides.push_back(st);
         continue;
       }
       const auto names = s.format->buffer_names();
@@ -131,7 +169,13 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_
     if (spec.output.strided()) return std::make_tuple(std::vector<at::Tensor>{}, dense);
     const int64_t nnz = args.out_nnz;
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
-    auto result = pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
+    at::Tensor pos, crd;
+    const bool fast = e.kernel->sorted_output &&
+                      (it == at::kInt ? nnz <= std::numeric_limits<int32_t>::max() &&
+                                            pack_sorted_rows<int32_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd)
+                                      : pack_sorted_rows<int64_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd));
+    auto result = fast ? std::make_tuple(std::vector<at::Tensor>{pos, crd}, values)
+                       : pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
     e.kernel->free_fn(args.out_coords);
     e.kernel->free_fn(args.out_vals);
     return result;

@@ -118,6 +118,18 @@ TEST(KernelSpec, RoundTrip) {
             std::string::npos);
 }
 
+TEST(Codegen, RegisterTilesAndLocalSums) {
+  // SpMM: a tile of output columns accumulates in registers across the row's nonzeros.
+  const std::string spmm = kernel_source("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=strided; out=strided; f32; i32");
+  EXPECT_NE(spmm.find("tacc[jj] +="), std::string::npos) << spmm;
+  EXPECT_NE(spmm.find("#pragma omp simd"), std::string::npos);
+  // SpMV: the row's sum is kept in a register and stored once.
+  const std::string spmv = kernel_source("out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; i32");
+  EXPECT_NE(spmv.find("lacc +="), std::string::npos) << spmv;
+  EXPECT_EQ(spmv.find("torch"), std::string::npos);
+  EXPECT_NE(spmv.find("const int64_t t1_st0 = 1;"), std::string::npos) << spmv;
+}
+
 class Jit : public ::testing::Test {
  protected:
   void SetUp() override {

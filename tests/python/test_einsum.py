@@ -222,7 +222,7 @@ def test_kernel_info_and_debug_output(tmp_path):
     code = ("import torch, scorch_backend as sb\n"
             "S = sb.sparse(torch.eye(4), 'csr')\n"
             "sb.einsum('ij,jk->ik', S, torch.ones(4, 2))\n")
-    env = dict(os.environ, SCORCH_DEBUG="2", SCORCH_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, SCORCH_DEBUG="1", SCORCH_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     for what in ["einsum ij,jk->ik: out(i,k) = operand 0(i,j) * operand 1(j,k)", "kernel spec: out(i0,i1) =",
