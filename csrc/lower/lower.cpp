@@ -254,25 +254,41 @@ class Lowerer {
 
   // The value for vector q of a full tile: accesses along the tile's column index load a vector (the index
   // is their last and contiguous), the rest are scalars that broadcast.
-  std::string vector_value(const ExprPtr& e, const States& states, int q) const {
+  int vector_width() const { return spec_.f64 ? 8 : 16; }
+
+  // The value of `e` for the vector of consecutive values of index `v` starting at `base`: accesses along v
+  // (it must be their last, contiguous index) load a vector, the rest are scalars that broadcast.
+  std::string vector_value(const ExprPtr& e, const States& states, int v, const std::string& base) const {
     switch (e->kind) {
       case ExprKind::access: {
         std::string idx;
-        const bool along = std::count(e->vars.begin(), e->vars.end(), tile_var_) > 0;
+        const bool along = std::count(e->vars.begin(), e->vars.end(), v) > 0;
         if (!along) return value(e, states);
         for (size_t d = 0; d < e->vars.size(); ++d) {
-          const std::string x = e->vars[d] == tile_var_ ? fmt::format("(jo + {})", q * (spec_.f64 ? 8 : 16)) : var(e->vars[d]);
+          const std::string x = e->vars[d] == v ? "(" + base + ")" : var(e->vars[d]);
           idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", x, e->tensor, d);
         }
         return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
       }
       case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
-      case ExprKind::neg: return "(-" + vector_value(e->a, states, q) + ")";
-      case ExprKind::add: return "(" + vector_value(e->a, states, q) + " + " + vector_value(e->b, states, q) + ")";
-      case ExprKind::sub: return "(" + vector_value(e->a, states, q) + " - " + vector_value(e->b, states, q) + ")";
-      case ExprKind::mul: return "(" + vector_value(e->a, states, q) + " * " + vector_value(e->b, states, q) + ")";
+      case ExprKind::neg: return "(-" + vector_value(e->a, states, v, base) + ")";
+      case ExprKind::add: return "(" + vector_value(e->a, states, v, base) + " + " + vector_value(e->b, states, v, base) + ")";
+      case ExprKind::sub: return "(" + vector_value(e->a, states, v, base) + " - " + vector_value(e->b, states, v, base) + ")";
+      case ExprKind::mul: return "(" + vector_value(e->a, states, v, base) + " * " + vector_value(e->b, states, v, base) + ")";
     }
     return "0";
+  }
+
+  // Every access along v has it as its last index, once, and is strided (contiguous loads).
+  bool contiguous_along(const ExprPtr& e, int v) const {
+    std::vector<const Expr*> acc;
+    ir::collect_accesses(e, acc);
+    for (const Expr* a : acc) {
+      const auto n = std::count(a->vars.begin(), a->vars.end(), v);
+      if (n == 0) continue;
+      if (n > 1 || a->vars.back() != v || !spec_.operands[a->tensor].strided()) return false;
+    }
+    return true;
   }
 
   std::string value(const ExprPtr& e, const States& states) const {
@@ -310,7 +326,7 @@ class Lowerer {
       case Sink::vtile: {
         Stmts out;
         for (int q = 0; q < vectors_per_tile(); ++q)
-          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, q))));
+          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, fmt::format("jo + {}", q * vector_width())))));
         return out;
       }
       case Sink::workspace:
@@ -525,8 +541,27 @@ class Lowerer {
                         std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
       const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
       if (!red.empty()) {
-        // A pure reduction: vectorize it (the pragma permits reassociating the sum).
+        // A pure reduction. Along contiguous operands: four vector accumulators (independent chains), then
+        // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
         if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
+        const States at = advance_dense(d, e, states);
+        if (lo == "0" && contiguous_along(e, v) && all_dense_here(e, states, v)) {
+          const int w = vector_width();
+          Stmts vec{loops::line("vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};"),
+                    loops::line(fmt::format("int64_t rb = 0;")),
+                    loops::line(fmt::format("for (; rb + {} <= {}; rb += {}) {{", 4 * w, hi, 4 * w))};
+          for (int q = 0; q < 4; ++q)
+            vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, fmt::format("rb + {}", q * w)))));
+          vec.push_back(loops::line("}"));
+          vec.push_back(loops::line("const vec_t rs = (r0 + r1) + (r2 + r3);"));
+          vec.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format("{} += rs[l];", red))}));
+          out.push_back(loops::block(vec));
+          out.push_back(loops::line(fmt::format("for (int64_t {0} = ({1} / {2}) * {2}; {0} < {1}; ++{0}) {{", iv, hi, 4 * w)));
+          Stmts tail = rebuild_without_any(d, e, states, v);
+          for (const auto& t : tail) out.push_back(t);
+          out.push_back(loops::line("}"));
+          return out;
+        }
         out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
         return out;
       }
@@ -615,6 +650,20 @@ class Lowerer {
       out.push_back(loops::while_loop(cond, body));
     }
     return out;
+  }
+
+  // No level-format access of `e` has a level left at v (so the loop at v only reads strided operands).
+  bool all_dense_here(const ExprPtr& e, const States& states, int v) const {
+    std::vector<const Expr*> acc;
+    ir::collect_accesses(e, acc);
+    for (const Expr* a : acc) {
+      const Access& info = access_.at(a->access_id);
+      const State& s = states.at(a->access_id);
+      if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
+          info.lvars[s.level] == v)
+        return false;
+    }
+    return true;
   }
 
   // The body of an innermost dense loop with one (full) lattice point, made again with `any` hoisted.

@@ -277,3 +277,22 @@ def test_real_matrices_spmm(data_dir):
         D = torch.randn(S.shape[1], 8, generator=g, dtype=torch.float64)
         ref = S.to_torch(torch.sparse_csr) @ D
         torch.testing.assert_close(sb.einsum("ij,jk->ik", S, D), ref, rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", [64, 130, 200])
+def test_vector_paths(dtype, width):
+    # Widths past one vector tile exercise the register tiles (SpMM), the four-accumulator reductions (SDDMM)
+    # and their scalar remainders.
+    S = sb.sparse(random_dense((40, 33), 0.2, dtype=dtype, seed=21), "csr")
+    Sd = S.to_dense().double()
+    g = torch.Generator().manual_seed(width)
+    D = torch.randn(33, width, generator=g, dtype=dtype)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", S, D).double(), Sd @ D.double(), **tol)
+    P = torch.randn(40, width, generator=g, dtype=dtype)
+    Q = torch.randn(33, width, generator=g, dtype=dtype)
+    out = sb.einsum("ij,ik,jk->ij", S, P, Q)
+    torch.testing.assert_close(out.to_dense().double(), Sd * (P.double() @ Q.double().t()), **tol)
+    # A dense-output reduction along contiguous operands: y(i) = sum_k P(i,k) * R(i,k)
+    torch.testing.assert_close(sb.einsum("ik,ik->i", P, P * 2).double(), (P.double() * P.double() * 2).sum(1), **tol)
