@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "common/error.h"
+#include "common/text_cursor.h"
 
 namespace scorch {
 
@@ -180,36 +181,20 @@ Format Format::preset(const std::string& name, int ndim, std::span<const int64_t
 namespace {
 
 // Recursive-descent parser of the canonical text form; errors point at the offending character.
-class Parser {
+class Parser : public TextCursor {
  public:
-  explicit Parser(const std::string& s) : s_(s) {}
+  using TextCursor::TextCursor;
 
   [[noreturn]] void fail(const std::string& msg) const {
     throw_error(ErrorKind::value, fmt::format("bad format string: {}\n  {}\n  {}^", msg, s_, std::string(i_, ' ')));
-  }
-  void skip() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool eat(char c) {
-    skip();
-    if (i_ < s_.size() && s_[i_] == c) {
-      ++i_;
-      return true;
-    }
-    return false;
   }
   void expect(char c) {
     if (!eat(c)) fail(fmt::format("expected '{}'", c));
   }
   std::string ident() {
-    skip();
-    size_t b = i_;
-    while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '_')) ++i_;
-    if (b == i_ || std::isdigit(static_cast<unsigned char>(s_[b]))) {
-      i_ = b;
-      fail("expected a name");
-    }
-    return s_.substr(b, i_ - b);
+    std::string n = name();
+    if (n.empty()) fail("expected a name");
+    return n;
   }
   int64_t integer() {
     skip();
@@ -222,16 +207,6 @@ class Parser {
     }
     return std::stoll(s_.substr(b, i_ - b));
   }
-  bool done() {
-    skip();
-    return i_ == s_.size();
-  }
-  size_t at() const { return i_; }
-  void rewind(size_t i) { i_ = i; }
-
- private:
-  const std::string& s_;
-  size_t i_ = 0;
 };
 
 }  // namespace

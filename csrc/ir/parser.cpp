@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "common/text_cursor.h"
 
 namespace scorch::ir {
 namespace {
@@ -48,10 +49,10 @@ void renumber_vars(Statement& st) {
   st.var_names = names;
 }
 
-class NotationParser {
+class NotationParser : public TextCursor {
  public:
   NotationParser(const std::string& text, const std::vector<std::string>& tensors, Statement& st)
-      : s_(text), tensors_(tensors), st_(st) {}
+      : TextCursor(text), tensors_(tensors), st_(st) {}
 
   void parse() {
     skip();
@@ -90,26 +91,13 @@ class NotationParser {
 
  private:
   [[noreturn]] void fail(size_t at, const std::string& msg) { st_.fail_at(at, msg); }
-  void skip() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool eat(char c) {
-    skip();
-    if (i_ < s_.size() && s_[i_] == c) {
-      ++i_;
-      return true;
-    }
-    return false;
-  }
   void expect(char c) {
     if (!eat(c)) fail(i_, fmt::format("expected '{}'", c));
   }
   std::string ident(const char* what) {
-    skip();
-    if (i_ >= s_.size() || !is_name_start(s_[i_])) fail(i_, fmt::format("expected {}", what));
-    const size_t b = i_;
-    while (i_ < s_.size() && is_name_char(s_[i_])) ++i_;
-    return s_.substr(b, i_ - b);
+    std::string n = name();
+    if (n.empty()) fail(i_, fmt::format("expected {}", what));
+    return n;
   }
   int var(const std::string& name) {
     auto it = std::find(st_.var_names.begin(), st_.var_names.end(), name);
@@ -180,10 +168,8 @@ class NotationParser {
     return Expr::access(t, next_access_++, vars, pos, at);
   }
 
-  const std::string& s_;
   const std::vector<std::string>& tensors_;
   Statement& st_;
-  size_t i_ = 0;
   int next_access_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "lower/kernel_frame.h"
 #include "lower/merge_lattice.h"
 
 namespace scorch {
@@ -12,12 +13,6 @@ using ir::Expr;
 using ir::ExprKind;
 using ir::ExprPtr;
 using loops::Stmts;
-
-int input_pointer_count(const KernelSpec& spec) {
-  int n = 0;
-  for (const auto& s : spec.operands) n += s.strided() ? 1 : s.format->buffer_count() + 1;
-  return n;
-}
 
 namespace {
 
@@ -75,7 +70,7 @@ class Lowerer {
     LoweredKernel out;
     out.sparse_output = !spec_.output.strided();
     Stmts& b = out.body;
-    unpack_arguments(b);
+    b = unpack_arguments(spec_);
 
     // The loop nest, inside the thread region.
     States states;
@@ -83,68 +78,9 @@ class Lowerer {
     current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
     Stmts nest = wrap_emission(-1, [&] { return lower_depth(0, st_.rhs, states); });
 
-    Stmts region;
-    region.push_back(loops::line("const int tid = omp_get_thread_num();"));
-    region.push_back(loops::line("const int nt = omp_get_num_threads();"));
-    region.push_back(loops::line("(void)tid; (void)nt;"));
-    if (out.sparse_output) region.push_back(loops::line("Stream& st = streams[tid];"));
-    if (spec_.output.strided()) {
-      if (sched_.private_output) {
-        region.push_back(loops::line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
-        region.push_back(loops::line("priv[tid] = o;"));
-        region.push_back(loops::line("if (tid != 0 && !o) { args->status = 1; }  // out itself is null when empty"));
-        region.push_back(loops::line("else {"));
-      } else {
-        region.push_back(loops::line("val_t* __restrict o = out;"));
-        region.push_back(loops::line("{"));
-      }
-    } else {
-      region.push_back(loops::line("{"));
-    }
-    if (sched_.output == OutputMode::workspace) {
-      const std::string n = size_of(sched_.workspace_var);
-      region.push_back(loops::line(fmt::format("val_t* ws_val = (val_t*)calloc({0} ? {0} : 1, sizeof(val_t));", n)));
-      region.push_back(loops::line(fmt::format("unsigned char* ws_flag = (unsigned char*)calloc({0} ? {0} : 1, 1);", n)));
-      region.push_back(loops::line(fmt::format("int64_t* ws_list = (int64_t*)malloc(({0} ? {0} : 1) * sizeof(int64_t));", n)));
-      region.push_back(loops::line("int64_t ws_n = 0;"));
-      region.push_back(loops::line("if (!ws_val || !ws_flag || !ws_list) { args->status = 1; } else {"));
-      region.insert(region.end(), nest.begin(), nest.end());
-      region.push_back(loops::line("}"));
-      region.push_back(loops::line("free(ws_val); free(ws_flag); free(ws_list);"));
-    } else {
-      region.insert(region.end(), nest.begin(), nest.end());
-    }
-    region.push_back(loops::line("}"));
-
-    if (!parallel_) {
-      if (sched_.parallel) reasons_.push_back(parallel_why_);
-    }
-    b.push_back(loops::line(fmt::format("int nthreads = {};", parallel_ ? "args->num_threads > 0 ? args->num_threads : 1" : "1")));
-    if (sched_.private_output && parallel_) {
-      b.push_back(loops::line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
-    }
-    if (out.sparse_output) {
-      b.push_back(loops::line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
-      b.push_back(loops::line("if (!streams) return 1;"));
-    }
-    if (sched_.private_output) {
-      b.push_back(loops::line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
-      b.push_back(loops::line("if (!priv) return 1;"));
-    }
-    b.push_back(loops::parallel("nthreads", region));
-    if (sched_.private_output) {
-      b.push_back(loops::for_range("t", "1", "nthreads", {
-          loops::line("if (!priv[t]) continue;"),
-          loops::for_range("q", "0", "out_numel", {loops::line("out[q] += priv[t][q];")}),
-          loops::line("free(priv[t]);")}));
-      b.push_back(loops::line("free(priv);"));
-    }
-    if (out.sparse_output) {
-      b.push_back(loops::line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = 1;",
-                                          st_.out_vars.size())));
-      b.push_back(loops::line("free(streams);"));
-    }
-    b.push_back(loops::line("return args->status;"));
+    if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
+    Stmts frame = thread_frame(spec_, sched_, nest, parallel_);
+    b.insert(b.end(), frame.begin(), frame.end());
     out.reasons = reasons_;
     return out;
   }
@@ -166,48 +102,6 @@ class Lowerer {
   std::string var(int v) const { return fmt::format("i{}", v); }
   const Format& format_of(int access_id) const { return *spec_.operands[access_.at(access_id).tensor].format; }
   std::string buf(int tensor, int level, const char* name) const { return fmt::format("t{}_{}{}", tensor, name, level); }
-
-  void unpack_arguments(Stmts& b) {
-    int p = 0, s = 0;
-    (void)s;
-    for (int v = 0; v < st_.num_vars(); ++v)
-      b.push_back(loops::line(fmt::format("const int64_t N{0} = args->sizes[{0}]; (void)N{0};", v)));
-    for (size_t t = 0; t < spec_.operands.size(); ++t) {
-      const Storage& op = spec_.operands[t];
-      if (op.strided()) {
-        b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_data = (const val_t*)args->inputs[{}];", t, p++)));
-        // Strided operands arrive contiguous (row-major), so strides follow from the sizes and the last is
-        // the literal 1 the vectorizer needs.
-        const Expr* first = nullptr;
-        for (const auto& [id, a] : access_)
-          if (a.tensor == static_cast<int>(t) && !first) first = a.e;
-        const int nd = first ? static_cast<int>(first->vars.size()) : 0;
-        std::string stride = "1";
-        for (int d = nd; d-- > 0;) {
-          b.push_back(loops::line(fmt::format("const int64_t t{}_st{} = {};", t, d, stride)));
-          stride += " * " + size_of(first->vars[d]);
-          ++s;
-        }
-        continue;
-      }
-      const auto& levels = op.format->levels();
-      for (size_t l = 0; l < levels.size(); ++l)
-        for (const auto& name : levels[l].kind->buffer_names())
-          b.push_back(loops::line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p++)));
-      b.push_back(loops::line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
-    }
-    b.push_back(loops::line("(void)args->strides;"));
-    if (spec_.output.strided()) {
-      b.push_back(loops::line("val_t* __restrict out = (val_t*)args->out_dense;"));
-      std::string numel = "1";
-      const auto& ov = st_.out_vars;
-      for (size_t d = ov.size(); d-- > 0;) {
-        b.push_back(loops::line(fmt::format("const int64_t os{} = {};", d, numel)));
-        numel += " * " + size_of(ov[d]);
-      }
-      b.push_back(loops::line(fmt::format("const int64_t out_numel = {}; (void)out_numel;", numel)));
-    }
-  }
 
   // At the emission depth of append/workspace outputs, the body gets an accumulator (or a workspace) and
   // the statements that emit what it collected; elsewhere the body is returned as it is.

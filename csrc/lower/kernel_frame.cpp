@@ -1,0 +1,118 @@
+#include "lower/kernel_frame.h"
+
+#include <fmt/format.h>
+
+#include "lower/lower.h"
+
+namespace scorch {
+
+using loops::line;
+using loops::Stmts;
+
+int input_pointer_count(const KernelSpec& spec) {
+  int n = 0;
+  for (const auto& s : spec.operands) n += s.strided() ? 1 : s.format->buffer_count() + 1;
+  return n;
+}
+
+Stmts unpack_arguments(const KernelSpec& spec) {
+  Stmts b;
+  const auto& st = spec.stmt;
+  for (int v = 0; v < st.num_vars(); ++v) b.push_back(line(fmt::format("const int64_t N{0} = args->sizes[{0}]; (void)N{0};", v)));
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(st.rhs, acc);
+  int p = 0;
+  for (size_t t = 0; t < spec.operands.size(); ++t) {
+    const Storage& op = spec.operands[t];
+    if (op.strided()) {
+      b.push_back(line(fmt::format("const val_t* __restrict t{}_data = (const val_t*)args->inputs[{}];", t, p++)));
+      // Strided operands arrive contiguous (row-major), so strides follow from the sizes and the last is the
+      // literal 1 the vectorizer needs.
+      const ir::Expr* first = nullptr;
+      for (const ir::Expr* a : acc)
+        if (a->tensor == static_cast<int>(t) && !first) first = a;
+      const int nd = first ? static_cast<int>(first->vars.size()) : 0;
+      std::string stride = "1";
+      for (int d = nd; d-- > 0;) {
+        b.push_back(line(fmt::format("const int64_t t{}_st{} = {};", t, d, stride)));
+        stride += fmt::format(" * N{}", first->vars[d]);
+      }
+      continue;
+    }
+    const auto& levels = op.format->levels();
+    for (size_t l = 0; l < levels.size(); ++l)
+      for (const auto& name : levels[l].kind->buffer_names())
+        b.push_back(line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p++)));
+    b.push_back(line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
+  }
+  if (spec.output.strided()) {
+    b.push_back(line("val_t* __restrict out = (val_t*)args->out_dense;"));
+    std::string numel = "1";
+    for (size_t d = st.out_vars.size(); d-- > 0;) {
+      b.push_back(line(fmt::format("const int64_t os{} = {};", d, numel)));
+      numel += fmt::format(" * N{}", st.out_vars[d]);
+    }
+    b.push_back(line(fmt::format("const int64_t out_numel = {}; (void)out_numel;", numel)));
+  }
+  return b;
+}
+
+Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& nest, bool parallel) {
+  const bool sparse_output = !spec.output.strided();
+  Stmts region{line("const int tid = omp_get_thread_num();"), line("const int nt = omp_get_num_threads();"),
+               line("(void)tid; (void)nt;")};
+  if (sparse_output) region.push_back(line("Stream& st = streams[tid];"));
+  if (spec.output.strided() && sched.private_output) {
+    region.push_back(line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
+    region.push_back(line("priv[tid] = o;"));
+    region.push_back(line("if (tid != 0 && !o) { args->status = 1; }  // out itself is null when empty"));
+    region.push_back(line("else {"));
+  } else if (spec.output.strided()) {
+    region.push_back(line("val_t* __restrict o = out;"));
+    region.push_back(line("{"));
+  } else {
+    region.push_back(line("{"));
+  }
+  if (sched.output == OutputMode::workspace) {
+    const std::string n = fmt::format("N{}", sched.workspace_var);
+    region.push_back(line(fmt::format("val_t* ws_val = (val_t*)calloc({0} ? {0} : 1, sizeof(val_t));", n)));
+    region.push_back(line(fmt::format("unsigned char* ws_flag = (unsigned char*)calloc({0} ? {0} : 1, 1);", n)));
+    region.push_back(line(fmt::format("int64_t* ws_list = (int64_t*)malloc(({0} ? {0} : 1) * sizeof(int64_t));", n)));
+    region.push_back(line("int64_t ws_n = 0;"));
+    region.push_back(line("if (!ws_val || !ws_flag || !ws_list) { args->status = 1; } else {"));
+    region.insert(region.end(), nest.begin(), nest.end());
+    region.push_back(line("}"));
+    region.push_back(line("free(ws_val); free(ws_flag); free(ws_list);"));
+  } else {
+    region.insert(region.end(), nest.begin(), nest.end());
+  }
+  region.push_back(line("}"));
+
+  Stmts b{line(fmt::format("int nthreads = {};", parallel ? "args->num_threads > 0 ? args->num_threads : 1" : "1"))};
+  if (sched.private_output && parallel)
+    b.push_back(line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
+  if (sparse_output) {
+    b.push_back(line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
+    b.push_back(line("if (!streams) return 1;"));
+  }
+  if (sched.private_output) {
+    b.push_back(line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
+    b.push_back(line("if (!priv) return 1;"));
+  }
+  b.push_back(loops::parallel("nthreads", region));
+  if (sched.private_output) {
+    b.push_back(loops::for_range("t", "1", "nthreads",
+                                 {line("if (!priv[t]) continue;"),
+                                  loops::for_range("q", "0", "out_numel", {line("out[q] += priv[t][q];")}),
+                                  line("free(priv[t]);")}));
+    b.push_back(line("free(priv);"));
+  }
+  if (sparse_output) {
+    b.push_back(line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = 1;", spec.stmt.out_vars.size())));
+    b.push_back(line("free(streams);"));
+  }
+  b.push_back(line("return args->status;"));
+  return b;
+}
+
+}  // namespace scorch
