@@ -10,7 +10,7 @@
 from ._native import ops, ops_library_path
 from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
 from .frontend import compute, einsum, kernel_info, plan_einsum
-from . import kernel_rules  # noqa: F401  (registers compiled-kernel dispatch rules)
+from . import autograd, fake, kernel_rules  # noqa: F401  (autograd, fake kernels, dispatch rules)
 from .format import Format, make_format
 from .tensor import SparseTensor
 

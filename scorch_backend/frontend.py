@@ -79,9 +79,9 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
             t = t.to_format(Format(conv, t.dim()))
         if isinstance(t, SparseTensor):
             inputs.extend(b.to(idx_dtype) for b in t.level_buffers.values())
-            inputs.append(t.stored_values.detach().to(compute))
+            inputs.append(t.stored_values.to(compute))  # not detached: gradients flow to the values
         else:
-            inputs.append(t.detach().to(compute))
+            inputs.append(t.to(compute))
     buffers, values = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
     shape = plan["out_shape"]
     if plan["out_format"] == "strided":

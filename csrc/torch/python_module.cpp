@@ -7,6 +7,7 @@
 #include "format/format.h"
 #include "ir/parser.h"
 #include "ir/split_reductions.h"
+#include "lower/differentiate.h"
 #include "lower/plan.h"
 #include "runtime/jit.h"
 
@@ -89,6 +90,39 @@ py::list split_compute(const std::string& text, const std::vector<std::string>& 
   return out;
 }
 
+std::vector<std::string> local_names(int n) {
+  std::vector<std::string> names;
+  for (int t = 0; t < n; ++t) names.push_back(fmt::format("t{}", t));
+  return names;
+}
+
+// Index variables of each tensor (first access) and of the output of a canonical statement over t0..t{n-1}.
+py::dict statement_info(const std::string& text, int num_tensors) {
+  const auto st = scorch::ir::parse_index_notation(text, local_names(num_tensors));
+  std::vector<std::vector<int>> vars(num_tensors);
+  std::vector<bool> seen(num_tensors, false);
+  std::vector<const scorch::ir::Expr*> acc;
+  scorch::ir::collect_accesses(st.rhs, acc);
+  for (const auto* a : acc)
+    if (!seen[a->tensor]) {
+      vars[a->tensor] = a->vars;
+      seen[a->tensor] = true;
+    }
+  py::dict d;
+  d["tensor_vars"] = vars;
+  d["out_vars"] = st.out_vars;
+  return d;
+}
+
+// The gradient statement of `tensor` (canonical, over t0..t{n-1}, t{n} = grad output, t{n+1} = pattern), or
+// None when the statement does not depend on it.
+py::object differentiate(const std::string& text, int num_tensors, int tensor, bool with_pattern) {
+  const auto st = scorch::ir::parse_index_notation(text, local_names(num_tensors));
+  const auto g = scorch::differentiate(st, tensor, with_pattern);
+  if (!g) return py::none();
+  return py::str(g->canonical());
+}
+
 py::dict kernel_info(const std::string& spec) {
   const auto k = scorch::get_kernel(spec);
   py::dict d;
@@ -126,6 +160,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("f64"), py::arg("idx64"), "Plan an index-notation statement.");
   m.def("split_compute", &split_compute, py::arg("text"), py::arg("names"), py::arg("shapes"),
         "Split index notation into steps with their own reduction scopes.");
+  m.def("statement_info", &statement_info, py::arg("text"), py::arg("num_tensors"));
+  m.def("differentiate", &differentiate, py::arg("text"), py::arg("num_tensors"), py::arg("tensor"),
+        py::arg("with_pattern"), "The compiler-derived gradient statement of one operand.");
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
   m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
   m.def("kernel_cache_dir", &scorch::kernel_cache_dir);
