@@ -9,7 +9,7 @@
 
 from ._native import ops, ops_library_path
 from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
-from .frontend import compute, einsum, kernel_info, plan_einsum
+from .frontend import compute, einsum, kernel_info, plan_einsum, precompile
 from . import autograd, fake, kernel_rules  # noqa: F401  (autograd, fake kernels, dispatch rules)
 from .format import Format, make_format
 from .tensor import SparseTensor
@@ -21,6 +21,7 @@ __all__ = [
     "einsum",
     "kernel_info",
     "plan_einsum",
+    "precompile",
     "from_coordinates",
     "make_format",
     "ops",

@@ -99,3 +99,20 @@ def _sample_dense(op: SparseTensor, dense: torch.Tensor) -> SparseTensor:
 
 
 torch.library.register_autograd("scorch::kernel", _backward, setup_context=_setup_context)
+
+
+def _to_dense_setup(ctx, inputs, output):
+    buffers, values, size, format = inputs
+    ctx.size, ctx.format = list(size), format
+    ctx.save_for_backward(*buffers, values)
+
+
+def _to_dense_backward(ctx, grad):
+    *buffers, values = ctx.saved_tensors
+    coords = torch.ops.scorch.unpack(buffers, values, ctx.size, ctx.format)
+    g = grad[tuple(coords)] if ctx.size else grad.reshape(1)
+    return [None] * len(buffers), g.to(values.dtype), None, None
+
+
+# Densifying is differentiable too: the gradient of the values is the dense gradient at their coordinates.
+torch.library.register_autograd("scorch::to_dense", _to_dense_backward, setup_context=_to_dense_setup)

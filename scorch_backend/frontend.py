@@ -8,6 +8,7 @@ machine, thanks to the disk cache).
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import os
 import sys
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C
+from . import _C, cost_model
 from ._native import ops
 from .format import Format, make_format
 from .tensor import SparseTensor
@@ -145,8 +146,24 @@ def einsum(equation: str, *operands, out_format=None):
     # Plans depend only on the equation and the operands' formats, shapes and sizes: cached.
     plan = _plan_einsum_cached(equation, _frozen(o.desc() for o in ops_), out_text,
                                _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
+    dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
+                                         sum(math.prod(o.tensor.shape) for o in ops_))
+    if _debug_level() >= 1:
+        print(f"[scorch] einsum {equation}: {'dense ATen' if dense else 'sparse kernel'} ({why})", file=sys.stderr)
+    if dense:
+        return _run_dense(equation, ops_, plan, dtype)
     _debug(f"einsum {equation}: {plan['statement']}", plan)
     return _run(plan, ops_, dtype, idx)
+
+
+def _run_dense(equation: str, ops_, plan: dict, dtype: torch.dtype):
+    """torch.einsum on dense copies; a result the plan would store sparse is converted back to its format."""
+    out = torch.einsum(equation, *[(o.tensor.to_dense() if o.sparse else o.tensor).to(dtype) for o in ops_])
+    if plan["out_format"] == "strided":
+        return out
+    from .convert import sparse
+
+    return sparse(out, Format(plan["out_format"], out.dim()))
 
 
 def compute(expression: str, out_format=None, **operands):
@@ -181,11 +198,20 @@ def compute(expression: str, out_format=None, **operands):
     return result
 
 
+def _debug_level() -> int:
+    return int(os.environ.get("SCORCH_DEBUG", "0") or 0)
+
+
 def _debug(what: str, plan: dict) -> None:
-    if int(os.environ.get("SCORCH_DEBUG", "0") or 0) >= 1:
+    if _debug_level() >= 1:
         lines = [f"[scorch] {what}", f"  kernel spec: {plan['spec']}"]
         lines += [f"    - {r}" for r in plan["reasons"]]
         print("\n".join(lines), file=sys.stderr)
+
+
+def precompile(specs, workers: int = 2) -> None:
+    """Compile kernels (specs from plan_einsum) ahead of use, `workers` compilers at a time."""
+    _C.compile_kernels(list(specs), workers)
 
 
 def kernel_info(spec: str) -> dict:

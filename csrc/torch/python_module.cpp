@@ -1,5 +1,9 @@
 // The Python extension scorch_backend._C: format metadata for the Python layer. Loading it also loads
 // libscorch_ops, which registers the torch.ops.scorch operators.
+#include <atomic>
+#include <mutex>
+#include <thread>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -123,6 +127,29 @@ py::object differentiate(const std::string& text, int num_tensors, int tensor, b
   return py::str(g->canonical());
 }
 
+// Build many kernels at once, `workers` compiler processes at a time, without holding the GIL.
+void compile_kernels(const std::vector<std::string>& specs, int workers) {
+  py::gil_scoped_release release;
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  std::mutex mu;
+  std::string first_error;
+  for (int w = 0; w < std::max(workers, 1); ++w) {
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < specs.size();) {
+        try {
+          scorch::get_kernel(specs[i]);
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          if (first_error.empty()) first_error = e.what();
+        }
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  if (!first_error.empty()) throw scorch::Error(scorch::ErrorKind::runtime, first_error);
+}
+
 py::dict kernel_info(const std::string& spec) {
   const auto k = scorch::get_kernel(spec);
   py::dict d;
@@ -163,6 +190,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("statement_info", &statement_info, py::arg("text"), py::arg("num_tensors"));
   m.def("differentiate", &differentiate, py::arg("text"), py::arg("num_tensors"), py::arg("tensor"),
         py::arg("with_pattern"), "The compiler-derived gradient statement of one operand.");
+  m.def("compile_kernels", &compile_kernels, py::arg("specs"), py::arg("workers") = 2,
+        "Compile (or load) kernels in parallel, ahead of their first use.");
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
   m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
   m.def("kernel_cache_dir", &scorch::kernel_cache_dir);

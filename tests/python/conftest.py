@@ -4,6 +4,10 @@ import pathlib
 import pytest
 import torch
 
+# The tests check the compiled kernels, so the run-time choice of dense ATen code is off unless a test turns
+# it back on (test_cost_model.py does).
+os.environ.setdefault("SCORCH_DISPATCH", "sparse")
+
 
 def pytest_addoption(parser):
     default = os.environ.get("SCORCH_DATA", str(pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))

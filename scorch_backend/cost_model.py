@@ -1,0 +1,50 @@
+"""When to run dense: the run-time choice between a sparse kernel and dense ATen code.
+
+A product's sparse work is about the dense work times the density of its sparse factors, and a stored
+nonzero costs more than a dense element (indices, irregular access). So sparse pays while the product of the
+sparse operands' densities stays under a crossover density. The crossover is measured by
+`benchmarks/calibrate.py` (SpMM against dense matmul over sizes and densities, same threads) and stored in
+`calibration.json` beside this file; SCORCH_DENSE_CROSSOVER overrides it, SCORCH_DISPATCH=sparse|dense forces
+a side. Tiny problems, where a dense call is
+cheaper than any dispatch, also run dense.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+
+_CALIBRATION = pathlib.Path(__file__).with_name("calibration.json")
+_FALLBACK_CROSSOVER = 0.3  # used only when the calibration file is missing
+TINY_DENSE_ELEMENTS = 4096  # below this many dense elements in all operands, dense wins on overhead alone
+
+
+def crossover_density() -> float:
+    env = os.environ.get("SCORCH_DENSE_CROSSOVER")
+    if env:
+        return float(env)
+    try:
+        return float(json.loads(_CALIBRATION.read_text())["dense_crossover_density"])
+    except (OSError, KeyError, ValueError):
+        return _FALLBACK_CROSSOVER
+
+
+def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str]:
+    """(run dense?, why) for a product whose sparse operands have these densities.
+
+    SCORCH_DISPATCH=sparse (or dense) forces one side, e.g. to test the kernels themselves."""
+    forced = os.environ.get("SCORCH_DISPATCH", "auto")
+    if forced in ("sparse", "dense"):
+        return forced == "dense", f"SCORCH_DISPATCH={forced}"
+    if not densities:
+        return False, "no sparse operand"
+    combined = math.prod(densities)
+    threshold = crossover_density()
+    if dense_elements <= TINY_DENSE_ELEMENTS:
+        return True, f"tiny problem ({dense_elements} dense elements): dense ATen code has less overhead"
+    if combined >= threshold:
+        return True, (f"sparse operands' combined density {combined:.3g} >= crossover {threshold:.3g} "
+                      "(benchmarks/calibrate.py): dense is faster")
+    return False, f"combined density {combined:.3g} < crossover {threshold:.3g}: sparse kernel"
