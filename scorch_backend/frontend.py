@@ -79,6 +79,7 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
         elif conv:
             t = t.to_format(Format(conv, t.dim()))
         if isinstance(t, SparseTensor):
+            t.check_unchanged()
             inputs.extend(b.to(idx_dtype) for b in t.level_buffers.values())
             inputs.append(t.stored_values.to(compute))  # not detached: gradients flow to the values
         else:

@@ -68,7 +68,24 @@ class SparseTensor(torch.Tensor):
         for name, b in zip(names, buffers):
             setattr(r, name, b)
         r._values = values
+        r._checked_versions = r._buffer_versions()
         return r
+
+    def _buffer_versions(self):
+        return tuple(getattr(self, n)._version for n in self._buffer_names)
+
+    def check_unchanged(self) -> None:
+        """Re-validate the index buffers if they were modified in place since they were last checked
+        (kernels trust them, so a tampered buffer must not reach one)."""
+        if torch._C._functorch.is_functorch_wrapped_tensor(self._values) or not self._buffer_names:
+            return
+        try:
+            versions = self._buffer_versions()
+        except RuntimeError:  # fake or functional tensors have no version counter
+            return
+        if versions != self._checked_versions:
+            ops.validate(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+            self._checked_versions = versions
 
     # --- tracing support -------------------------------------------------------------------------------
     def __tensor_flatten__(self):

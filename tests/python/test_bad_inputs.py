@@ -105,3 +105,13 @@ def test_int32_overflow_is_refused():
     assert A.level_buffers["crd1"].tolist() == [n - 1]
     with pytest.raises(ValueError, match="does not fit in int32"):
         sb.from_coordinates(torch.tensor([[0], [n - 1]]), torch.ones(1), (1, n), "coo", index_dtype=torch.int32)
+
+
+def test_tampered_buffers_are_caught_before_a_kernel_runs():
+    A = sb.sparse(torch.eye(4), "csr")
+    A.level_buffers["crd1"][2] = 7  # in place: out of range for 4 columns
+    with pytest.raises(ValueError, match="out of range"):
+        sb.einsum("ij,j->i", A, torch.ones(4))
+    B = sb.sparse(torch.eye(4), "csr")
+    B.level_buffers["crd1"][1] = 0  # in place: row 1 now holds column 0 ... still valid, and still runs
+    assert torch.equal(sb.einsum("ij,j->i", B, torch.arange(4.0)), torch.tensor([0.0, 0.0, 2.0, 3.0]))
