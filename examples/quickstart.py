@@ -72,7 +72,7 @@ def main():
     v = torch.arange(6.0)
     y = sb.einsum("ij,j->i", A, v)
     print("\nSpMV einsum('ij,j->i', csr, dense):", y.tolist(), "(torch:", (x @ v).tolist(), ")")
-    C = sb.einsum("ij,kj->ik", A, A)  # SpGEMM A @ A^T: A is re-sorted (CSC) to match the loop order
+    C = sb.einsum("ij,kj->ik", A, A)  # A @ A^T with both operands in CSR: inner products of rows
     print("SpGEMM A @ A^T ->", C, "max error", (C.to_dense() - x @ x.t()).abs().max().item())
     D = sb.compute("D(i,j) = A(i,j) + 2 * B(i,j)", A=A, B=sb.sparse(x.flip(0), "coo"))
     print("compute('D(i,j) = A(i,j) + 2 * B(i,j)') ->", D)
