@@ -24,7 +24,7 @@ def _parse_spec(spec: str):
 
 def _setup_context(ctx, inputs, output):
     spec, tensors, sizes, num_threads = inputs
-    buffers, _ = output
+    _, buffers = output
     ctx.spec, ctx.sizes, ctx.num_threads = spec, list(sizes), num_threads
     ctx.n_in = len(tensors)
     ctx.wants = [t.requires_grad for t in tensors]
@@ -50,7 +50,7 @@ def _operands(statement: str, formats, tensors, sizes):
     return operands, slots, [sizes[v] for v in info["out_vars"]]
 
 
-def _backward(ctx, grad_buffers, grad_result):
+def _backward(ctx, grad_result, grad_buffers):
     from .frontend import compute
 
     saved = ctx.saved_tensors

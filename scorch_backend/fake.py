@@ -42,9 +42,9 @@ def _kernel_fake(spec, inputs, sizes, num_threads):
     out_shape = [sizes[v] for v in info["out_vars"]]
     device = inputs[0].device if inputs else torch.device("cpu")
     if out == "strided":
-        return [], torch.empty(out_shape, dtype=_VALUE[vt], device=device)
+        return torch.empty(out_shape, dtype=_VALUE[vt], device=device), []
     buffers, count = _fake_buffers(Format(out, len(out_shape)), out_shape, _INDEX[it], device)
-    return buffers, torch.empty(count, dtype=_VALUE[vt], device=device)
+    return torch.empty(count, dtype=_VALUE[vt], device=device), buffers
 
 
 @torch.library.register_fake("scorch::pack")

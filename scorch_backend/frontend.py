@@ -33,9 +33,10 @@ class _Operand:
 
     def desc(self):
         t = self.tensor
+        shape = [_concrete(s) for s in t.shape]
         if self.sparse:
-            return (t.format.canonical, list(t.shape), t.nnz)
-        return ("strided", list(t.shape), t.numel())
+            return (t.format.canonical, shape, _concrete(t.nnz))
+        return ("strided", shape, math.prod(shape))
 
 
 def _operand(x, where: str) -> _Operand:
@@ -84,7 +85,7 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
             inputs.append(t.stored_values.to(compute))  # not detached: gradients flow to the values
         else:
             inputs.append(t.to(compute))
-    buffers, values = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
+    values, buffers = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
     shape = plan["out_shape"]
     if plan["out_format"] == "strided":
         return values.to(result_dtype)
@@ -101,12 +102,20 @@ def _frozen(descs):
     return tuple((f, tuple(shape), nnz) for f, shape, nnz in descs)
 
 
+def _concrete(n) -> int:
+    """An int for planning: symbolic sizes (under torch.compile) give their hint, unbacked ones 0."""
+    if isinstance(n, torch.SymInt):
+        hint = n.node.hint
+        return int(hint) if hint is not None else 0
+    return int(n)
+
+
 def _index_dtype(operands) -> torch.dtype:
     for o in operands:
         t = o.tensor
-        if isinstance(t, SparseTensor) and (t.index_dtype == torch.int64 or t.nnz > _INT32_MAX):
+        if isinstance(t, SparseTensor) and (t.index_dtype == torch.int64 or _concrete(t.nnz) > _INT32_MAX):
             return torch.int64
-        if any(s > _INT32_MAX for s in t.shape):
+        if any(_concrete(s) > _INT32_MAX for s in t.shape):
             return torch.int64
     return torch.int32
 

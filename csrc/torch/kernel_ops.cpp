@@ -78,7 +78,8 @@ bool pack_sorted_rows(const Format& f, const std::vector<int64_t>& shape, const 
   return true;
 }
 
-std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_text,
+// Returns (values, index buffers): the values of a sparse result (or the dense result, with no buffers) first.
+std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_text,
                                                           const std::vector<at::Tensor>& inputs,
                                                           c10::IntArrayRef sizes, int64_t num_threads) {
   return translate_errors([&] {
@@ -166,7 +167,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_
         throw_error(ErrorKind::runtime, fmt::format("scorch kernel '{}' failed (out of memory?)", spec.stmt.str()));
       }
     }
-    if (spec.output.strided()) return std::make_tuple(std::vector<at::Tensor>{}, dense);
+    if (spec.output.strided()) return std::make_tuple(dense, std::vector<at::Tensor>{});
     const int64_t nnz = args.out_nnz;
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
     at::Tensor pos, crd;
@@ -174,18 +175,18 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> kernel_op(c10::string_view spec_
                       (it == at::kInt ? nnz <= std::numeric_limits<int32_t>::max() &&
                                             pack_sorted_rows<int32_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd)
                                       : pack_sorted_rows<int64_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd));
-    auto result = fast ? std::make_tuple(std::vector<at::Tensor>{pos, crd}, values)
-                       : pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
+    auto [buffers, packed] = fast ? std::make_tuple(std::vector<at::Tensor>{pos, crd}, values)
+                                  : pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
     e.kernel->free_fn(args.out_coords);
     e.kernel->free_fn(args.out_vals);
-    return result;
+    return std::make_tuple(packed, buffers);
   });
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
-  m.def("kernel(str spec, Tensor[] inputs, int[] sizes, int num_threads) -> (Tensor[], Tensor)");
+  m.def("kernel(str spec, Tensor[] inputs, int[] sizes, int num_threads) -> (Tensor, Tensor[])");
 }
 
 TORCH_LIBRARY_IMPL(scorch, CPU, m) { m.impl("kernel", kernel_op); }

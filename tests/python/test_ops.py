@@ -33,21 +33,21 @@ CASES = {
 def test_opcheck_kernel(name):
     spec, inputs, sizes, threads = kernel_args(*CASES[name]())
     inputs = [t.requires_grad_() if t.is_floating_point() else t for t in inputs]
-    torch.library.opcheck(torch.ops.scorch.kernel.default, (spec, inputs, sizes, threads),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    # Every check: schema, autograd registration, fake kernel, and AOTAutograd tracing (static and dynamic
+    # shapes) of the forward and of the compiler-derived backward.
+    torch.library.opcheck(torch.ops.scorch.kernel.default, (spec, inputs, sizes, threads))
 
 
 def test_opcheck_format_ops():
     x = random_dense((5, 4), 0.5, torch.float32, 6)
     idx = x.nonzero().t().contiguous()
     vals = x[tuple(idx)]
-    torch.library.opcheck(torch.ops.scorch.pack.default, (idx, vals, [5, 4], "dense(0),compressed(1)", torch.int32),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.scorch.pack.default, (idx, vals, [5, 4], "dense(0),compressed(1)", torch.int32))
     S = sb.sparse(x, "csr")
     bufs = list(S.level_buffers.values())
-    for op in (torch.ops.scorch.unpack.default, torch.ops.scorch.to_dense.default):
-        torch.library.opcheck(op, (bufs, S.stored_values, [5, 4], S.format.canonical),
-                              test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.scorch.unpack.default, (bufs, S.stored_values, [5, 4], S.format.canonical))
+    values = S.stored_values.detach().clone().requires_grad_()  # to_dense is differentiable in the values
+    torch.library.opcheck(torch.ops.scorch.to_dense.default, (bufs, values, [5, 4], S.format.canonical))
 
 
 def test_kernels_show_in_the_profiler():
