@@ -70,3 +70,13 @@ def test_elementwise_and_sums():
     with pytest.warns(UserWarning):
         out = S * torch.ones(9, dtype=torch.float64)
     torch.testing.assert_close(dense(out), A)
+
+
+def test_torch_einsum_and_matmul():
+    S = sb.sparse(A, "csr")
+    D = torch.randn(9, 4, dtype=torch.float64)
+    with no_fallback():
+        torch.testing.assert_close(torch.einsum("ij,jk->ik", S, D), A @ D)
+        torch.testing.assert_close(torch.einsum("ij,jk", [S, D]), A @ D)
+        torch.testing.assert_close(torch.matmul(S, D), A @ D)
+        torch.testing.assert_close(dense(S.to_dense()), A)
