@@ -82,7 +82,7 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
         if isinstance(t, SparseTensor):
             t.check_unchanged()
             inputs.extend(b.to(idx_dtype) for b in t.level_buffers.values())
-            inputs.append(t.stored_values.to(compute))  # not detached: gradients flow to the values
+            inputs.append(t.differentiable_values().to(compute))  # gradients flow to the values (and t)
         else:
             inputs.append(t.to(compute))
     values, buffers = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())

@@ -106,3 +106,21 @@ def _sum_dims(x, dims, keepdim=False, *, dtype=None):
     dims = {d % x.dim() for d in (dims if dims is not None else range(x.dim()))}
     s = _LETTERS[: x.dim()]
     return einsum(f"{s}->{''.join(c for d, c in enumerate(s) if d not in dims)}", x)
+
+
+@_rule(aten.add_.Tensor)
+def _add_inplace(x, y, *, alpha=1):
+    """x += alpha * y for a SparseTensor x, when the sum is sparse in x's format (gradient accumulation):
+    x takes the sum's buffers and values."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    out = _add_like(1.0)(x, y, alpha=alpha)
+    if not isinstance(out, SparseTensor):
+        return NotImplemented
+    if out.format != x.format:
+        out = out.to_format(x.format)
+    for name, b in out.level_buffers.items():
+        setattr(x, name, b)
+    x._values = out.stored_values
+    x._checked_versions = x._buffer_versions()
+    return x

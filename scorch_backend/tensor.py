@@ -145,6 +145,11 @@ class SparseTensor(torch.Tensor):
         numel = self.numel()
         return self.nnz / numel if numel else 0.0
 
+    def differentiable_values(self) -> torch.Tensor:
+        """The stored values, connected to this SparseTensor in autograd when it requires grad: gradients
+        reaching them accumulate in `self.grad` as a SparseTensor with the same pattern."""
+        return _Values.apply(self) if self.requires_grad else self._values
+
     def _buffer_list(self) -> list[torch.Tensor]:
         return [getattr(self, n) for n in self._buffer_names]
 
@@ -154,7 +159,7 @@ class SparseTensor(torch.Tensor):
 
     # --- conversions -----------------------------------------------------------------------------------
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:  # noqa: ARG002 - torch's signature
-        out = ops.to_dense(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+        out = ops.to_dense(self._buffer_list(), self.differentiable_values(), list(self.shape), self._format.canonical)
         return out if dtype is None else out.to(dtype)
 
     def to_format(self, format, *, mode_order=None, blocksize=None, index_dtype=None) -> "SparseTensor":
@@ -192,6 +197,20 @@ class SparseTensor(torch.Tensor):
             if out is not NotImplemented:
                 return out
         return _densify_and_run(func, args, kwargs)
+
+
+class _Values(torch.autograd.Function):
+    """SparseTensor -> its values, with the gradient going back as a SparseTensor of the same pattern."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.pattern = x
+        return x._values.detach().view_as(x._values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x = ctx.pattern
+        return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
 
 
 def _densify_and_run(func, args, kwargs):

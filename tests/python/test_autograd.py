@@ -79,6 +79,20 @@ def test_sparse_gradient_keeps_the_pattern():
     torch.testing.assert_close(G.to_dense(), expected)
 
 
+@pytest.mark.parametrize("dispatch", ["sparse", "dense"])
+def test_sparse_tensor_requiring_grad_gets_a_sparse_grad(monkeypatch, dispatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)  # the kernel path and the dense ATen path alike
+    A = random_dense((9, 7), 0.3, dtype=torch.float64, seed=9)
+    S = sb.sparse(A, "csr").requires_grad_()
+    D = torch.randn(7, 3, dtype=torch.float64)
+    for _ in range(2):  # gradients accumulate
+        sb.einsum("ij,jk->ik", S, D).sum().backward()
+    assert isinstance(S.grad, sb.SparseTensor) and S.grad.format == S.format
+    assert torch.equal(S.grad.level_buffers["crd1"], S.level_buffers["crd1"])
+    expected = 2 * (torch.ones(9, 3, dtype=torch.float64) @ D.t()) * (A != 0)
+    torch.testing.assert_close(S.grad.to_dense(), expected)
+
+
 def test_backward_memory_is_proportional_to_nnz():
     # A 20000 x 20000 operand with 40000 nonzeros: a dense gradient would be 3.2 GB in float64. Measured in a
     # fresh process, so that no earlier test's peak hides this one.
