@@ -11,6 +11,7 @@ cheaper than any dispatch, also run dense.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,14 +22,17 @@ _FALLBACK_CROSSOVER = 0.3  # used only when the calibration file is missing
 TINY_DENSE_ELEMENTS = 4096  # below this many dense elements in all operands, dense wins on overhead alone
 
 
-def crossover_density() -> float:
-    env = os.environ.get("SCORCH_DENSE_CROSSOVER")
-    if env:
-        return float(env)
+@functools.lru_cache(maxsize=1)
+def _calibrated() -> float:
     try:
         return float(json.loads(_CALIBRATION.read_text())["dense_crossover_density"])
     except (OSError, KeyError, ValueError):
         return _FALLBACK_CROSSOVER
+
+
+def crossover_density() -> float:
+    env = os.environ.get("SCORCH_DENSE_CROSSOVER")
+    return float(env) if env else _calibrated()
 
 
 def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str]:

@@ -219,7 +219,7 @@ class Lowerer {
       case Sink::tile: return {loops::line(fmt::format("tacc[jj] += {};", v))};
       case Sink::vtile: {
         Stmts out;
-        for (int q = 0; q < vectors_per_tile(); ++q)
+        for (int q = 0; q < tile_vectors_; ++q)
           out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, fmt::format("jo + {}", q * vector_width())))));
         return out;
       }
@@ -280,30 +280,41 @@ class Lowerer {
       // reduction loop above it: full tiles in vector registers, the last partial tile in a small array.
       const std::string nj = size_of(tile_var_);
       Stmts out;
+      const int w = vector_width();
+      std::string rest = "0";  // where the columns not covered by vector code start
       if (vector_tile_) {
-        current_sink_ = Sink::vtile;
-        Stmts body{loops::line(fmt::format("const int64_t jo = jt * {};", kTile))};
-        std::string decl = "vec_t va0 = {}";
-        for (int q = 1; q < vectors_per_tile(); ++q) decl += fmt::format(", va{} = {{}}", q);
-        body.push_back(loops::line(decl + ";"));
-        Stmts inner = lower_depth(d, e, states);
-        body.insert(body.end(), inner.begin(), inner.end());
-        const int w = spec_.f64 ? 8 : 16;
-        for (int q = 0; q < vectors_per_tile(); ++q)
-          body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
-              "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
-        out.push_back(loops::for_range("jt", "0", fmt::format("{} / {}", nj, kTile), body));
+        // Whole tiles with four vector accumulators, then single vectors, each across the reduction loop.
+        auto vector_pass = [&](int vectors, const std::string& begin, const std::string& end, int step) {
+          current_sink_ = Sink::vtile;
+          tile_vectors_ = vectors;
+          Stmts body;
+          std::string decl = "vec_t va0 = {}";
+          for (int q = 1; q < vectors; ++q) decl += fmt::format(", va{} = {{}}", q);
+          body.push_back(loops::line(decl + ";"));
+          Stmts inner = lower_depth(d, e, states);
+          body.insert(body.end(), inner.begin(), inner.end());
+          for (int q = 0; q < vectors; ++q)
+            body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
+                "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
+          out.push_back(loops::line(fmt::format("for (int64_t jo = {}; jo + {} <= {}; jo += {}) {{", begin, step, end, step)));
+          out.insert(out.end(), body.begin(), body.end());
+          out.push_back(loops::line("}"));
+        };
+        vector_pass(vectors_per_tile(), "0", nj, kTile);
+        vector_pass(1, fmt::format("({} / {}) * {}", nj, kTile, kTile), nj, w);
+        rest = fmt::format("({} / {}) * {}", nj, w, w);
       }
+      // The columns left (fewer than a vector, or all of them when loads along j are not contiguous), in
+      // tiles of kTile kept in a small array.
       current_sink_ = Sink::tile;
-      const std::string first = vector_tile_ ? fmt::format("({} / {})", nj, kTile) : "0";
-      Stmts body{loops::line(fmt::format("const int64_t jo = jt * {};", kTile)),
+      Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, kTile)),
                  loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", kTile, nj)),
                  loops::line(fmt::format("val_t tacc[{}] = {{}};", kTile))};
       Stmts inner = lower_depth(d, e, states);
       body.insert(body.end(), inner.begin(), inner.end());
       body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
       current_sink_ = Sink::dense;
-      out.push_back(loops::for_range("jt", first, fmt::format("({} + {}) / {}", nj, kTile - 1, kTile), body));
+      out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, kTile - 1, kTile), body));
       return out;
     }
     const int v = sched_.order[d];
@@ -621,6 +632,7 @@ class Lowerer {
   int tile_depth_ = -1;
   int tile_var_ = -1;
   bool vector_tile_ = false;
+  int tile_vectors_ = 4;  // vector accumulators of the vector pass being generated
   bool parallel_ = false;
   std::string parallel_why_ = "outer loop is not split";
   std::vector<std::string> reasons_;

@@ -29,17 +29,16 @@ namespace {
 
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-// Variables iterated by a compressed or singleton level somewhere.
+// Variables walked by a level of some level-format operand (any kind: a CSR's dense row level too). The
+// others index only strided operands and the output, and vectorize best innermost.
 std::vector<int> sparse_vars(const KernelSpec& spec) {
   std::vector<int> out;
   std::vector<const ir::Expr*> acc;
   ir::collect_accesses(spec.stmt.rhs, acc);
   for (const ir::Expr* a : acc) {
     const Storage& s = spec.operands[a->tensor];
-    if (s.strided()) continue;
-    const auto& levels = s.format->levels();
-    for (size_t l = 0; l < levels.size(); ++l)
-      if (levels[l].kind->name() != "dense") out.push_back(a->vars[levels[l].expr.dim]);
+    if (s.strided() || s.format->all_dense()) continue;
+    for (const auto& l : s.format->levels()) out.push_back(a->vars[l.expr.dim]);
   }
   return out;
 }
@@ -62,8 +61,8 @@ std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std
     int best = -1;
     auto key = [&](int v) {
       const int out_pos = static_cast<int>(std::find(out_order.begin(), out_order.end(), v) - out_order.begin());
-      // Sparse-iterated variables first (they are where the work is), then output variables in storage
-      // order (parallel, race-free outer loops and ordered sparse output), then the rest.
+      // Variables of sparse operands' levels first (they are where the work is), then output variables in
+      // storage order (parallel, race-free outer loops and ordered sparse output), then the rest.
       return std::make_tuple(contains(sparse, v) ? 0 : 1, out_pos, v);
     };
     for (int v = 0; v < n; ++v) {
@@ -94,7 +93,7 @@ Schedule make_schedule(const KernelSpec& spec) {
     for (int v : s.order) why += st.var_names[v] + " ";
     why += ": every level-format operand walked in level order";
     const auto sv = sparse_vars(spec);
-    if (!sv.empty()) why += "; sparse-iterated variables placed outermost";
+    if (!sv.empty()) why += "; sparse operands' level variables placed outermost";
     s.reasons.push_back(why);
   }
   const int n = static_cast<int>(s.order.size());
