@@ -112,7 +112,8 @@ class TorchSparseGCN(nn.Module):
         self.w2 = nn.Parameter(glorot(nhid, nclass, g))
 
     def adjacency(self):
-        a = torch.sparse_coo_tensor(self.indices, self.edge_weight, self.shape, is_coalesced=True)
+        a = torch.sparse_coo_tensor(self.indices, self.edge_weight, self.shape, is_coalesced=True,
+                                    check_invariants=False)
         return a if self.layout == torch.sparse_coo else a.to_sparse_csr()
 
     def forward(self, x):
