@@ -46,6 +46,7 @@ def test_opcheck_format_ops():
     S = sb.sparse(x, "csr")
     bufs = list(S.level_buffers.values())
     torch.library.opcheck(torch.ops.scorch.unpack.default, (bufs, S.stored_values, [5, 4], S.format.canonical))
+    torch.library.opcheck(torch.ops.scorch.validate.default, (bufs, S.stored_values, [5, 4], S.format.canonical))
     values = S.stored_values.detach().clone().requires_grad_()  # to_dense is differentiable in the values
     torch.library.opcheck(torch.ops.scorch.to_dense.default, (bufs, values, [5, 4], S.format.canonical))
 
