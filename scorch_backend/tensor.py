@@ -22,6 +22,7 @@ VALUE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 _warned_ops: set[str] = set()
+_plain_torch_function = torch._C._disabled_torch_function_impl
 
 
 class SparseTensor(torch.Tensor):
@@ -112,8 +113,7 @@ class SparseTensor(torch.Tensor):
             from .frontend import einsum
 
             return einsum(*args, **(kwargs or {}))
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+        return _plain_torch_function(func, types, args, kwargs or {})
 
     # --- what it holds ---------------------------------------------------------------------------------
     @property
