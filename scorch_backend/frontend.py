@@ -98,6 +98,16 @@ def _plan_einsum_cached(equation, descs, out_text, f64, idx64):
     return _C.plan_einsum(equation, [(f, list(shape), nnz) for f, shape, nnz in descs], out_text, f64, idx64)
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan_compute_cached(text, names, descs, out_text, f64, idx64):
+    return _C.plan_compute(text, list(names), [(f, list(shape), nnz) for f, shape, nnz in descs], out_text, f64, idx64)
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_cached(expression, names, shapes):
+    return _C.split_compute(expression, list(names), [list(s) for s in shapes])
+
+
 def _frozen(descs):
     return tuple((f, tuple(shape), nnz) for f, shape, nnz in descs)
 
@@ -190,7 +200,7 @@ def compute(expression: str, out_format=None, **operands):
     ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
     dtype = _result_dtype(ops_)
     f64 = _COMPUTE_DTYPES[dtype] == torch.float64
-    steps = _C.split_compute(expression, names, [list(o.tensor.shape) for o in ops_])
+    steps = _split_cached(expression, tuple(names), tuple(tuple(_concrete(d) for d in o.tensor.shape) for o in ops_))
     result = None
     for k, (text, global_ids) in enumerate(steps):
         step_ops = [ops_[g] for g in global_ids]
@@ -201,7 +211,7 @@ def compute(expression: str, out_format=None, **operands):
         if out_format is not None and k == len(steps) - 1:
             rank = len(_C.plan_compute(text, local, descs, "strided", False, False)["out_shape"])
             out_text = _out_format_text(out_format, rank)
-        plan = _C.plan_compute(text, local, descs, out_text, f64, idx == torch.int64)
+        plan = _plan_compute_cached(text, tuple(local), _frozen(descs), out_text, f64, idx == torch.int64)
         _debug(expression if len(steps) == 1 else f"{expression}  [step {k + 1}/{len(steps)}: {text}]", plan)
         result = _run(plan, step_ops, dtype, idx)
         ops_.append(_Operand(result, isinstance(result, SparseTensor)))
