@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .frontend import compute, einsum
-from .tensor import _RULES, SparseTensor
+from .tensor import SparseTensor, _rule
 
 aten = torch.ops.aten
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -17,24 +17,6 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 def _tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _rule(*funcs):
-    def register(fn):
-        for f in funcs:
-            previous = _RULES.get(f)
-
-            def chained(*args, _fn=fn, _previous=previous, **kwargs):
-                if _previous is not None:
-                    out = _previous(*args, **kwargs)
-                    if out is not NotImplemented:
-                        return out
-                return _fn(*args, **kwargs)
-
-            _RULES[f] = chained
-        return fn
-
-    return register
 
 
 @_rule(aten.mm.default)

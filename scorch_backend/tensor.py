@@ -233,9 +233,17 @@ _RULES: dict = {}
 
 
 def _rule(*funcs):
+    """Register fn for these ops. A rule returns NotImplemented where it does not apply; when an op already
+    has a rule, the earlier one is tried first and fn only when it declines."""
     def register(fn):
         for f in funcs:
-            _RULES[f] = fn
+            previous = _RULES.get(f)
+
+            def chained(*args, _fn=fn, _previous=previous, **kwargs):
+                out = _previous(*args, **kwargs)
+                return _fn(*args, **kwargs) if out is NotImplemented else out
+
+            _RULES[f] = chained if previous is not None else fn
         return fn
 
     return register
@@ -265,7 +273,7 @@ def _make_unary(op):
 # Unary ops with f(0) == 0 keep the pattern.
 for _f in (aten.neg.default, aten.abs.default, aten.relu.default, aten.sqrt.default, aten.sin.default,
            aten.tanh.default, aten.sgn.default, aten.expm1.default, aten.log1p.default, aten.square.default):
-    _RULES[_f] = _make_unary(_f)
+    _rule(_f)(_make_unary(_f))
 
 
 # Sparse times (or divided by) a scalar keeps the pattern; sparse-sparse and sparse-dense products are the
@@ -296,7 +304,7 @@ def _scalar_op(op):
 
 
 for _f in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar):
-    _RULES[_f] = _scalar_op(_f)
+    _rule(_f)(_scalar_op(_f))
 
 
 @_rule(aten._to_copy.default)
