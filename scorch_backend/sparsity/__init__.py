@@ -1,0 +1,5 @@
+"""Sparsity of tensors: measuring what is there (`measure`)."""
+
+from .measure import Measurement, measure
+
+__all__ = ["Measurement", "measure"]
