@@ -159,6 +159,11 @@ def einsum(equation: str, *operands, out_format=None):
         operands = tuple(operands[0])
     if not 1 <= len(operands):
         raise ValueError("einsum needs at least one operand")
+    return _einsum(equation, operands, out_format, choose=True)
+
+
+def _einsum(equation: str, operands, out_format, choose: bool):
+    """einsum; `choose=False` runs the sparse kernel without asking the cost model (the caller decided)."""
     ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
@@ -166,8 +171,10 @@ def einsum(equation: str, *operands, out_format=None):
     # Plans depend only on the equation and the operands' formats, shapes and sizes: cached.
     plan = _plan_einsum_cached(equation, _frozen(o.desc() for o in ops_), out_text,
                                _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
-    dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
-                                         sum(math.prod(o.tensor.shape) for o in ops_))
+    dense, why = False, "the caller chose the sparse kernel"
+    if choose:
+        dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
+                                             sum(math.prod(o.tensor.shape) for o in ops_))
     if _debug_level() >= 1:
         print(f"[scorch] einsum {equation}: {'dense ATen' if dense else 'sparse kernel'} ({why})", file=sys.stderr)
     if dense:

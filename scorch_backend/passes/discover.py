@@ -1,0 +1,80 @@
+"""discover: a sparsity attribute for each graph input, and the densities of the example run.
+
+- SparseTensor inputs: sparse, by their format and stored entries.
+- Parameters and buffers (they reach the backend as real tensors): measured (fraction of nonzeros, and the
+  pattern: unstructured, block, n:m, zero rows or columns). A weight under the sparse threshold is sparse.
+- Other inputs (the model's data): dense; their zeros are not promised to last from one call to the next.
+
+The example run executes the graph once on the real example inputs and records each value's density; rules
+that create zeros at run time (ReLU) use it as their estimate. Values produced by one_hot, masks, where,
+softmax of masked scores, top-k scatter are found by propagate's rules, not measured.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ..sparsity import measure
+from ..sparsity.attrs import DENSE, SparsityAttr
+from ..tensor import SparseTensor
+
+
+def is_weight(node: fx.Node, value) -> bool:
+    name = str(node.target).lower()
+    return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
+
+
+def discover(gm: fx.GraphModule, example_inputs, threshold: float) -> dict:
+    attrs = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        if isinstance(value, SparseTensor):
+            attrs[node.name] = SparsityAttr(sparse=True, density=value.density, origin="SparseTensor input",
+                                            pattern=str(value.format), format=str(value.format))
+        elif isinstance(value, torch.Tensor) and is_weight(node, value) and value.numel() > 0 \
+                and not isinstance(value, torch._subclasses.FakeTensor):
+            m = measure(value.detach() if value.dtype != torch.bool else value, dense_threshold=threshold)
+            pattern = m.pattern
+            if m.block is not None and pattern == "block":
+                pattern = f"block {m.block[0]}x{m.block[1]}"
+            elif m.nm is not None and pattern == "n:m":
+                pattern = f"n:m {m.nm[0]}:{m.nm[1]}"
+            attrs[node.name] = SparsityAttr(sparse=m.density < threshold, density=m.density,
+                                            origin="measured " + ("mask" if value.dtype == torch.bool else "weight"),
+                                            pattern=pattern, weight=True, measured=m.density)
+        else:
+            attrs[node.name] = DENSE
+    return attrs
+
+
+class _DensityRecorder(fx.Interpreter):
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.densities = {}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor) and not isinstance(out, SparseTensor) and out.numel() and \
+                out.layout == torch.strided:
+            self.densities[n.name] = float(torch.count_nonzero(out)) / out.numel()
+        return out
+
+
+def example_run(gm: fx.GraphModule, example_inputs) -> dict:
+    """Densities of every dense value in one run on the example inputs ({} if the run is not possible)."""
+    args = []
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            hint = x.node.hint
+            if hint is None:
+                return {}
+            x = int(hint)
+        args.append(x)
+    rec = _DensityRecorder(gm)
+    try:
+        with torch.no_grad():
+            rec.run(*args)
+    except Exception:  # noqa: BLE001 - the run is only for estimates; the passes work without it
+        return rec.densities
+    return rec.densities

@@ -1,0 +1,35 @@
+"""rewrite: each region becomes one call of `scorch::region`; the rest of the graph is left as it is, for
+Inductor (or eager) to compile."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from ..region import region as _region_op  # noqa: F401  (registers scorch::region)
+
+
+def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
+    graph = gm.graph
+    replaced: dict = {}  # a region's root -> the node now giving its value (a later region may read it)
+    for r in regions:
+        root = r.root
+        f = r.fused
+        leaves = [replaced.get(n, n) for n in f.leaves]
+        with graph.inserting_before(root):
+            out = graph.call_function(torch.ops.scorch.region.default, (r.program_text, leaves))
+            for d in f.unit_dims:
+                out = graph.call_function(torch.unsqueeze, (out, d))
+            if f.bias is not None:
+                out = graph.call_function(operator.add, (out, replaced.get(f.bias, f.bias)))
+        out.meta.update({k: v for k, v in root.meta.items() if k in ("example_value", "val", "stack_trace")})
+        root.replace_all_uses_with(out)
+        replaced[root] = out
+        for m in reversed(r.members):
+            if not m.users:
+                graph.erase_node(m)
+    graph.lint()
+    gm.recompile()
+    return gm

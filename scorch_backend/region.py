@@ -1,0 +1,295 @@
+"""`scorch::region`: one fused sparse region of a compiled model, run as a single torch op.
+
+The backend's fuse pass turns a region of a model's graph into one einsum over the region's inputs (dense
+tensors in the graph: weights, activations, masks) and says how each input is to be used:
+
+- "dense": as it is;
+- "sparse": its zeros are worth skipping: it is compressed (CSR, batched CSR for more dimensions) and the
+  product runs as a Scorch kernel that walks only its nonzeros;
+- "pattern": only its nonzero pattern matters, as a 0/1 factor. The fuse pass adds such a factor when another
+  input is known to be zero wherever this one is (a ReLU of a product with a one-hot mask, a softmax of
+  scores filled with -inf outside a mask), so the kernel skips those zeros without compressing the big input.
+
+The program is a JSON text built by the fuse pass from the parsed graph (never from user text). At run time
+the op measures the densities of its sparse inputs (parameters and buffers are compressed once per version
+of the tensor, so weights updated in place by an optimizer are recompressed, never used stale) and runs the
+sparse kernel or, where the data is not sparse enough to pay, `torch.einsum` on the dense tensors.
+
+Its gradient is the einsum's: the gradient of input k is the einsum of the output gradient with the other
+inputs, run through this same op, so sparse inputs stay sparse in the backward pass (for y = x W^T with a
+pruned W, dx = g W runs sparse, dW = g^T x dense: W is a dense tensor to autograd, as in eager mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from . import cost_model
+
+_INDEX_DTYPE = torch.int32
+
+
+@dataclass(frozen=True)
+class Operand:
+    letters: str
+    kind: str = "dense"  # "dense" | "sparse" | "pattern"
+    cached: bool = False  # a parameter or buffer: compress once per version of the tensor
+    grad: bool = True  # False for pattern factors: the pattern is piecewise constant
+
+
+@dataclass(frozen=True)
+class Program:
+    operands: tuple[Operand, ...]
+    out: str
+    coef: float = 1.0
+    frozen: bool = False  # cached operands are never rechecked (options={"frozen_weights": True})
+    name: str = ""
+
+    @property
+    def equation(self) -> str:
+        return ",".join(o.letters for o in self.operands) + "->" + self.out
+
+    def text(self) -> str:
+        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad] for o in self.operands],
+                           "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name},
+                          separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_program(text: str) -> Program:
+    d = json.loads(text)
+    ops = tuple(Operand(letters, kind, bool(cached), bool(grad)) for letters, kind, cached, grad in d["operands"])
+    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""))
+    _validate(prog)
+    return prog
+
+
+def _validate(p: Program) -> None:
+    seen = set()
+    for o in p.operands:
+        if o.kind not in ("dense", "sparse", "pattern"):
+            raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
+        if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):
+            raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
+        seen.update(o.letters)
+    if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
+        raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")
+
+
+# --- layouts ---------------------------------------------------------------------------------------------
+# The kernel's loop order puts the sparse operands' dimensions outermost, then the output's in storage order.
+# Dense operands are laid out in that loop order (innermost dimension contiguous) and the output is stored in
+# it too; the result is handed back as a permuted view. Real and fake runs use the same layout.
+
+def _loop_letters(p: Program) -> str:
+    order = ""
+    for o in p.operands:
+        if o.kind != "dense":
+            order += "".join(c for c in o.letters if c not in order)
+    order += "".join(c for c in p.out if c not in order)
+    for o in p.operands:
+        order += "".join(c for c in o.letters if c not in order)
+    return order
+
+
+@functools.lru_cache(maxsize=4096)
+def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
+    """The output's storage letters and the permutation giving back the requested dimension order."""
+    p = parse_program(text)
+    order = _loop_letters(p)
+    storage = "".join(sorted(p.out, key=order.index))
+    return storage, tuple(storage.index(c) for c in p.out)
+
+
+def _out_shape(p: Program, operands) -> list:
+    sizes = {}
+    for o, t in zip(p.operands, operands):
+        for c, n in zip(o.letters, t.shape):
+            sizes.setdefault(c, n)
+    return [sizes[c] for c in p.out]
+
+
+def _result_dtype(p: Program, operands) -> torch.dtype:
+    dtype = None
+    for o, t in zip(p.operands, operands):
+        if o.kind == "pattern" or not t.is_floating_point():
+            continue
+        dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
+    return dtype or torch.float32
+
+
+def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
+    storage, back = _out_storage(text)
+    shape = dict(zip(p.out, _out_shape(p, operands)))
+    out = operands[0].new_empty([shape[c] for c in storage], dtype=_result_dtype(p, operands))
+    return out.permute(back)
+
+
+# --- compressed operands, cached by tensor version ------------------------------------------------------
+@dataclass
+class _Entry:
+    ref: weakref.ref
+    version: int
+    meta: tuple
+    density: float
+    sparse: dict = field(default_factory=dict)  # (kind, dtype) -> SparseTensor
+
+
+_cache: dict[int, _Entry] = {}
+stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0}
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _entry(t: torch.Tensor, cached: bool, frozen: bool) -> _Entry:
+    if cached:
+        e = _cache.get(id(t))
+        if e is not None and e.ref() is t and e.meta == _meta(t) and (frozen or e.version == t._version):
+            stats["cache_hits"] += 1
+            return e
+    n = t.numel()
+    density = float(torch.count_nonzero(t)) / n if n else 0.0
+    e = _Entry(weakref.ref(t), t._version, _meta(t), density)
+    if cached:
+        key = id(t)
+        _cache[key] = e
+        weakref.finalize(t, _cache.pop, key, None)
+    return e
+
+
+def _sparse_of(t: torch.Tensor, e: _Entry, kind: str, dtype: torch.dtype):
+    from .convert import sparse
+
+    got = e.sparse.get((kind, dtype))
+    if got is None:
+        stats["compressions"] += 1
+        src = t.detach()
+        if kind == "pattern":
+            src = (src != 0).to(dtype)
+        elif src.dtype != dtype:
+            src = src.to(dtype)
+        got = sparse(src, "csr" if t.dim() >= 2 else "compressed" if t.dim() == 1 else "dense",
+                     index_dtype=_INDEX_DTYPE)
+        e.sparse[(kind, dtype)] = got
+    return got
+
+
+def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tensor:
+    if o.kind == "pattern":
+        return (t != 0).to(dtype)
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def run(text: str, operands: list[torch.Tensor]) -> torch.Tensor:
+    p = parse_program(text)
+    if len(operands) != len(p.operands):
+        raise ValueError(f"scorch::region {p.name}: {len(p.operands)} operands expected, got {len(operands)}")
+    dtype = _result_dtype(p, operands)
+    storage, back = _out_storage(text)
+    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    densities = [e.density for e in entries if e is not None]
+    elements = sum(t.numel() for t in operands)
+    dense, _why = cost_model.choose_dense(densities, elements)
+    if any(t.numel() == 0 for t in operands) or not densities:
+        dense = True
+    eq = ",".join(o.letters for o in p.operands) + "->" + storage
+    if dense:
+        stats["dense_runs"] += 1
+        out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])
+    else:
+        from .frontend import _einsum
+
+        stats["sparse_runs"] += 1
+        order = _loop_letters(p)
+        args, letters = [], []
+        for o, t, e in zip(p.operands, operands, entries):
+            if e is not None:
+                args.append(_sparse_of(t, e, o.kind, dtype))
+                letters.append(o.letters)
+            else:
+                want = "".join(sorted(o.letters, key=order.index))
+                perm = [o.letters.index(c) for c in want]
+                args.append(t.detach().to(dtype).permute(perm).contiguous())
+                letters.append(want)
+        out = _einsum(",".join(letters) + "->" + storage, args, "dense", choose=False)
+    out = out.contiguous()
+    if p.coef != 1.0:
+        out.mul_(p.coef)
+    return out.permute(back)
+
+
+# --- the op ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("scorch::region", mutates_args=())
+def region(program: str, operands: list[torch.Tensor]) -> torch.Tensor:
+    return run(program, operands)
+
+
+@region.register_fake
+def _region_fake(program, operands):
+    p = parse_program(program)
+    return _empty_out(program, p, operands)
+
+
+def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:
+    """The program of d out / d operand k (an einsum of the output gradient and the other operands), the
+    operands it takes (indices; -1 is the output gradient) and the letters it produces."""
+    p = parse_program(text)
+    target = p.operands[k]
+    others = [j for j in range(len(p.operands)) if j != k]
+    present = set(p.out)
+    for j in others:
+        present.update(p.operands[j].letters)
+    produced = "".join(c for c in target.letters if c in present)
+    ops = (Operand(p.out, "dense"),) + tuple(p.operands[j] for j in others)
+    g = Program(ops, produced, p.coef, p.frozen, f"{p.name}.grad{k}")
+    return g.text(), [-1] + others, produced
+
+
+def _setup_context(ctx, inputs, output):
+    program, operands = inputs
+    ctx.program = program
+    ctx.wants = [t.requires_grad for t in operands]
+    ctx.save_for_backward(*operands)
+
+
+def _backward(ctx, grad):
+    p = parse_program(ctx.program)
+    operands = ctx.saved_tensors
+    grads = []
+    for k, (o, t) in enumerate(zip(p.operands, operands)):
+        if not ctx.wants[k] or not o.grad or not t.is_floating_point():
+            grads.append(None)
+            continue
+        text, which, produced = gradient_program(ctx.program, k)
+        args = [grad if j < 0 else operands[j] for j in which]
+        g = torch.ops.scorch.region(text, args)
+        if produced != o.letters:  # letters summed only within operand k: the gradient is constant along them
+            for d, c in enumerate(o.letters):
+                if c not in produced:
+                    g = g.unsqueeze(d)
+            g = g.expand(t.shape)
+        grads.append(g.to(t.dtype))
+    return None, grads
+
+
+region.register_autograd(_backward, setup_context=_setup_context)
+
+
+def clear_cache() -> None:
+    """Forget every compressed weight (they are rebuilt on next use)."""
+    _cache.clear()
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("SCORCH_DEBUG", "0") not in ("", "0")
+
+
+__all__ = ["Operand", "Program", "parse_program", "region", "run", "stats", "clear_cache"]
