@@ -5,6 +5,10 @@
     A.format, A.nnz, A.density, A.to_dense(), A.to_torch(torch.sparse_csr), A.to_scipy(), A.to_format("coo")
     y = sb.einsum("ij,j->i", A, x)                           # compiled sparse kernels, any sparse/dense mix
     y = sb.compute("y(i) = A(i,j) * x(j) + b(i)", A=A, x=x, b=b)
+
+    sb.prune(model, "magnitude", 0.9)                        # or "threshold", "random", "n:m", "block"
+    fast = torch.compile(model, backend="scorch")            # sparse regions run as Scorch kernels
+    print(sb.explain(model, x, png="patterns.png"))          # what was compiled and why
 """
 
 from ._native import ops, ops_library_path
@@ -13,12 +17,18 @@ from .frontend import compute, einsum, kernel_info, plan_einsum, precompile
 from . import autograd, fake, kernel_rules  # noqa: F401  (autograd, fake kernels, dispatch rules)
 from .format import Format, make_format
 from .tensor import SparseTensor
+from . import region  # noqa: F401  (registers scorch::region)
+from . import backend  # noqa: F401  (registers the torch.compile backend "scorch")
+from .explain import explain
+from .sparsify import prune
 
 __all__ = [
     "Format",
     "SparseTensor",
     "compute",
     "einsum",
+    "explain",
+    "prune",
     "kernel_info",
     "plan_einsum",
     "precompile",

@@ -188,42 +188,74 @@ def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tens
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def run(text: str, operands: list[torch.Tensor]) -> torch.Tensor:
+def _sparse_call(p: Program, text: str, operands, entries, dtype):
+    """The einsum the sparse kernel runs: compressed operands as SparseTensors, dense ones laid out in loop
+    order, the output in its storage order."""
+    storage, _ = _out_storage(text)
+    order = _loop_letters(p)
+    args, letters = [], []
+    for o, t, e in zip(p.operands, operands, entries):
+        if e is not None:
+            args.append(_sparse_of(t, e, o.kind, dtype))
+            letters.append(o.letters)
+        else:
+            want = "".join(sorted(o.letters, key=order.index))
+            perm = [o.letters.index(c) for c in want]
+            args.append(t.detach().to(dtype).permute(perm).contiguous())
+            letters.append(want)
+    return ",".join(letters) + "->" + storage, args
+
+
+def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:
+    """Run a region program; `force` ("dense" or "sparse") overrides the run-time choice."""
     p = parse_program(text)
     if len(operands) != len(p.operands):
         raise ValueError(f"scorch::region {p.name}: {len(p.operands)} operands expected, got {len(operands)}")
+    for rec in _captures:
+        rec.append((text, [t.detach() for t in operands]))
     dtype = _result_dtype(p, operands)
     storage, back = _out_storage(text)
     entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
     densities = [e.density for e in entries if e is not None]
-    elements = sum(t.numel() for t in operands)
-    dense, _why = cost_model.choose_dense(densities, elements)
+    dense, _why = cost_model.choose_dense(densities, sum(t.numel() for t in operands))
     if any(t.numel() == 0 for t in operands) or not densities:
         dense = True
-    eq = ",".join(o.letters for o in p.operands) + "->" + storage
+    if force is not None:
+        dense = force == "dense"
     if dense:
         stats["dense_runs"] += 1
+        eq = ",".join(o.letters for o in p.operands) + "->" + storage
         out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])
     else:
         from .frontend import _einsum
 
         stats["sparse_runs"] += 1
-        order = _loop_letters(p)
-        args, letters = [], []
-        for o, t, e in zip(p.operands, operands, entries):
-            if e is not None:
-                args.append(_sparse_of(t, e, o.kind, dtype))
-                letters.append(o.letters)
-            else:
-                want = "".join(sorted(o.letters, key=order.index))
-                perm = [o.letters.index(c) for c in want]
-                args.append(t.detach().to(dtype).permute(perm).contiguous())
-                letters.append(want)
-        out = _einsum(",".join(letters) + "->" + storage, args, "dense", choose=False)
+        eq, args = _sparse_call(p, text, operands, entries, dtype)
+        out = _einsum(eq, args, "dense", choose=False)
     out = out.contiguous()
     if p.coef != 1.0:
         out.mul_(p.coef)
     return out.permute(back)
+
+
+def sparse_plan(text: str, operands) -> dict:
+    """What the sparse kernel of a region does with these operands: the einsum it runs, the formats, and the
+    compiler's plan (kernel spec, reasons) and schedule."""
+    from .frontend import kernel_info, plan_einsum
+
+    p = parse_program(text)
+    dtype = _result_dtype(p, operands)
+    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    eq, args = _sparse_call(p, text, operands, entries, dtype)
+    plan = plan_einsum(eq, *args, out_format="dense")
+    info = kernel_info(plan["spec"])
+    return {"equation": eq, "formats": [str(a.format) if hasattr(a, "format") else "dense" for a in args],
+            "densities": [e.density if e is not None else 1.0 for e in entries], "statement": plan["statement"],
+            "spec": plan["spec"], "reasons": list(plan["reasons"]) + list(info["reasons"]),
+            "schedule": info["schedule"]}
+
+
+_captures: list[list] = []  # explain() records the operands each region is run with
 
 
 # --- the op ----------------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
             raise FuseError(f"{leaf.name} is on {v.device}")
         # A value whose zeros are carried by another one is read densely under that one's pattern (below);
         # compressing it would cost a pass over all of it.
-        carried = a.support is not None and a.support.carrier != leaf.name
+        carried = a.support is not None and a.support.carrier != leaf.name and \
+            len(a.support.dims) < len(v.shape)
         kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
         operands.append(Operand(text, kind, cached=a.weight))
         leaves.append(leaf)
