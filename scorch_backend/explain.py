@@ -34,6 +34,7 @@ class RegionReport:
     measured_speedup: float | None = None
     sparse_ms: float | None = None
     dense_ms: float | None = None
+    path: str = ""  # what runs: "sparse" (the kernel), "grouped" (dense products per group) or "dense"
 
 
 @dataclass
@@ -54,9 +55,12 @@ class Report:
             lines.append(f"  formats:   {', '.join(r.formats)}")
             lines.append(f"  kernel:    {r.statement}")
             lines.append(f"  schedule:  {r.schedule}")
+            if r.path == "grouped":
+                lines.append("  runs as:   grouped dense products (rows of each group gathered, multiplied, scattered)")
             for why in r.reasons:
                 lines.append(f"    - {why}")
-            meas = (f"{r.measured_speedup:.2f}x (sparse {r.sparse_ms:.3f} ms, dense einsum {r.dense_ms:.3f} ms)"
+            meas = (f"{r.measured_speedup:.2f}x ({r.path if r.path != 'dense' else 'sparse'} {r.sparse_ms:.3f} ms, "
+                    f"dense einsum {r.dense_ms:.3f} ms)"
                     if r.measured_speedup is not None else "not measured")
             lines.append(f"  speedup:   estimated {r.estimated_speedup:.2f}x, measured {meas}")
         if self.left_dense:
@@ -110,7 +114,11 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                 plan = _region.sparse_plan(r.program_text, operands)
                 rep.formats, rep.schedule = plan["formats"], plan["schedule"]
                 rep.statement, rep.reasons = plan["statement"], plan["reasons"]
-                sparse_s = _time(lambda: _region.run(r.program_text, operands, force="sparse"), repeat)
+                rep.path = _region.choose_path(r.program_text, operands)
+                if rep.path == "dense":
+                    rep.reasons.append("at run time these operands are not sparse enough: the dense einsum runs")
+                forced = rep.path if rep.path != "dense" else "sparse"
+                sparse_s = _time(lambda: _region.run(r.program_text, operands, force=forced), repeat)
                 dense_s = _time(lambda: _region.run(r.program_text, operands, force="dense"), repeat)
                 rep.sparse_ms, rep.dense_ms = sparse_s * 1e3, dense_s * 1e3
                 rep.measured_speedup = dense_s / sparse_s if sparse_s > 0 else None

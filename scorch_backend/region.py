@@ -142,7 +142,7 @@ class _Entry:
 
 
 _cache: dict[int, _Entry] = {}
-stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0}
+stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0, "grouped_runs": 0}
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -206,8 +206,120 @@ def _sparse_call(p: Program, text: str, operands, entries, dtype):
     return ",".join(letters) + "->" + storage, args
 
 
+# --- grouped dense execution -----------------------------------------------------------------------------
+# A sparse factor S(p, q) whose nonzeros gate a whole matrix per q (one-hot expert dispatch: S = gates(b, n),
+# W(n, d, h)) is best run as one dense product per q over the rows p where S(:, q) is nonzero: gather those
+# rows, multiply at dense speed, scatter the result back. The plan below says when a program has that shape.
+
+@functools.lru_cache(maxsize=4096)
+def grouped_plan(text: str):
+    """(index of S, p, q) when the program can run grouped, else None."""
+    p = parse_program(text)
+    sparse = [k for k, o in enumerate(p.operands) if o.kind != "dense"]
+    if len(sparse) != 1 or len(p.operands[sparse[0]].letters) != 2:
+        return None
+    s = sparse[0]
+    for pl, ql in (tuple(p.operands[s].letters), tuple(reversed(p.operands[s].letters))):
+        others = [o.letters for k, o in enumerate(p.operands) if k != s] + [p.out]
+        # a matrix per q that does not depend on p: each group is a real matrix product
+        if any(ql in t and pl not in t and len(t) >= 3 for t in others):
+            return s, pl, ql
+    return None
+
+
+def _grouped_worth_it(text: str, operands, entry) -> bool:
+    plan = grouped_plan(text)
+    if plan is None or entry.density <= 0:
+        return False
+    s, pl, ql = plan
+    S = operands[s]
+    q_size = S.shape[parse_program(text).operands[s].letters.index(ql)]
+    rows_per_group = entry.density * S.numel() / max(q_size, 1)
+    return rows_per_group >= GROUPED_MIN_ROWS
+
+
+GROUPED_MIN_ROWS = 8
+
+
+def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
+    s, pl, ql = grouped_plan(text)
+    so = p.operands[s]
+    S = operands[s].detach()
+    if so.letters != pl + ql:
+        S = S.t()
+    S = (S != 0).to(dtype) if so.kind == "pattern" else S.to(dtype)
+    nz = S.t().nonzero()  # (q, p) pairs, sorted by q
+    qs, ps = nz[:, 0], nz[:, 1]
+    counts = torch.bincount(qs, minlength=S.shape[1]).tolist()
+    sizes = {}
+    for o, t in zip(p.operands, operands):
+        sizes.update(zip(o.letters, t.shape))
+    out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
+    others = [(o, t if t.dtype == dtype or o.kind == "pattern" else t.to(dtype))
+              for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
+    start = 0
+    for q, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = ps[start:start + n]
+        start += n
+        args, letters = [], []
+        for o, t in others:
+            if o.kind == "pattern":
+                t = (t != 0).to(dtype)
+            lt = o.letters
+            if ql in lt:
+                t = t.select(lt.index(ql), q)
+                lt = lt.replace(ql, "")
+            if pl in lt:
+                t = t.index_select(lt.index(pl), rows)
+            args.append(t)
+            letters.append(lt)
+        target = out.select(p.out.index(ql), q) if ql in p.out else out
+        tl = p.out.replace(ql, "")
+        if so.kind != "pattern":
+            vals = S[rows, q]
+            if pl in tl:  # scale the result's rows: cheaper than a third einsum operand
+                scale = vals.reshape([-1 if c == pl else 1 for c in tl])
+            else:
+                args.append(vals)
+                letters.append(pl)
+                scale = None
+        else:
+            scale = None
+        r = torch.einsum(",".join(letters) + "->" + tl, *args)
+        if scale is not None:
+            r = r.mul_(scale)
+        if pl in tl:
+            target.index_add_(tl.index(pl), rows, r)
+        else:
+            target.add_(r)
+    return out
+
+
+def _choose(text: str, operands, entries) -> str:
+    """"dense", "sparse" or "grouped": the cost model on the measured densities, then the grouped plan."""
+    densities = [e.density for e in entries if e is not None]
+    dense, _why = cost_model.choose_dense(densities, sum(t.numel() for t in operands))
+    if any(t.numel() == 0 for t in operands) or not densities:
+        return "dense"
+    if dense:
+        return "dense"
+    if _grouped_worth_it(text, operands, next(e for e in entries if e is not None)) and \
+            os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+        return "grouped"
+    return "sparse"
+
+
+def choose_path(text: str, operands) -> str:
+    """The path `run` takes for these operands."""
+    p = parse_program(text)
+    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    return _choose(text, operands, entries)
+
+
 def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:
-    """Run a region program; `force` ("dense" or "sparse") overrides the run-time choice."""
+    """Run a region program; `force` ("dense", "sparse" or "grouped") overrides the run-time choice."""
     p = parse_program(text)
     if len(operands) != len(p.operands):
         raise ValueError(f"scorch::region {p.name}: {len(p.operands)} operands expected, got {len(operands)}")
@@ -216,13 +328,12 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
     dtype = _result_dtype(p, operands)
     storage, back = _out_storage(text)
     entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
-    densities = [e.density for e in entries if e is not None]
-    dense, _why = cost_model.choose_dense(densities, sum(t.numel() for t in operands))
-    if any(t.numel() == 0 for t in operands) or not densities:
-        dense = True
-    if force is not None:
-        dense = force == "dense"
-    if dense:
+    path = force or _choose(text, operands, entries)
+    if path == "grouped":
+        stats["grouped_runs"] += 1
+        out = _run_grouped(p, text, operands, dtype)
+        out = out.permute([p.out.index(c) for c in storage])
+    elif path == "dense":
         stats["dense_runs"] += 1
         eq = ",".join(o.letters for o in p.operands) + "->" + storage
         out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])

@@ -59,7 +59,7 @@ class _Letters:
 
 @dataclass
 class _Term:
-    factors: list  # (leaf node, [letter per dim])
+    factors: list  # (leaf node, [letter per dim, None for a size-1 dim])
     dims: list  # letter per dimension of the value, None for a broadcast dimension of size 1
     coef: float = 1.0
 
@@ -75,6 +75,7 @@ class Fused:
     unit_dims: list = field(default_factory=list)  # output dimensions of size 1 to unsqueeze back
     bias: object = None  # a linear's bias, added after the region
     density: float = 1.0  # estimated combined density of the sparse factors
+    squeeze: list = field(default_factory=list)  # per leaf: its size-1 dimensions, squeezed before the region
 
 
 class Fuser:
@@ -93,8 +94,9 @@ class Fuser:
         shape = shape_of(x)
         if shape is None:
             raise FuseError(f"{x.name} has no known shape")
-        letters = [self.L.new(s) for s in shape]
-        return _Term([(x, letters)], [None if _is_one(s) else c for s, c in zip(shape, letters)])
+        # Dimensions of size 1 broadcast: they are squeezed away before the region (see rewrite).
+        dims = [None if _is_one(s) else self.L.new(s) for s in shape]
+        return _Term([(x, dims)], dims)
 
     def _build(self, node: fx.Node) -> _Term:
         view = op_of(node)
@@ -190,8 +192,9 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     unit_dims = [k for k, d in enumerate(term.dims) if d is None]
     operands, leaves, densities = [], [], []
     have = set()
+    squeeze = []
     for leaf, letters in term.factors:
-        text = "".join(char(c) for c in letters)
+        text = "".join(char(c) for c in letters if c is not None)
         if len(set(text)) != len(text):
             raise FuseError(f"{leaf.name} would be read along a diagonal")
         a = attrs.get(leaf.name, DENSE)
@@ -209,9 +212,12 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
         operands.append(Operand(text, kind, cached=a.weight))
         leaves.append(leaf)
+        squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
         if kind == "sparse":
             densities.append(a.density)
             have.add((leaf.name, text))
+            if a.support is not None and len(a.support.dims) == len(text):  # same zeros as its carrier
+                have.add((a.support.carrier, "".join(text[d] for d in a.support.dims)))
     # Pattern factors for inputs whose zeros another sparse value carries.
     for (leaf, letters), o in zip(list(term.factors), list(operands)):
         a = attrs.get(leaf.name, DENSE)
@@ -221,15 +227,19 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         carrier = next((n for n in leaf.graph.nodes if n.name == a.support.carrier), None)
         if carrier is None or ca.density >= threshold:
             continue
+        if any(letters[d] is None for d in a.support.dims) or \
+                any(_is_one(n) for n in (shape_of(carrier) or (1,))):
+            continue
         text = "".join(char(letters[d]) for d in a.support.dims)
         if (carrier.name, text) in have:
             continue
         have.add((carrier.name, text))
         operands.append(Operand(text, "pattern", cached=ca.weight, grad=False))
         leaves.append(carrier)
+        squeeze.append(())
         densities.append(ca.density)
     if not densities:
         raise FuseError("no sparse operand")
     density = min(densities)  # factors' patterns usually coincide (a gate and its pattern): not a product
     program = Program(tuple(operands), out, term.coef, frozen, name)
-    return Fused(program, leaves, unit_dims, bias, density)
+    return Fused(program, leaves, unit_dims, bias, density, squeeze)

@@ -1,6 +1,7 @@
 """partition: the regions of the graph worth running as sparse kernels.
 
-Capabilities: a region is rooted at a contraction (einsum, matmul, mm, bmm, linear) and grows upwards over
+Capabilities: a region starts at a contraction (einsum, matmul, mm, bmm, linear), takes in the scalar factors,
+negations and tensor products applied to its result (a linear's bias stops that), and grows upwards over
 the ops index notation can express without sums (mul, scalar mul/div, neg, unsqueeze, transpose, permute,
 t, clone, same-dtype casts), taking a producer only when all its users are in the region (so nothing is
 computed twice). It must read a sparse value: an input compressed at run time, or a pattern factor.
@@ -63,9 +64,9 @@ def _growable(node: fx.Node) -> bool:
     return True
 
 
-def _grow(root: fx.Node, taken: set) -> set:
-    members = {root}
-    work = [root]
+def _grow(chain: list, taken: set) -> set:
+    members = set(chain)
+    work = list(chain)
     while work:
         n = work.pop()
         for p in n.all_input_nodes:
@@ -98,10 +99,18 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
         view = op_of(node)
         if view.name not in CONTRACTIONS or node.name in taken:
             continue
-        members = _grow(node, taken)
+        root, chain = node, [node]
+        has_bias = view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None
+        while not has_bias and len(root.users) == 1:  # scalar factors, negation, masks applied to the result
+            user = next(iter(root.users))
+            if op_of(user).name not in ("aten.neg", "aten.mul", "aten.div") or not _growable(user):
+                break
+            root = user
+            chain.append(user)
+        members = _grow(chain, taken)
         name = f"region{len(regions)}"
         try:
-            fused = fuse(node, members, attrs, threshold, frozen, name)
+            fused = fuse(root, members, attrs, threshold, frozen, name)
         except FuseError as e:
             decisions.append(Decision(node.name, describe(node), f"left dense: {e}"))
             continue
@@ -111,6 +120,6 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
             continue
         est = crossover / max(fused.density, 1e-9)
         ordered = sorted(members, key=order.get)
-        regions.append(Region(name, node, ordered, fused, est, [describe(m) for m in ordered]))
+        regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered]))
         taken.update(m.name for m in members)
     return regions, decisions

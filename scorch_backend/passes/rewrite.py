@@ -19,6 +19,9 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
         f = r.fused
         leaves = [replaced.get(n, n) for n in f.leaves]
         with graph.inserting_before(root):
+            for k, dims in enumerate(f.squeeze):
+                if dims:
+                    leaves[k] = graph.call_function(torch.squeeze, (leaves[k], dims))
             out = graph.call_function(torch.ops.scorch.region.default, (r.program_text, leaves))
             for d in f.unit_dims:
                 out = graph.call_function(torch.unsqueeze, (out, d))

@@ -1,0 +1,321 @@
+"""The backend's passes, each on a graph captured from a small model: the graph before, the result expected."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import scorch_backend as sb
+from scorch_backend import region as R
+from scorch_backend.backend import _options, transform
+from scorch_backend.passes import discover, example_run, partition, propagate
+from scorch_backend.sparsity import Support
+
+THRESHOLD = 0.3
+
+
+def capture(model, *inputs):
+    """The Dynamo graph of model(*inputs) and its real example inputs."""
+    got = []
+
+    def backend(gm, example_inputs):
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    assert len(got) == 1
+    return got[0]
+
+
+def attrs_of(model, *inputs, threshold=THRESHOLD):
+    gm, ex = capture(model, *inputs)
+    attrs = discover(gm, ex, threshold)
+    propagate(gm, attrs, example_run(gm, ex), threshold)
+    return gm, ex, attrs
+
+
+def pruned_linear(i, o, density=0.1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(i, o)
+    with torch.no_grad():
+        lin.weight.mul_(torch.rand(lin.weight.shape, generator=g) < density)
+    return lin
+
+
+class MoE(nn.Module):
+    def __init__(self, d=8, h=12, n=4):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.n = n
+        self.router = nn.Linear(d, n)
+        self.w1 = nn.Parameter(torch.randn(n, d, h, generator=g) / 3)
+        self.w2 = nn.Parameter(torch.randn(n, h, d, generator=g) / 3)
+
+    def forward(self, x):
+        logits = self.router(x)
+        mask = F.one_hot(logits.argmax(-1), self.n).to(x.dtype)
+        gates = mask * torch.softmax(logits, -1)
+        xe = mask.unsqueeze(-1) * x.unsqueeze(1)
+        hid = torch.relu(torch.einsum("bnd,ndh->bnh", xe, self.w1))
+        y = torch.einsum("bnh,nhd->bnd", hid, self.w2)
+        return torch.einsum("bnd,bn->bd", y, gates)
+
+
+class MaskedAttention(nn.Module):
+    def __init__(self, s=16):
+        super().__init__()
+        mask = torch.zeros(s, s, dtype=torch.bool)
+        for i in range(0, s, 4):
+            mask[i:i + 4, i:i + 4] = True
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) * 0.5
+        scores = scores.masked_fill(~self.mask, float("-inf"))
+        return torch.softmax(scores, -1) @ v
+
+
+class TopK(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(6, 32)
+        self.dec = nn.Linear(32, 6)
+
+    def forward(self, x):
+        pre = self.enc(x)
+        v, i = pre.topk(3, -1)
+        z = torch.zeros_like(pre).scatter(-1, i, torch.relu(v))
+        return self.dec(z)
+
+
+def by_target(gm, text):
+    return [n for n in gm.graph.nodes if text in n.name]
+
+
+# --- discover ---------------------------------------------------------------------------------------------
+
+def test_discover_inputs_by_format_measurement_and_data():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = pruned_linear(40, 24)
+            self.b = nn.Linear(24, 24)
+            self.blocky = nn.Parameter(torch.kron(torch.eye(4), torch.ones(4, 4)))  # 4x4 blocks, density 1/4
+
+        def forward(self, A, x):
+            return A @ self.b(self.a(x)) + self.blocky.sum()
+
+    A = sb.sparse(torch.eye(5))
+    gm, ex, attrs = attrs_of(M(), A, torch.randn(5, 40))
+    names = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    a_w = next(k for k in names if "modules_a_parameters_weight" in k)
+    b_w = next(k for k in names if "modules_b_parameters_weight" in k)
+    blocky = next(k for k in names if "blocky" in k)
+    A_name = next(k for k in names if k.startswith("l_a"))
+    x_name = next(k for k in names if k.startswith("l_x"))
+    assert attrs[a_w].sparse and attrs[a_w].weight and abs(attrs[a_w].density - 0.1) < 0.05
+    assert attrs[a_w].origin == "measured weight" and attrs[a_w].pattern == "unstructured"
+    assert not attrs[b_w].sparse and attrs[b_w].density > 0.99
+    assert attrs[blocky].pattern == "block 4x4" and attrs[blocky].sparse
+    assert attrs[A_name].sparse and attrs[A_name].format == "csr" and attrs[A_name].density == pytest.approx(0.2)
+    assert not attrs[x_name].sparse and not attrs[x_name].weight  # data: never promised sparse
+
+
+# --- propagate --------------------------------------------------------------------------------------------
+
+def test_propagate_one_hot_through_dispatch_relu_and_combine():
+    gm, _, attrs = attrs_of(MoE(), torch.randn(10, 8))
+    oh = attrs["one_hot"]
+    assert oh.sparse and oh.density == pytest.approx(0.25) and oh.pattern == "one-hot"
+    assert oh.support == Support("one_hot", (0, 1))
+    assert attrs["mask"].support.carrier == "one_hot"  # the float cast keeps the zeros
+    assert attrs["xe"].support.carrier == "one_hot" and attrs["xe"].support.dims == (0, 1)
+    assert attrs["einsum"].support.dims == (0, 1)  # bnd,ndh->bnh keeps b and n
+    assert attrs["hid"].support.dims == (0, 1) and 0 < attrs["hid"].density <= 0.25  # relu: measured
+    assert attrs["y"].support.dims == (0, 1)
+    assert attrs["gates"].support.carrier == "one_hot"
+    assert not attrs["softmax"].sparse and attrs["softmax"].support is None
+    assert attrs["einsum_2"].support is None  # bnd,bn->bd sums n away: dense
+
+
+def test_propagate_masked_softmax_and_topk_scatter():
+    gm, _, attrs = attrs_of(MaskedAttention(), *[torch.randn(2, 16, 4) for _ in range(3)])
+    fill = next(n for n in attrs if n.startswith("scores_1"))
+    assert attrs[fill].neg_inf_outside is not None and attrs[fill].neg_inf_outside.dims == (1, 2)
+    sm = next(n for n in attrs if n.startswith("softmax"))
+    assert attrs[sm].support.carrier.startswith("l_self_buffers_mask") and attrs[sm].support.dims == (1, 2)
+    assert attrs[sm].density == pytest.approx(0.25)
+    gm, _, attrs = attrs_of(TopK(), torch.randn(5, 6))
+    z = "z"
+    assert attrs[z].sparse and attrs[z].density == pytest.approx(3 / 32) and attrs[z].pattern == "3 per row"
+
+
+def test_propagate_sum_of_different_supports_is_dense():
+    class M(nn.Module):
+        def forward(self, a, b):
+            return F.one_hot(a, 5).float() + F.one_hot(b, 5).float()
+
+    gm, _, attrs = attrs_of(M(), torch.tensor([1, 2]), torch.tensor([0, 4]))
+    add = next(n.name for n in gm.graph.nodes if n.op == "call_function" and "add" in n.name)
+    assert not attrs[add].sparse and attrs[add].support is None
+
+
+# --- partition and fuse -----------------------------------------------------------------------------------
+
+def regions_of(model, *inputs, threshold=THRESHOLD):
+    gm, ex, attrs = attrs_of(model, *inputs, threshold=threshold)
+    return partition(gm, attrs, threshold, frozen=False)
+
+
+def test_partition_pruned_mlp_two_regions_router_left_dense():
+    model = nn.Sequential(pruned_linear(32, 48), nn.ReLU(), pruned_linear(48, 8, seed=1), nn.Linear(8, 3))
+    regions, decisions = regions_of(model, torch.randn(4, 32))
+    assert len(regions) == 2
+    for r in regions:
+        assert r.fused.program.equation == "ac,bc->ab"
+        assert [o.kind for o in r.fused.program.operands] == ["dense", "sparse"]
+        assert r.fused.program.operands[1].cached and r.fused.bias is not None
+        assert r.estimated_speedup > 1
+    assert len(decisions) == 1 and "no sparse operand" in decisions[0].reason
+    # Under a lower threshold the weights are not sparse enough.
+    regions, decisions = regions_of(model, torch.randn(4, 32), threshold=0.05)
+    assert regions == [] and all("no sparse operand" in d.reason for d in decisions)
+
+
+def test_fuse_moe_dispatch_expert_and_combine():
+    regions, decisions = regions_of(MoE(), torch.randn(10, 8))
+    assert [r.fused.program.equation for r in regions] == ["ab,ad,bdc->abc", "abd,bdc,ab->abc", "acb,ac,ac->ab"]
+    kinds = [[o.kind for o in r.fused.program.operands] for r in regions]
+    assert kinds == [["sparse", "dense", "dense"], ["dense", "dense", "pattern"], ["dense", "sparse", "dense"]]
+    leaves = [[n.name for n in r.fused.leaves] for r in regions]
+    assert leaves[0][0] == "mask" and leaves[1][2] == "one_hot" and leaves[2][1] == "mask"
+    assert regions[0].ops == ["unsqueeze(mask, -1)", "unsqueeze(l_x_, 1)", "mul(unsqueeze, unsqueeze_1)",
+                              "einsum('bnd,ndh->bnh', xe, l_self_parameters_w1_)"]
+    assert "gates" in [m.name for m in regions[2].members]  # the gate product folds into the combine
+
+
+def test_fuse_attention_value_product_uses_the_mask_pattern():
+    regions, _ = regions_of(MaskedAttention(), *[torch.randn(2, 16, 4) for _ in range(3)])
+    assert len(regions) == 1
+    prog = regions[0].fused.program
+    assert prog.equation == "abd,adc,bd->abc"  # attn(batch, i, j) v(batch, j, e) mask(i, j)
+    assert [o.kind for o in prog.operands] == ["dense", "dense", "pattern"]
+
+
+def test_fuse_squeezes_size_one_dims_and_scalars():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = pruned_linear(12, 10)
+
+        def forward(self, x):
+            return -(x.transpose(1, 2) @ self.lin.weight.t()) / 4
+
+    regions, _ = regions_of(M(), torch.randn(1, 12, 5))
+    (r,) = regions
+    assert r.fused.program.equation == "ca,bc->ab" and r.fused.program.coef == -0.25
+    assert r.fused.squeeze[0] == (0,) and r.fused.unit_dims == [0]
+
+
+# --- rewrite (and the whole transform) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,inputs", [
+    (MoE, lambda: (torch.randn(10, 8),)),
+    (MaskedAttention, lambda: tuple(torch.randn(2, 16, 4) for _ in range(3))),
+    (TopK, lambda: (torch.randn(5, 6),)),
+    (lambda: nn.Sequential(pruned_linear(32, 48), nn.ReLU(), pruned_linear(48, 8)), lambda: (torch.randn(1, 32),)),
+])
+def test_rewrite_replaces_regions_and_keeps_values(make, inputs):
+    torch.manual_seed(0)
+    model, xs = make(), inputs()
+    gm, ex = capture(model, *xs)
+    expected = gm(*ex)
+    report = transform(gm, ex, _options(None))
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.scorch.region.default]
+    assert len(calls) == len(report.regions) >= 1
+    assert not any(n.target in (torch.functional.einsum, torch.matmul) for n in gm.graph.nodes
+                   if any(n.name == m.name for r in report.regions for m in r.members))
+    got = gm(*ex)
+    got, expected = (got[0], expected[0]) if isinstance(got, (tuple, list)) else (got, expected)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- the op's run-time paths, cache and options -----------------------------------------------------------
+
+def test_region_grouped_and_sparse_paths_match_dense_with_gradients():
+    g = torch.Generator().manual_seed(0)
+    b, n, d, h = 40, 3, 6, 7
+    mask = F.one_hot(torch.randint(0, n, (b,), generator=g), n).double()
+    x = torch.randn(b, d, dtype=torch.float64, generator=g)
+    w = torch.randn(n, d, h, dtype=torch.float64, generator=g)
+    prog = R.Program((R.Operand("ab", "sparse"), R.Operand("ad"), R.Operand("bdc")), "abc").text()
+    assert R.grouped_plan(prog) == (0, "a", "b")
+    want = R.run(prog, [mask, x, w], force="dense")
+    for path in ("grouped", "sparse"):
+        torch.testing.assert_close(R.run(prog, [mask, x, w], force=path), want)
+    for k in (1, 2):  # gradient programs run grouped too
+        text, which, _ = R.gradient_program(prog, k)
+        args = [torch.ones(b, n, h, dtype=torch.float64) if j < 0 else [mask, x, w][j] for j in which]
+        torch.testing.assert_close(R.run(text, args, force="grouped"), R.run(text, args, force="dense"))
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, c: torch.ops.scorch.region(prog, [mask, a, c]), (xr, wr))
+
+
+def test_region_weights_are_recompressed_after_in_place_update():
+    w = torch.zeros(6, 5)
+    w[0, 1] = 2.0
+    x = torch.randn(3, 5)
+    prog = R.Program((R.Operand("ik"), R.Operand("ok", "sparse", cached=True)), "io").text()
+    torch.testing.assert_close(R.run(prog, [x, w], force="sparse"), x @ w.t())
+    before = R.stats["compressions"]
+    R.run(prog, [x, w], force="sparse")
+    assert R.stats["compressions"] == before  # cached
+    with torch.no_grad():
+        w[3, 4] = -1.0  # an optimizer step: the version counter moves
+    torch.testing.assert_close(R.run(prog, [x, w], force="sparse"), x @ w.t())
+    assert R.stats["compressions"] == before + 1
+    frozen = R.Program((R.Operand("ik"), R.Operand("ok", "sparse", cached=True)), "io", frozen=True).text()
+    R.run(frozen, [x, w], force="sparse")
+    with torch.no_grad():
+        w[5, 0] = 1.0
+    stale = R.run(frozen, [x, w], force="sparse")  # frozen_weights=True promises this never happens
+    assert not torch.allclose(stale, x @ w.t())
+
+
+def test_region_op_passes_opcheck():
+    w = torch.randn(7, 5) * (torch.rand(7, 5) < 0.3)
+    prog = R.Program((R.Operand("ik"), R.Operand("ok", "sparse", cached=True)), "io").text()
+    torch.library.opcheck(torch.ops.scorch.region.default,
+                          (prog, [torch.randn(4, 5, requires_grad=True), w.requires_grad_()]))
+
+
+def test_backend_is_an_entry_point_and_checks_options():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert any(e.name == "scorch" and e.value == "scorch_backend.backend:scorch" for e in eps)
+    with pytest.raises(ValueError, match="unknown scorch backend option"):
+        _options({"sparse_treshold": 0.1})
+    with pytest.raises(ValueError, match="fallback"):
+        _options({"fallback": "tvm"})
+    with pytest.raises(ValueError, match="sparse_threshold"):
+        _options({"sparse_threshold": 2})
+    assert _options(None)["sparse_threshold"] == pytest.approx(sb.cost_model.crossover_density())
+
+
+def test_explain_reports_regions_and_writes_png(tmp_path):
+    model = nn.Sequential(pruned_linear(64, 96), nn.ReLU(), nn.Linear(96, 4))
+    rep = sb.explain(model, torch.randn(16, 64), png=str(tmp_path / "p.png"), repeat=2)
+    assert len(rep.regions) == 1
+    r = rep.regions[0]
+    assert r.measured_speedup is not None and r.measured_speedup > 0 and math.isfinite(r.estimated_speedup)
+    assert r.formats == ["dense", "csr"] and "order" in r.schedule
+    assert any(o["kind"] == "sparse" and "measured weight" in o["attr"] for o in r.operands)
+    assert rep.left_dense and "no sparse operand" in rep.left_dense[0][1]
+    text = str(rep)
+    assert "region0" in text and "schedule" in text and "Contractions left dense" in text
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
