@@ -12,6 +12,7 @@ reason, and so are the other ops, which Inductor (or eager) runs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -86,7 +87,8 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
     _backend._recorders.append(reports)
     _region._captures.append(captured)
     try:
-        compiled = torch.compile(model, backend="scorch", options=options)
+        # A backend object of its own: a model already compiled with "scorch" is compiled again (and seen).
+        compiled = torch.compile(model, backend=functools.partial(_backend.scorch, options=options))
         with torch.no_grad():
             compiled(*inputs)
     finally:

@@ -41,6 +41,11 @@ class Operand:
     kind: str = "dense"  # "dense" | "sparse" | "pattern"
     cached: bool = False  # a parameter or buffer: compress once per version of the tensor
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
+    expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
+
+    @property
+    def tensor_letters(self) -> str:
+        return self.letters[self.expand:]
 
 
 @dataclass(frozen=True)
@@ -53,10 +58,10 @@ class Program:
 
     @property
     def equation(self) -> str:
-        return ",".join(o.letters for o in self.operands) + "->" + self.out
+        return ",".join(o.tensor_letters for o in self.operands) + "->" + self.out
 
     def text(self) -> str:
-        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad] for o in self.operands],
+        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand] for o in self.operands],
                            "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name},
                           separators=(",", ":"))
 
@@ -64,7 +69,7 @@ class Program:
 @functools.lru_cache(maxsize=4096)
 def parse_program(text: str) -> Program:
     d = json.loads(text)
-    ops = tuple(Operand(letters, kind, bool(cached), bool(grad)) for letters, kind, cached, grad in d["operands"])
+    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]) if len(o) > 4 else 0) for o in d["operands"])
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""))
     _validate(prog)
     return prog
@@ -77,6 +82,8 @@ def _validate(p: Program) -> None:
             raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
         if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):
             raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
+        if o.expand and (o.kind != "pattern" or o.expand > len(o.letters)):
+            raise ValueError("scorch::region: only pattern operands broadcast")
         seen.update(o.letters)
     if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
         raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")
@@ -110,7 +117,7 @@ def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
 def _out_shape(p: Program, operands) -> list:
     sizes = {}
     for o, t in zip(p.operands, operands):
-        for c, n in zip(o.letters, t.shape):
+        for c, n in zip(o.tensor_letters, t.shape):
             sizes.setdefault(c, n)
     return [sizes[c] for c in p.out]
 
@@ -165,21 +172,44 @@ def _entry(t: torch.Tensor, cached: bool, frozen: bool) -> _Entry:
     return e
 
 
-def _sparse_of(t: torch.Tensor, e: _Entry, kind: str, dtype: torch.dtype):
+def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes: dict):
     from .convert import sparse
 
-    got = e.sparse.get((kind, dtype))
+    lead = tuple(sizes[c] for c in o.letters[:o.expand])
+    got = e.sparse.get((o.kind, dtype, lead))
     if got is None:
         stats["compressions"] += 1
         src = t.detach()
-        if kind == "pattern":
+        if o.kind == "pattern":
             src = (src != 0).to(dtype)
+            if lead:
+                src = src.reshape((1,) * len(lead) + tuple(src.shape)).expand(lead + tuple(src.shape))
         elif src.dtype != dtype:
             src = src.to(dtype)
-        got = sparse(src, "csr" if t.dim() >= 2 else "compressed" if t.dim() == 1 else "dense",
+        got = sparse(src, "csr" if src.dim() >= 2 else "compressed" if src.dim() == 1 else "dense",
                      index_dtype=_INDEX_DTYPE)
-        e.sparse[(kind, dtype)] = got
+        e.sparse[(o.kind, dtype, lead)] = got
     return got
+
+
+_layouts: dict[int, tuple] = {}  # id(weight) -> (weakref, version, meta, (perm, dtype), laid-out copy)
+
+
+def _laid_out(t: torch.Tensor, perm: list, dtype: torch.dtype, cached: bool, frozen: bool) -> torch.Tensor:
+    """t in the dimension order `perm`, contiguous; for a weight, kept until the weight changes."""
+    if perm == sorted(perm) and t.dtype == dtype and t.is_contiguous():
+        return t.detach()
+    key = (tuple(perm), dtype)
+    if cached:
+        got = _layouts.get(id(t))
+        if got is not None and got[0]() is t and got[2] == _meta(t) and got[3] == key and \
+                (frozen or got[1] == t._version):
+            return got[4]
+    out = t.detach().to(dtype).permute(perm).contiguous()
+    if cached:
+        _layouts[id(t)] = (weakref.ref(t), t._version, _meta(t), key, out)
+        weakref.finalize(t, _layouts.pop, id(t), None)
+    return out
 
 
 def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tensor:
@@ -188,20 +218,27 @@ def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tens
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _sizes(p: Program, operands) -> dict:
+    sizes = {}
+    for o, t in zip(p.operands, operands):
+        sizes.update(zip(o.tensor_letters, t.shape))
+    return sizes
+
+
 def _sparse_call(p: Program, text: str, operands, entries, dtype):
     """The einsum the sparse kernel runs: compressed operands as SparseTensors, dense ones laid out in loop
     order, the output in its storage order."""
     storage, _ = _out_storage(text)
     order = _loop_letters(p)
+    sizes = _sizes(p, operands)
     args, letters = [], []
     for o, t, e in zip(p.operands, operands, entries):
         if e is not None:
-            args.append(_sparse_of(t, e, o.kind, dtype))
+            args.append(_sparse_of(t, e, o, dtype, sizes))
             letters.append(o.letters)
         else:
             want = "".join(sorted(o.letters, key=order.index))
-            perm = [o.letters.index(c) for c in want]
-            args.append(t.detach().to(dtype).permute(perm).contiguous())
+            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen))
             letters.append(want)
     return ",".join(letters) + "->" + storage, args
 
@@ -251,9 +288,7 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
     nz = S.t().nonzero()  # (q, p) pairs, sorted by q
     qs, ps = nz[:, 0], nz[:, 1]
     counts = torch.bincount(qs, minlength=S.shape[1]).tolist()
-    sizes = {}
-    for o, t in zip(p.operands, operands):
-        sizes.update(zip(o.letters, t.shape))
+    sizes = _sizes(p, operands)
     out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
     others = [(o, t if t.dtype == dtype or o.kind == "pattern" else t.to(dtype))
               for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
@@ -267,7 +302,7 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
         for o, t in others:
             if o.kind == "pattern":
                 t = (t != 0).to(dtype)
-            lt = o.letters
+            lt = o.tensor_letters
             if ql in lt:
                 t = t.select(lt.index(ql), q)
                 lt = lt.replace(ql, "")
@@ -335,7 +370,7 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
         out = out.permute([p.out.index(c) for c in storage])
     elif path == "dense":
         stats["dense_runs"] += 1
-        eq = ",".join(o.letters for o in p.operands) + "->" + storage
+        eq = ",".join(o.tensor_letters for o in p.operands) + "->" + storage
         out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])
     else:
         from .frontend import _einsum
@@ -429,6 +464,7 @@ region.register_autograd(_backward, setup_context=_setup_context)
 def clear_cache() -> None:
     """Forget every compressed weight (they are rebuilt on next use)."""
     _cache.clear()
+    _layouts.clear()
 
 
 def debug_enabled() -> bool:

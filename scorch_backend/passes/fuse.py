@@ -169,6 +169,23 @@ class Fuser:
         return _Term(factors, [bound.get(c) for c in out], coef)
 
 
+def _broadcast_patterns(operands: list, out: str) -> list:
+    """Give a pattern factor the batch letters that the output and every dense operand share (attention
+    heads: mask(i, j) for scores(b, i, j)), so the kernel's loops run batch-outermost over the dense operands'
+    natural layout instead of transposing them. A pattern has no values: broadcasting it costs only indices."""
+    dense = [o.letters for o in operands if o.kind == "dense"]
+    if not dense:
+        return operands
+    common = [c for c in out if all(c in d for d in dense)]
+    result = []
+    for o in operands:
+        lead = "".join(c for c in common if c not in o.letters)
+        if o.kind == "pattern" and lead:
+            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead))
+        result.append(o)
+    return result
+
+
 def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str) -> Fused:
     """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none."""
     fuser = Fuser(members, attrs)
@@ -240,6 +257,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         densities.append(ca.density)
     if not densities:
         raise FuseError("no sparse operand")
+    operands = _broadcast_patterns(operands, out)
     density = min(densities)  # factors' patterns usually coincide (a gate and its pattern): not a product
     program = Program(tuple(operands), out, term.coef, frozen, name)
     return Fused(program, leaves, unit_dims, bias, density, squeeze)
