@@ -118,7 +118,8 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
             rec.append(report)
         if os.environ.get("SCORCH_DEBUG", "0") not in ("", "0"):
             for r in report.regions:
-                print(f"[scorch] {r.name}: {r.fused.program.equation}  ops: {'; '.join(r.ops)}", file=sys.stderr)
+                what = r.fused.program.equation if r.fused is not None else "masked attention"
+                print(f"[scorch] {r.name}: {what}  ops: {'; '.join(r.ops)}", file=sys.stderr)
             for d in report.decisions:
                 print(f"[scorch] {d.op}: {d.reason}", file=sys.stderr)
     if opts["fallback"] == "eager":

@@ -11,10 +11,15 @@ over the sparse work, each sparse entry costing 1/crossover dense ones.
 
 Values that are SparseTensors are not put in regions: their ops already run as Scorch kernels through
 SparseTensor's dispatch rules when AOTAutograd traces the graph.
+
+One idiom is matched whole: softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v with a sparse mask becomes a
+masked-attention region (scorch_backend/attention.py: sampled scores, sparse softmax, sparse product), since
+the softmax between the two products is not index notation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -34,13 +39,76 @@ class Region:
     name: str
     root: fx.Node
     members: list  # fx nodes, topological order
-    fused: Fused
+    fused: Fused | None  # the einsum (None for a masked-attention region)
     estimated_speedup: float
     ops: list = field(default_factory=list)  # readable forms of the members
+    attention: tuple | None = None  # (q, k, v, mask, scale) of a masked-attention region
 
     @property
     def program_text(self) -> str:
-        return self.fused.program.text()
+        return self.fused.program.text() if self.fused is not None else ""
+
+
+def _single_user(n) -> bool:
+    return isinstance(n, fx.Node) and len(n.users) == 1
+
+
+def _last_two_swapped(node: fx.Node) -> bool:
+    view = op_of(node)
+    r = len(example(node).shape) if isinstance(example(node), torch.Tensor) else 0
+    if view.name == "aten.t":
+        return r == 2
+    if view.name == "aten.transpose" and len(view.args) == 3:
+        return {a % r for a in view.args[1:]} == {r - 2, r - 1} if r >= 2 else False
+    return False
+
+
+def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
+    """(members, q, k, v, mask, scale) when `node` ends softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v."""
+    view = op_of(node)
+    if view.name != "aten.matmul" or len(view.args) != 2:
+        return None
+    attn, v = view.args
+    if not _single_user(attn) or op_of(attn).name != "aten.softmax":
+        return None
+    sm = op_of(attn)
+    dim = sm.args[1] if len(sm.args) > 1 else sm.kwargs.get("dim")
+    rank = len(example(attn).shape)
+    if not isinstance(dim, int) or dim % rank != rank - 1:
+        return None
+    filled = sm.args[0]
+    if not _single_user(filled) or op_of(filled).name != "aten.masked_fill" or len(filled.args) != 3:
+        return None
+    x, notmask, value = filled.args
+    if not (isinstance(value, float) and math.isinf(value) and value < 0):
+        return None
+    if not isinstance(notmask, fx.Node) or op_of(notmask).name != "aten.bitwise_not":
+        return None
+    mask = notmask.args[0]
+    members, scale = [node, attn, filled], 1.0
+    if _single_user(notmask):
+        members.append(notmask)
+    xv = op_of(x)
+    if xv.name in ("aten.mul", "aten.div") and _single_user(x) and isinstance(xv.args[1], (int, float)):
+        scale = float(xv.args[1]) if xv.name == "aten.mul" else 1.0 / float(xv.args[1])
+        members.append(x)
+        x = xv.args[0]
+    if not _single_user(x) or op_of(x).name != "aten.matmul":
+        return None
+    q, kt = op_of(x).args[:2]
+    if not _single_user(kt) or not _last_two_swapped(kt):
+        return None
+    members += [x, kt]
+    k = op_of(kt).args[0]
+    shapes = [example(t).shape if isinstance(example(t), torch.Tensor) else None for t in (q, k, v, mask)]
+    if any(s is None for s in shapes) or not len(shapes[0]) == len(shapes[1]) == len(shapes[2]) >= 2:
+        return None
+    if len(shapes[3]) != 2 or any(example(t).dtype not in (torch.float32, torch.float64) for t in (q, k, v)):
+        return None
+    a = attrs.get(mask.name)
+    if a is None or a.density >= threshold:
+        return None
+    return members, q, k, v, mask, scale, a.density
 
 
 @dataclass
@@ -95,6 +163,15 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
     regions, decisions, taken = [], [], set()
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     crossover = cost_model.crossover_density()
+    for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
+        found = _masked_attention(node, attrs, threshold)
+        if found is None or any(m.name in taken for m in found[0]):
+            continue
+        members, q, k, v, mask, scale, density = found
+        ordered = sorted(members, key=order.get)
+        regions.append(Region(f"region{len(regions)}", node, ordered, None, crossover / max(density, 1e-9),
+                              [describe(m) for m in ordered], (q, k, v, mask, scale)))
+        taken.update(m.name for m in members)
     for node in gm.graph.nodes:
         view = op_of(node)
         if view.name not in CONTRACTIONS or node.name in taken:

@@ -8,7 +8,18 @@ import operator
 import torch
 from torch import fx
 
+from ..attention import masked_attention as _attention_op  # noqa: F401  (registers scorch::masked_attention)
 from ..region import region as _region_op  # noqa: F401  (registers scorch::region)
+
+
+def _replace(graph, r, out, replaced: dict) -> None:
+    root = r.root
+    out.meta.update({k: v for k, v in root.meta.items() if k in ("example_value", "val", "stack_trace")})
+    root.replace_all_uses_with(out)
+    replaced[root] = out
+    for m in reversed(r.members):
+        if not m.users:
+            graph.erase_node(m)
 
 
 def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
@@ -17,6 +28,13 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
     for r in regions:
         root = r.root
         f = r.fused
+        if f is None:  # masked attention
+            q, k, v, mask, scale = r.attention
+            with graph.inserting_before(root):
+                out = graph.call_function(torch.ops.scorch.masked_attention.default,
+                                          tuple(replaced.get(n, n) for n in (q, k, v, mask)) + (scale,))
+            _replace(graph, r, out, replaced)
+            continue
         leaves = [replaced.get(n, n) for n in f.leaves]
         with graph.inserting_before(root):
             for k, dims in enumerate(f.squeeze):
@@ -27,12 +45,7 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
                 out = graph.call_function(torch.unsqueeze, (out, d))
             if f.bias is not None:
                 out = graph.call_function(operator.add, (out, replaced.get(f.bias, f.bias)))
-        out.meta.update({k: v for k, v in root.meta.items() if k in ("example_value", "val", "stack_trace")})
-        root.replace_all_uses_with(out)
-        replaced[root] = out
-        for m in reversed(r.members):
-            if not m.users:
-                graph.erase_node(m)
+        _replace(graph, r, out, replaced)
     graph.lint()
     gm.recompile()
     return gm

@@ -201,11 +201,18 @@ def test_fuse_moe_dispatch_expert_and_combine():
 
 
 def test_fuse_attention_value_product_uses_the_mask_pattern():
-    regions, _ = regions_of(MaskedAttention(), *[torch.randn(2, 16, 4) for _ in range(3)])
-    assert len(regions) == 1
+    class AlsoReturnsProbabilities(MaskedAttention):  # the probabilities escape: no attention region
+        def forward(self, q, k, v):
+            scores = (q @ k.transpose(-2, -1)).masked_fill(~self.mask, float("-inf"))
+            attn = torch.softmax(scores, -1)
+            return attn @ v, attn
+
+    regions, _ = regions_of(AlsoReturnsProbabilities(), *[torch.randn(2, 16, 4) for _ in range(3)])
+    assert len(regions) == 1 and regions[0].fused is not None
     prog = regions[0].fused.program
     assert prog.equation == "abd,adc,bd->abc"  # attn(batch, i, j) v(batch, j, e) mask(i, j)
     assert [o.kind for o in prog.operands] == ["dense", "dense", "pattern"]
+    assert prog.operands[2].letters == "abd" and prog.operands[2].expand == 1  # broadcast over the batch
 
 
 def test_fuse_squeezes_size_one_dims_and_scalars():
@@ -237,7 +244,8 @@ def test_rewrite_replaces_regions_and_keeps_values(make, inputs):
     gm, ex = capture(model, *xs)
     expected = gm(*ex)
     report = transform(gm, ex, _options(None))
-    calls = [n for n in gm.graph.nodes if n.target is torch.ops.scorch.region.default]
+    calls = [n for n in gm.graph.nodes
+             if n.target in (torch.ops.scorch.region.default, torch.ops.scorch.masked_attention.default)]
     assert len(calls) == len(report.regions) >= 1
     assert not any(n.target in (torch.functional.einsum, torch.matmul) for n in gm.graph.nodes
                    if any(n.name == m.name for r in report.regions for m in r.members))
@@ -319,3 +327,25 @@ def test_explain_reports_regions_and_writes_png(tmp_path):
     text = str(rep)
     assert "region0" in text and "schedule" in text and "Contractions left dense" in text
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_partition_masked_attention_idiom_becomes_one_region():
+    class Scaled(MaskedAttention):
+        def forward(self, q, k, v):
+            scores = torch.matmul(q, k.transpose(2, 3)) / 2.0
+            return torch.softmax(scores.masked_fill(~self.mask, float("-inf")), dim=-1) @ v
+
+    xs = [torch.randn(2, 3, 16, 4, dtype=torch.float64) for _ in range(3)]
+    gm, ex, attrs = attrs_of(Scaled(), *xs)
+    regions, _ = partition(gm, attrs, THRESHOLD, frozen=False)
+    (r,) = regions
+    assert r.fused is None and r.attention[4] == 0.5
+    assert [n.name for n in r.attention[:3]] == ["l_q_", "l_k_", "l_v_"]
+    assert sorted(op.split("(")[0] for op in r.ops) == ["bitwise_not", "div", "masked_fill", "matmul", "matmul",
+                                                         "softmax", "transpose"]
+    expected = gm(*ex)[0]
+    transform(gm, ex, _options({"sparse_threshold": THRESHOLD}))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [torch.ops.scorch.masked_attention.default]
+    torch.testing.assert_close(gm(*ex)[0], expected)
+    qs = [x.clone().requires_grad_() for x in xs]
+    assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.scorch.masked_attention(q, k, v, ex[2], 0.5), qs)

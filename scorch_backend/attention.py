@@ -1,0 +1,152 @@
+"""`scorch::masked_attention`: softmax(mask ? q k^T * scale : -inf) @ v, computed only where the mask is set.
+
+The backend rewrites the dense masked-attention idiom (scores = q @ k^T * c; scores.masked_fill(~mask, -inf);
+softmax; @ v) into this op when the mask is sparse. It runs three sparse steps over the mask's pattern
+(batched CSR, broadcast over the batch dimensions): the sampled product q k^T at the stored positions
+(SDDMM), a softmax over each row's stored scores, and the product of those probabilities with v (SpMM). The
+backward pass is sparse as well: dv = P^T g, dP = (g v^T) sampled at the pattern, the softmax backward on the
+stored values, then dq = dS k and dk = dS^T q. Where the mask is too dense to pay, the dense formula runs.
+
+A row with no stored position is NaN, as in the dense formula (softmax over only -inf).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import cost_model
+from . import region as _region
+
+
+def _flat(q, k, v):
+    batch = q.shape[:-2]
+    nb = math.prod(batch) if len(batch) else 1
+    return batch, q.reshape(nb, q.shape[-2], q.shape[-1]), k.reshape(nb, k.shape[-2], k.shape[-1]), \
+        v.reshape(nb, v.shape[-2], v.shape[-1])
+
+
+_PATTERN = _region.Operand("aij", "pattern", cached=True, grad=False, expand=1)
+
+
+def _pattern(mask: torch.Tensor, nb: int, dtype: torch.dtype, frozen: bool = False):
+    e = _region._entry(mask, True, frozen)
+    return e, _region._sparse_of(mask, e, _PATTERN, dtype, {"a": nb})
+
+
+def _rows(P) -> tuple[torch.Tensor, torch.Tensor, int]:
+    pos = P.level_buffers["pos2"].to(torch.int64)
+    counts = pos[1:] - pos[:-1]
+    nrows = counts.numel()
+    return torch.repeat_interleave(torch.arange(nrows), counts), counts, nrows
+
+
+def _probabilities(P, q3, k3, scale: float):
+    from .frontend import _einsum
+
+    s = _einsum("aij,aie,aje->aij", [P, q3, k3], None, choose=False).stored_values * scale
+    row, counts, nrows = _rows(P)
+    m = torch.full((nrows,), float("-inf"), dtype=s.dtype).scatter_reduce(0, row, s, "amax", include_self=True)
+    e = torch.exp(s - m[row])
+    total = torch.zeros(nrows, dtype=s.dtype).index_add_(0, row, e)
+    return e / total[row], row, counts
+
+
+def _dense_forward(q, k, v, mask, scale):
+    scores = (q @ k.transpose(-2, -1)) * scale
+    return torch.softmax(scores.masked_fill(mask == 0, float("-inf")), -1) @ v
+
+
+def _use_dense(mask, q, k) -> bool:
+    e = _region._entry(mask, True, False)
+    dense, _ = cost_model.choose_dense([e.density], q.numel() + k.numel() + mask.numel())
+    return dense
+
+
+def _check(q, k, v, mask):
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(f"masked_attention: q, k, v must have the same rank >= 2, got {q.dim()}, {k.dim()}, {v.dim()}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"masked_attention: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do "
+                         "not agree")
+    if tuple(mask.shape) != (q.shape[-2], k.shape[-2]):
+        raise ValueError(f"masked_attention: mask of shape {tuple(mask.shape)}, expected "
+                         f"{(q.shape[-2], k.shape[-2])}")
+
+
+def capture_key(scale: float) -> str:
+    return f"masked_attention scale={scale!r}"
+
+
+def run(q, k, v, mask, scale: float, force: str | None = None) -> torch.Tensor:
+    """The forward pass; `force` ("dense" or "sparse") overrides the run-time choice."""
+    _check(q, k, v, mask)
+    for rec in _region._captures:
+        rec.append((capture_key(scale), [t.detach() for t in (q, k, v, mask)]))
+    dense = _use_dense(mask, q, k) if force is None else force == "dense"
+    if dense or q.numel() == 0 or v.numel() == 0:
+        return _dense_forward(q, k, v, mask, scale).contiguous()
+    from .frontend import _einsum
+
+    batch, q3, k3, v3 = _flat(q, k, v)
+    _, P = _pattern(mask, q3.shape[0], q.dtype)
+    p, _, counts = _probabilities(P, q3, k3, scale)
+    out = _einsum("aij,ajf->aif", [P.with_values(p), v3], "dense", choose=False)
+    out = out.masked_fill((counts == 0).reshape(out.shape[0], out.shape[1], 1), float("nan"))
+    return out.reshape(*batch, q.shape[-2], v.shape[-1])
+
+
+@torch.library.custom_op("scorch::masked_attention", mutates_args=())
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    return run(q, k, v, mask, scale)
+
+
+@masked_attention.register_fake
+def _(q, k, v, mask, scale):
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
+
+
+@torch.library.custom_op("scorch::masked_attention_backward", mutates_args=())
+def masked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                              scale: float, grad: torch.Tensor) -> list[torch.Tensor]:
+    if _use_dense(mask, q, k) or q.numel() == 0 or v.numel() == 0:
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out = _dense_forward(*leaves, mask, scale)
+            return list(torch.autograd.grad(out, leaves, grad))
+    from .frontend import _einsum
+
+    batch, q3, k3, v3 = _flat(q, k, v)
+    g3 = grad.reshape(q3.shape[0], q3.shape[1], v3.shape[-1])
+    _, P = _pattern(mask, q3.shape[0], q.dtype)
+    p, row, _ = _probabilities(P, q3, k3, scale)
+    A = P.with_values(p)
+    dv = _einsum("aij,aif->ajf", [A, g3], "dense", choose=False)
+    dp = _einsum("aij,aif,ajf->aij", [P, g3, v3], None, choose=False).stored_values
+    weighted = torch.zeros(P.level_buffers["pos2"].numel() - 1, dtype=p.dtype).index_add_(0, row, p * dp)
+    ds = P.with_values(p * (dp - weighted[row]) * scale)
+    dq = _einsum("aij,aje->aie", [ds, k3], "dense", choose=False)
+    dk = _einsum("aij,aie->aje", [ds, q3], "dense", choose=False)
+    return [dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)]
+
+
+@masked_attention_backward.register_fake
+def _(q, k, v, mask, scale, grad):
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, mask, scale = inputs
+    ctx.scale = scale
+    ctx.save_for_backward(q, k, v, mask)
+
+
+def _backward(ctx, grad):
+    q, k, v, mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.scorch.masked_attention_backward(q, k, v, mask, ctx.scale, grad.contiguous())
+    return dq, dk, dv, None, None
+
+
+masked_attention.register_autograd(_backward, setup_context=_setup)
