@@ -14,7 +14,6 @@ import math
 import os
 import pathlib
 import statistics
-import time
 
 import torch
 
@@ -22,20 +21,10 @@ os.environ["SCORCH_DISPATCH"] = "sparse"  # time the kernels themselves
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import datasets  # noqa: E402
+from scorch_backend.bench import measure  # noqa: E402
 
 DENSITIES = [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9]
 SHAPES = [(256, 256, 64), (512, 512, 128), (1024, 1024, 64), (2048, 512, 128)]
-
-
-def median_time(fn, repeats=7, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def crossover(shape, seed=0):
@@ -45,8 +34,8 @@ def crossover(shape, seed=0):
     for d in DENSITIES:
         A = datasets.random_matrix(m, k, d, seed=seed)
         S = sb.sparse(A, "csr")
-        t_sparse = median_time(lambda: sb.einsum("ij,jk->ik", S, B))
-        t_dense = median_time(lambda: torch.mm(A, B))
+        t_sparse = measure(lambda: sb.einsum("ij,jk->ik", S, B)).median  # 2 warm-ups, median of 7
+        t_dense = measure(lambda: torch.mm(A, B)).median
         ratios.append((d, t_dense / t_sparse))
         print(f"  {m}x{k} @ {k}x{n}  density {d:<5} sparse {t_sparse * 1e6:9.1f} us  dense {t_dense * 1e6:9.1f} us  "
               f"dense/sparse {t_dense / t_sparse:6.2f}")

@@ -57,6 +57,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import datasets  # noqa: E402
+from scorch_backend.bench import measure, stream_triad  # noqa: E402
 
 KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp")
 N_SPMM = 128
@@ -103,27 +104,10 @@ def log(*a):
 
 def bench(fn, warmup: int, repeats: int, budget: float) -> dict:
     """Median of at least `repeats` timed calls after `warmup` calls; slow calls shorten the run (at least 3
-    samples, or 1 when a single call takes longer than twice the budget)."""
-    t0 = time.perf_counter()
-    for k in range(warmup):
-        t = time.perf_counter()
-        fn()
-        if time.perf_counter() - t > budget and k == 0:
-            break
-    times = []
-    start = time.perf_counter()
-    # Fast calls get more samples (up to 50x, for at least a tenth of the budget) to steady the median.
-    while len(times) < repeats or (time.perf_counter() - start < budget / 10 and len(times) < 50 * repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-        spent = time.perf_counter() - start
-        if (len(times) >= 3 and spent > budget) or (len(times) >= 1 and times[0] > budget * 2):
-            break
-    times.sort()
-    n = len(times)
-    median = times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
-    return {"median_s": median, "min_s": times[0], "samples": n, "wall_s": time.perf_counter() - t0}
+    samples, or 1 when a single call takes longer than twice the budget); fast calls get more samples (up to
+    50x, for at least a tenth of the budget) to steady the median."""
+    return measure(fn, warmup=warmup, repeat=repeats, min_time=budget / 10, max_repeat=50 * repeats,
+                   budget=budget, min_samples=3).to_dict()
 
 
 def nbytes(x) -> int:
@@ -221,32 +205,7 @@ def check_sparse(got: sb.SparseTensor, ref: sp.csr_array) -> tuple[bool, str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# STREAM triad
-
-
-def stream_triad(threads: int, log2n: int = 25) -> dict:
-    out = {}
-    n = 1 << log2n
-    for dtype in (torch.float32, torch.float64):
-        b = torch.rand(n, dtype=dtype)
-        c = torch.rand(n, dtype=dtype)
-        a = torch.empty(n, dtype=dtype)
-        s = 3.0
-        for _ in range(2):
-            torch.add(b, c, alpha=s, out=a)
-        times = []
-        for _ in range(10):
-            t = time.perf_counter()
-            torch.add(b, c, alpha=s, out=a)  # a = b + s*c, one pass
-            times.append(time.perf_counter() - t)
-        times.sort()
-        moved = 3 * n * b.element_size()
-        name = str(dtype).replace("torch.", "")
-        out[name] = {"elements": n, "bytes": moved, "best_s": times[0], "median_s": times[len(times) // 2],
-                     "best_gbps": moved / times[0] / 1e9, "median_gbps": moved / times[len(times) // 2] / 1e9}
-        del a, b, c
-    out["threads"] = threads
-    return out
+# contention probe (the STREAM triad is scorch_backend.bench.stream_triad)
 
 
 _PROBE: dict = {}

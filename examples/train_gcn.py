@@ -9,8 +9,6 @@ of the edge weights (computed only at the graph's edges), are compiled kernels t
 """
 
 import argparse
-import os
-import statistics
 import sys
 import time
 
@@ -21,57 +19,9 @@ import torch.nn.functional as F
 
 import scorch_backend as sb
 from scorch_backend import datasets
-
-
-def load_planetoid(root, name):
-    """(adjacency CSR, features CSR, labels, train, val, test index tensors), or None when absent."""
-    import scipy.sparse as sp
-
-    d = os.path.join(str(root), "planetoid", "derived") if root else None
-    if not d or not os.path.exists(os.path.join(d, f"{name}_adj.npz")):
-        return None
-    adj = sp.load_npz(os.path.join(d, f"{name}_adj.npz")).tocsr()
-    feats = sp.load_npz(os.path.join(d, f"{name}_features.npz")).tocsr()
-    labels = torch.from_numpy(np.load(os.path.join(d, f"{name}_labels.npy"), allow_pickle=False).astype(np.int64))
-    split = np.load(os.path.join(d, f"{name}_splits_labels_onehot.npz"), allow_pickle=False)
-    n_train = split["y"].shape[0]
-    train = torch.arange(n_train)
-    val = torch.arange(n_train, n_train + 500)
-    test = torch.from_numpy(split["test_index"].astype(np.int64))
-    return adj, feats, labels, train, val, test
-
-
-def generated_graph(n=2708, classes=7, feats=1433, seed=0):
-    """A stochastic block model with class-correlated bag-of-words features (no data folder needed)."""
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, classes, n)
-    src = rng.integers(0, n, 6 * n)
-    same = rng.random(6 * n) < 0.8  # most edges stay within a class
-    dst = np.where(same, rng.permutation(n)[np.searchsorted(np.sort(labels), labels[src]) % n], rng.integers(0, n, 6 * n))
-    dst = np.array([rng.choice(np.flatnonzero(labels == labels[s])) if k else d
-                    for s, d, k in zip(src[:4 * n], dst[:4 * n], same[:4 * n])] + list(dst[4 * n:]))
-    src = src[: dst.size]
-    adj = sp.coo_array((np.ones(src.size, np.float32), (src, dst)), shape=(n, n)).tocsr()
-    adj = ((adj + adj.T) > 0).astype(np.float32)
-    words = rng.integers(0, feats, (n, 18)) // classes * classes + labels[:, None]
-    words = np.minimum(words, feats - 1)
-    x = sp.coo_array((np.ones(words.size, np.float32), (np.repeat(np.arange(n), 18), words.ravel())),
-                     shape=(n, feats)).tocsr()
-    x.data[:] = 1
-    perm = torch.from_numpy(rng.permutation(n))
-    return adj, x, torch.from_numpy(labels), perm[:140], perm[140:640], perm[1708:]
-
-
-def normalized_adjacency(adj):
-    """D^-1/2 (A + I) D^-1/2 as scipy CSR."""
-    import scipy.sparse as sp
-
-    a = (adj + sp.eye(adj.shape[0], dtype=np.float32, format="csr")).tocsr()
-    a.data[:] = 1.0
-    d = np.asarray(a.sum(1)).ravel() ** -0.5
-    return (sp.diags(d) @ a @ sp.diags(d)).tocsr().astype(np.float32)
+from scorch_backend.bench import measure
+# The Planetoid loaders moved to the model zoo; they stay importable from here (benchmarks/gcn.py uses them).
+from scorch_backend.bench.zoo import generated_graph, load_planetoid, normalized_adjacency  # noqa: F401
 
 
 def glorot(rows, cols, g):
@@ -156,14 +106,7 @@ def bench(models, x_of, labels, train_idx, repeats=20):
         def step():
             m.zero_grad()
             F.cross_entropy(m(x)[train_idx], labels[train_idx]).backward()
-        for _ in range(3):
-            step()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-        out[name] = statistics.median(times)
+        out[name] = measure(step, warmup=3, repeat=repeats).median
     return out
 
 

@@ -1,0 +1,136 @@
+"""One timing helper for every benchmark in the project.
+
+    t = measure(fn)                                   # 2 untimed calls, then the median of 7 timed calls
+    t = measure(fn, warmup=1, repeat=3, budget=0.5)   # slow calls cut the run short (see `measure`)
+    t.median, t.min, t.samples, t.to_dict()
+
+`stream_triad()` measures the memory bandwidth a benchmark's achieved GB/s can be compared with.
+Times are wall-clock seconds from time.perf_counter(); nothing here sets thread counts (the caller does, with
+torch.set_num_threads, before measuring anything).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+@dataclasses.dataclass
+class Timing:
+    """The result of `measure`: every timed call's duration in call order (seconds), and summaries."""
+
+    samples: list[float]
+    warmup: int = 0          # untimed calls actually made
+    wall: float = 0.0        # seconds spent in `measure`, warm-ups included
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+    @property
+    def max(self) -> float:
+        return max(self.samples)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    def to_dict(self, *, with_samples: bool = False) -> dict:
+        """{"median_s", "min_s", "samples" (how many), "wall_s"} plus "times_s" (every sample) on request."""
+        d = {"median_s": self.median, "min_s": self.min, "samples": self.n, "wall_s": self.wall}
+        if with_samples:
+            d["times_s"] = list(self.samples)
+        return d
+
+    def __str__(self) -> str:
+        return f"median {self.median * 1e3:.3f} ms over {self.n} calls (min {self.min * 1e3:.3f} ms)"
+
+
+def measure(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 7, min_time: float = 0.0,
+            max_repeat: int | None = None, budget: float | None = None, min_samples: int = 3) -> Timing:
+    """Time `fn()`: `warmup` untimed calls, then at least `repeat` timed calls.
+
+    min_time:   keep taking samples (beyond `repeat`, up to `max_repeat`, default 50 * repeat) until the timed
+                calls have spent this many seconds; fast functions get a steadier median this way.
+    budget:     seconds after which a slow function is cut short: the warm-up stops after a first call that
+                took longer than the budget, and the timed calls stop once `min_samples` were taken and the
+                budget is spent, or after one sample if that sample alone took more than twice the budget.
+    """
+    if repeat < 1 or warmup < 0:
+        raise ValueError("measure() needs repeat >= 1 and warmup >= 0")
+    if max_repeat is None:
+        max_repeat = 50 * repeat
+    t0 = time.perf_counter()
+    done = 0
+    for k in range(warmup):
+        t = time.perf_counter()
+        fn()
+        done += 1
+        if budget is not None and k == 0 and time.perf_counter() - t > budget:
+            break
+    samples: list[float] = []
+    start = time.perf_counter()
+    while len(samples) < repeat or (time.perf_counter() - start < min_time and len(samples) < max_repeat):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+        if budget is not None:
+            spent = time.perf_counter() - start
+            if (len(samples) >= min_samples and spent > budget) or samples[0] > 2 * budget:
+                break
+    return Timing(samples, done, time.perf_counter() - t0)
+
+
+def stream_triad(threads: int | None = None, log2n: int = 25) -> dict:
+    """A STREAM-like triad a = b + s*c on 2**log2n-element tensors, in float32 and float64: per dtype the
+    bytes moved (3 arrays), the best and the median of 10 runs (the upper middle sample) after 2 warm-ups,
+    as seconds and GB/s. Uses torch's current thread count; `threads` is only recorded."""
+    out: dict = {}
+    n = 1 << log2n
+    for dtype in (torch.float32, torch.float64):
+        b = torch.rand(n, dtype=dtype)
+        c = torch.rand(n, dtype=dtype)
+        a = torch.empty(n, dtype=dtype)
+
+        def triad(a=a, b=b, c=c):
+            torch.add(b, c, alpha=3.0, out=a)  # a = b + 3 c, one pass over three arrays
+
+        t = measure(triad, warmup=2, repeat=10, max_repeat=10)
+        ordered = sorted(t.samples)
+        best, mid = ordered[0], ordered[len(ordered) // 2]
+        moved = 3 * n * b.element_size()
+        out[str(dtype).replace("torch.", "")] = {
+            "elements": n, "bytes": moved, "best_s": best, "median_s": mid,
+            "best_gbps": moved / best / 1e9, "median_gbps": moved / mid / 1e9}
+        del a, b, c, triad
+    out["threads"] = threads if threads is not None else torch.get_num_threads()
+    return out
+
+
+def stream_triad_gbs(threads: int | None = None, log2n: int = 25) -> float:
+    """The reference bandwidth in GB/s: the larger of the float32 and float64 triad medians (the best run is
+    prone to outliers on virtual machines)."""
+    t = stream_triad(threads, log2n)
+    return max(t["float32"]["median_gbps"], t["float64"]["median_gbps"])
+
+
+def contention_probe(calls: int = 40, threshold_s: float = 1e-3) -> dict:
+    """Median time of a small parallel torch op (an add of 2**18 floats). On an idle machine it takes tens
+    of microseconds; when another process holds one of the cores torch uses, every parallel region waits for
+    the scheduler (milliseconds) and multi-threaded timings become unreliable.
+    Returns {"median_s", "contended"}."""
+    x, y, z = torch.rand(1 << 18), torch.rand(1 << 18), torch.empty(1 << 18)
+    t = measure(lambda: torch.add(x, y, out=z), warmup=1, repeat=calls, max_repeat=calls)
+    return {"median_s": t.median, "contended": t.median > threshold_s}
