@@ -134,7 +134,7 @@ def masked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @masked_attention_backward.register_fake
 def _(q, k, v, mask, scale, grad):
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]  # contiguous, as the real ones
 
 
 def _setup(ctx, inputs, output):

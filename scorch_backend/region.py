@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -139,36 +139,60 @@ def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
 
 
 # --- compressed operands, cached by tensor version ------------------------------------------------------
+# Weights and buffers are compressed once per version. The key is the memory and layout (data pointer,
+# shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other tensor objects
+# (aliases) for the same weight. An alias shares the weight's version counter, so an in-place update of either
+# is seen. The entry holds an alias of the tensor, which keeps its memory from being freed and reused by an
+# unrelated tensor while the entry exists; the cache keeps the most recently used MAX_CACHED entries.
+MAX_CACHED = 512
+
+
 @dataclass
 class _Entry:
-    ref: weakref.ref
+    alias: torch.Tensor
     version: int
-    meta: tuple
     density: float
-    sparse: dict = field(default_factory=dict)  # (kind, dtype) -> SparseTensor
+    sparse: dict = field(default_factory=dict)  # (kind, dtype, broadcast sizes) -> SparseTensor
+    layouts: dict = field(default_factory=dict)  # (perm, dtype) -> dense copy in that dimension order
 
 
-_cache: dict[int, _Entry] = {}
+_cache: "OrderedDict[tuple, _Entry]" = OrderedDict()
 stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0, "grouped_runs": 0}
 
 
-def _meta(t: torch.Tensor) -> tuple:
+def _key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
+def _lookup(t: torch.Tensor, frozen: bool):
+    key = _key(t)
+    e = _cache.get(key)
+    if e is not None and (frozen or e.version == t._version):
+        _cache.move_to_end(key)
+        return e
+    return None
+
+
+def _remember(t: torch.Tensor, e: _Entry) -> None:
+    _cache[_key(t)] = e
+    _cache.move_to_end(_key(t))
+    while len(_cache) > MAX_CACHED:
+        _cache.popitem(last=False)
+
+
 def _entry(t: torch.Tensor, cached: bool, frozen: bool) -> _Entry:
+    n = t.numel()
     if cached:
-        e = _cache.get(id(t))
-        if e is not None and e.ref() is t and e.meta == _meta(t) and (frozen or e.version == t._version):
+        e = _lookup(t, frozen)
+        if e is not None:
+            if e.density < 0:  # known so far only as a dense weight
+                e.density = float(torch.count_nonzero(t)) / n if n else 0.0
             stats["cache_hits"] += 1
             return e
-    n = t.numel()
     density = float(torch.count_nonzero(t)) / n if n else 0.0
-    e = _Entry(weakref.ref(t), t._version, _meta(t), density)
+    e = _Entry(t.detach(), t._version, density)
     if cached:
-        key = id(t)
-        _cache[key] = e
-        weakref.finalize(t, _cache.pop, key, None)
+        _remember(t, e)
     return e
 
 
@@ -192,23 +216,20 @@ def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes
     return got
 
 
-_layouts: dict[int, tuple] = {}  # id(weight) -> (weakref, version, meta, (perm, dtype), laid-out copy)
-
-
 def _laid_out(t: torch.Tensor, perm: list, dtype: torch.dtype, cached: bool, frozen: bool) -> torch.Tensor:
     """t in the dimension order `perm`, contiguous; for a weight, kept until the weight changes."""
     if perm == sorted(perm) and t.dtype == dtype and t.is_contiguous():
         return t.detach()
     key = (tuple(perm), dtype)
-    if cached:
-        got = _layouts.get(id(t))
-        if got is not None and got[0]() is t and got[2] == _meta(t) and got[3] == key and \
-                (frozen or got[1] == t._version):
-            return got[4]
+    e = _lookup(t, frozen) if cached else None
+    if e is not None and key in e.layouts:
+        return e.layouts[key]
     out = t.detach().to(dtype).permute(perm).contiguous()
     if cached:
-        _layouts[id(t)] = (weakref.ref(t), t._version, _meta(t), key, out)
-        weakref.finalize(t, _layouts.pop, id(t), None)
+        if e is None:  # a dense weight: no density needed
+            e = _Entry(t.detach(), t._version, -1.0)
+            _remember(t, e)
+        e.layouts[key] = out
     return out
 
 
@@ -312,16 +333,21 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
             letters.append(lt)
         target = out.select(p.out.index(ql), q) if ql in p.out else out
         tl = p.out.replace(ql, "")
+        scale = None
         if so.kind != "pattern":
             vals = S[rows, q]
-            if pl in tl:  # scale the result's rows: cheaper than a third einsum operand
+            # Fold the gate values into the smallest tensor indexed by p: a third einsum operand would make
+            # torch.einsum build a (p, ...) outer product first.
+            holders = [k for k, lt in enumerate(letters) if pl in lt]
+            result_size = target.numel() // max(target.shape[tl.index(pl)], 1) * n if pl in tl else 0
+            if pl in tl and (not holders or result_size <= min(args[k].numel() for k in holders)):
                 scale = vals.reshape([-1 if c == pl else 1 for c in tl])
+            elif holders:
+                k = min(holders, key=lambda j: args[j].numel())
+                args[k] = args[k] * vals.reshape([-1 if c == pl else 1 for c in letters[k]])
             else:
                 args.append(vals)
                 letters.append(pl)
-                scale = None
-        else:
-            scale = None
         r = torch.einsum(",".join(letters) + "->" + tl, *args)
         if scale is not None:
             r = r.mul_(scale)
@@ -464,7 +490,6 @@ region.register_autograd(_backward, setup_context=_setup_context)
 def clear_cache() -> None:
     """Forget every compressed weight (they are rebuilt on next use)."""
     _cache.clear()
-    _layouts.clear()
 
 
 def debug_enabled() -> bool:
