@@ -27,7 +27,7 @@ def _flat(q, k, v):
         v.reshape(nb, v.shape[-2], v.shape[-1])
 
 
-_PATTERN = _region.Operand("aij", "pattern", cached=True, grad=False, expand=1)
+_PATTERN = _region.Operand("aij", "pattern", cached=True, grad=False, expand=1, weight=True)
 
 
 def _pattern(mask: torch.Tensor, nb: int, dtype: torch.dtype, frozen: bool = False):

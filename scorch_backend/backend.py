@@ -17,6 +17,8 @@ Options:
                     safe. True: weights are compressed once and assumed never to change (inference only).
   measure           True (default): run the graph once on the example inputs to measure activation densities
                     (inputs cloned, RNG state restored)
+  measure_inputs    True (default): measure the model's data inputs too (bags of words, sparse features);
+                    each new input is measured again at run time and runs dense if it is not sparse
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from . import cost_model
 from .passes import discover, example_run, partition, propagate, rewrite
 from .passes.graph import describe, op_of
 
-DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True}
+DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
+                   "measure_inputs": True}
 
 
 @dataclass
@@ -88,7 +91,7 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict) -> GraphReport:
     """Run the passes on `gm` in place and say what was done."""
     threshold = float(opts["sparse_threshold"])
     before = str(gm.graph)
-    attrs = discover(gm, example_inputs, threshold)
+    attrs = discover(gm, example_inputs, threshold, bool(opts["measure_inputs"]))
     measured = {}
     if opts["measure"]:
         state = torch.random.get_rng_state()

@@ -42,6 +42,7 @@ class Operand:
     cached: bool = False  # a parameter or buffer: compress once per version of the tensor
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
     expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
+    weight: bool = False  # a parameter or buffer: with frozen_weights, compressed once and never rechecked
 
     @property
     def tensor_letters(self) -> str:
@@ -53,7 +54,7 @@ class Program:
     operands: tuple[Operand, ...]
     out: str
     coef: float = 1.0
-    frozen: bool = False  # cached operands are never rechecked (options={"frozen_weights": True})
+    frozen: bool = False  # weight operands are never rechecked (options={"frozen_weights": True})
     name: str = ""
 
     @property
@@ -61,7 +62,8 @@ class Program:
         return ",".join(o.tensor_letters for o in self.operands) + "->" + self.out
 
     def text(self) -> str:
-        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand] for o in self.operands],
+        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight]
+                                        for o in self.operands],
                            "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name},
                           separators=(",", ":"))
 
@@ -69,7 +71,7 @@ class Program:
 @functools.lru_cache(maxsize=4096)
 def parse_program(text: str) -> Program:
     d = json.loads(text)
-    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]) if len(o) > 4 else 0) for o in d["operands"])
+    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5])) for o in d["operands"])
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""))
     _validate(prog)
     return prog
@@ -259,7 +261,7 @@ def _sparse_call(p: Program, text: str, operands, entries, dtype):
             letters.append(o.letters)
         else:
             want = "".join(sorted(o.letters, key=order.index))
-            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen))
+            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen and o.weight))
             letters.append(want)
     return ",".join(letters) + "->" + storage, args
 
@@ -375,7 +377,7 @@ def _choose(text: str, operands, entries) -> str:
 def choose_path(text: str, operands) -> str:
     """The path `run` takes for these operands."""
     p = parse_program(text)
-    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
     return _choose(text, operands, entries)
 
 
@@ -388,7 +390,7 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
         rec.append((text, [t.detach() for t in operands]))
     dtype = _result_dtype(p, operands)
     storage, back = _out_storage(text)
-    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
     path = force or _choose(text, operands, entries)
     if path == "grouped":
         stats["grouped_runs"] += 1
@@ -417,7 +419,7 @@ def sparse_plan(text: str, operands) -> dict:
 
     p = parse_program(text)
     dtype = _result_dtype(p, operands)
-    entries = [(_entry(t, o.cached, p.frozen) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
     eq, args = _sparse_call(p, text, operands, entries, dtype)
     plan = plan_einsum(eq, *args, out_format="dense")
     info = kernel_info(plan["spec"])

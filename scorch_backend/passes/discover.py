@@ -3,7 +3,9 @@
 - SparseTensor inputs: sparse, by their format and stored entries.
 - Parameters and buffers (they reach the backend as real tensors): measured (fraction of nonzeros, and the
   pattern: unstructured, block, n:m, zero rows or columns). A weight under the sparse threshold is sparse.
-- Other inputs (the model's data): dense; their zeros are not promised to last from one call to the next.
+- Other inputs (the model's data: features, bags of words): measured too (option measure_inputs). Their zeros
+  are not promised to last from one call to the next, so the region op measures each new input again (once per
+  tensor version) and runs the dense einsum when it is not sparse enough.
 
 The example run executes the graph once on the real example inputs and records each value's density; rules
 that create zeros at run time (ReLU) use it as their estimate. Values produced by one_hot, masks, where,
@@ -25,7 +27,10 @@ def is_weight(node: fx.Node, value) -> bool:
     return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
 
 
-def discover(gm: fx.GraphModule, example_inputs, threshold: float) -> dict:
+MIN_MEASURED_INPUT = 4096  # smaller inputs are not worth a sparse format
+
+
+def discover(gm: fx.GraphModule, example_inputs, threshold: float, measure_inputs: bool = True) -> dict:
     attrs = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
@@ -43,6 +48,15 @@ def discover(gm: fx.GraphModule, example_inputs, threshold: float) -> dict:
             attrs[node.name] = SparsityAttr(sparse=m.density < threshold, density=m.density,
                                             origin="measured " + ("mask" if value.dtype == torch.bool else "weight"),
                                             pattern=pattern, weight=True, measured=m.density)
+        elif measure_inputs and isinstance(value, torch.Tensor) and type(value) is torch.Tensor and \
+                value.dtype in (torch.float32, torch.float64) and value.numel() >= MIN_MEASURED_INPUT and \
+                value.layout == torch.strided:
+            # Data: bags of words, one-hot features, masks. Measured now for the partition; the region op
+            # measures every new tensor again at run time and runs dense if it is not sparse after all.
+            m = measure(value.detach(), dense_threshold=threshold)
+            attrs[node.name] = SparsityAttr(sparse=m.density < threshold, density=m.density,
+                                            origin="measured input", pattern=m.pattern, measured=m.density) \
+                if m.density < threshold else DENSE.with_(measured=m.density)
         else:
             attrs[node.name] = DENSE
     return attrs

@@ -181,7 +181,7 @@ def _broadcast_patterns(operands: list, out: str) -> list:
     for o in operands:
         lead = "".join(c for c in common if c not in o.letters)
         if o.kind == "pattern" and lead:
-            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead))
+            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead), o.weight)
         result.append(o)
     return result
 
@@ -227,7 +227,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         carried = a.support is not None and a.support.carrier != leaf.name and \
             len(a.support.dims) < len(v.shape)
         kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
-        operands.append(Operand(text, kind, cached=a.weight))
+        # Graph inputs (weights and data) are measured and compressed once per version of the tensor.
+        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder", weight=a.weight))
         leaves.append(leaf)
         squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
         if kind == "sparse":
@@ -251,7 +252,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         if (carrier.name, text) in have:
             continue
         have.add((carrier.name, text))
-        operands.append(Operand(text, "pattern", cached=ca.weight, grad=False))
+        operands.append(Operand(text, "pattern", cached=ca.weight or carrier.op == "placeholder", grad=False,
+                                weight=ca.weight))
         leaves.append(carrier)
         squeeze.append(())
         densities.append(ca.density)

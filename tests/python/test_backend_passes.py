@@ -288,7 +288,8 @@ def test_region_weights_are_recompressed_after_in_place_update():
         w[3, 4] = -1.0  # an optimizer step: the version counter moves
     torch.testing.assert_close(R.run(prog, [x, w], force="sparse"), x @ w.t())
     assert R.stats["compressions"] == before + 1
-    frozen = R.Program((R.Operand("ik"), R.Operand("ok", "sparse", cached=True)), "io", frozen=True).text()
+    frozen = R.Program((R.Operand("ik"), R.Operand("ok", "sparse", cached=True, weight=True)), "io",
+                       frozen=True).text()
     R.run(frozen, [x, w], force="sparse")
     with torch.no_grad():
         w[5, 0] = 1.0
