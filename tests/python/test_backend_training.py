@@ -1,0 +1,92 @@
+"""The backend over time: optimizer steps that change weights in place, options, run-time dispatch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import scorch_backend as sb
+from model_check import check_model
+from scorch_backend import region as R
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def pruned_mlp(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(), nn.Linear(96, 5))
+    sb.prune(model, "magnitude", 0.9)
+    return model
+
+
+def test_training_steps_update_weights_and_compiled_model_follows():
+    eager = pruned_mlp()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, backend="scorch")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    before = R.stats["compressions"]
+    for step in range(4):
+        x, y = torch.randn(16, 48, generator=g), torch.randint(0, 5, (16,), generator=g)
+        for model, opt in ((eager, opt_e), (compiled, opt_c)):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()  # in place: the weights' version counters move, so the next call recompresses
+        for (n, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"step {step}: {n}")
+    assert R.stats["compressions"] > before  # weights were compressed again after the updates
+    with torch.no_grad():
+        x = torch.randn(7, 48, generator=g)
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
+def test_pruning_after_compiling_is_seen():
+    model = nn.Sequential(nn.Linear(40, 40))
+    compiled = torch.compile(model, backend="scorch")
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        compiled(x)
+        sb.prune(model, "magnitude", 0.95)  # zeroes in place after compilation
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_options_fallback_eager_and_threshold():
+    model = pruned_mlp()
+    check_model(model, (torch.randn(5, 48, requires_grad=True),), options={"fallback": "eager"}, train=True)
+    rep = sb.explain(pruned_mlp(), torch.randn(4, 48), options={"sparse_threshold": 0.01}, repeat=1)
+    assert rep.regions == [] and all("no sparse operand" in why for _, why in rep.left_dense)
+    rep = sb.explain(pruned_mlp(), torch.randn(4, 48), options={"frozen_weights": True}, repeat=1)
+    assert len(rep.regions) == 3
+
+
+def test_bag_of_words_input_is_measured_and_dense_inputs_fall_back(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Linear(300, 8)
+    bow = (torch.rand(20, 300) < 0.02).float()  # a bag of words: 2% of the vocabulary per row
+    rep = sb.explain(model, bow, repeat=1)
+    (r,) = rep.regions
+    assert any(o["kind"] == "sparse" and "measured input" in o["attr"] for o in r.operands)
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    compiled = torch.compile(model, backend="scorch")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(bow), model(bow))
+        dense_before = R.stats["dense_runs"]
+        full = torch.randn(20, 300)  # the same input position, now dense: measured at run time, run dense
+        torch.testing.assert_close(compiled(full), model(full), rtol=1e-4, atol=1e-5)
+        assert R.stats["dense_runs"] == dense_before + 1
+
+
+def test_changing_batch_sizes_and_dtypes():
+    model = pruned_mlp().double()
+    check_model(model, (torch.randn(4, 48, dtype=torch.float64, requires_grad=True),),
+                extra_inputs=[(torch.randn(n, 48, dtype=torch.float64),) for n in (1, 9, 33)])
