@@ -315,6 +315,8 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
     out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
     others = [(o, t if t.dtype == dtype or o.kind == "pattern" else t.to(dtype))
               for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
+    if counts and len(counts) * max(counts) <= 1.5 * len(ps) + len(counts):
+        return _run_padded(p, pl, ql, so.kind == "pattern", S, qs, ps, counts, others, out, dtype)
     start = 0
     for q, n in enumerate(counts):
         if n == 0:
@@ -379,6 +381,53 @@ def choose_path(text: str, operands) -> str:
     p = parse_program(text)
     entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
     return _choose(text, operands, entries)
+
+
+def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, others, out, dtype):
+    """All groups in one batched product: each group's rows gathered into a slot of a (groups, most rows)
+    block, padding slots weighted 0 (their scattered contributions are zeros)."""
+    Q, most = len(counts), max(counts)
+    starts = torch.cumsum(torch.tensor(counts), 0) - torch.tensor(counts)
+    slot = torch.arange(len(ps)) - starts[qs]
+    idx = torch.zeros(Q, most, dtype=torch.long)
+    idx[qs, slot] = ps
+    w = torch.zeros(Q, most, dtype=dtype)
+    w[qs, slot] = 1 if pattern else S[ps, qs]
+    group = torch.arange(Q).unsqueeze(1)
+    args, letters = [], []
+    for o, t in others:
+        if o.kind == "pattern":
+            t = (t != 0).to(dtype)
+        lt = o.tensor_letters
+        if pl in lt:
+            rest = "".join(c for c in lt if c not in (pl, ql))
+            if ql in lt:
+                t = t.movedim((lt.index(pl), lt.index(ql)), (0, 1))[idx, group]
+            else:
+                t = t.movedim(lt.index(pl), 0)[idx]
+            lt = ql + pl + rest
+        args.append(t)
+        letters.append(lt)
+    holders = [k for k, lt in enumerate(letters) if pl in lt]
+    if holders:  # the gate values (0 on padding) scale the smallest gathered operand
+        k = min(holders, key=lambda j: args[j].numel())
+        args[k] = args[k] * w.reshape(Q, most, *([1] * (args[k].dim() - 2)))
+    else:
+        args.append(w)
+        letters.append(ql + pl)
+    rest_out = "".join(c for c in p.out if c not in (pl, ql))
+    if pl in p.out:
+        r = torch.einsum(",".join(letters) + "->" + ql + pl + rest_out, *args)
+        if ql in p.out:
+            view = out.movedim((p.out.index(pl), p.out.index(ql)), (0, 1))
+            view.index_put_((idx, group.expand(Q, most)), r, accumulate=True)
+        else:
+            view = out.movedim(p.out.index(pl), 0)
+            view.index_put_((idx,), r, accumulate=True)
+        return out
+    tl = (ql if ql in p.out else "") + rest_out
+    r = torch.einsum(",".join(letters) + "->" + tl, *args)
+    return r.permute([tl.index(c) for c in p.out]).contiguous()
 
 
 def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:

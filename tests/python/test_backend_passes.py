@@ -256,21 +256,27 @@ def test_rewrite_replaces_regions_and_keeps_values(make, inputs):
 
 # --- the op's run-time paths, cache and options -----------------------------------------------------------
 
-def test_region_grouped_and_sparse_paths_match_dense_with_gradients():
+@pytest.mark.parametrize("kind", ["sparse", "pattern"])
+@pytest.mark.parametrize("skewed", [False, True])  # balanced groups run padded in one product, skewed ones looped
+def test_region_grouped_and_sparse_paths_match_dense_with_gradients(kind, skewed):
     g = torch.Generator().manual_seed(0)
     b, n, d, h = 40, 3, 6, 7
-    mask = F.one_hot(torch.randint(0, n, (b,), generator=g), n).double()
+    experts = torch.randint(0, n, (b,), generator=g)
+    if skewed:
+        experts[:35] = 0
+    gates = F.one_hot(experts, n).double() * torch.rand(b, n, dtype=torch.float64, generator=g)
     x = torch.randn(b, d, dtype=torch.float64, generator=g)
     w = torch.randn(n, d, h, dtype=torch.float64, generator=g)
-    prog = R.Program((R.Operand("ab", "sparse"), R.Operand("ad"), R.Operand("bdc")), "abc").text()
+    prog = R.Program((R.Operand("ab", kind), R.Operand("ad"), R.Operand("bdc")), "abc").text()
     assert R.grouped_plan(prog) == (0, "a", "b")
-    want = R.run(prog, [mask, x, w], force="dense")
+    want = R.run(prog, [gates, x, w], force="dense")
     for path in ("grouped", "sparse"):
-        torch.testing.assert_close(R.run(prog, [mask, x, w], force=path), want)
+        torch.testing.assert_close(R.run(prog, [gates, x, w], force=path), want)
     for k in (1, 2):  # gradient programs run grouped too
         text, which, _ = R.gradient_program(prog, k)
-        args = [torch.ones(b, n, h, dtype=torch.float64) if j < 0 else [mask, x, w][j] for j in which]
+        args = [torch.randn(b, n, h, dtype=torch.float64, generator=g) if j < 0 else [gates, x, w][j] for j in which]
         torch.testing.assert_close(R.run(text, args, force="grouped"), R.run(text, args, force="dense"))
+    mask = (gates != 0).double()
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda a, c: torch.ops.scorch.region(prog, [mask, a, c]), (xr, wr))
 
