@@ -417,13 +417,12 @@ def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, 
         letters.append(ql + pl)
     rest_out = "".join(c for c in p.out if c not in (pl, ql))
     if pl in p.out:
-        r = torch.einsum(",".join(letters) + "->" + ql + pl + rest_out, *args)
-        if ql in p.out:
+        r = torch.einsum(",".join(letters) + "->" + ql + pl + rest_out, *args)[qs, slot]  # the real slots
+        if ql in p.out:  # each (p, q) is one stored entry of S: a plain scatter
             view = out.movedim((p.out.index(pl), p.out.index(ql)), (0, 1))
-            view.index_put_((idx, group.expand(Q, most)), r, accumulate=True)
-        else:
-            view = out.movedim(p.out.index(pl), 0)
-            view.index_put_((idx,), r, accumulate=True)
+            view.index_put_((ps, qs), r)
+        else:  # a row p may sit in several groups: sum
+            out.movedim(p.out.index(pl), 0).index_add_(0, ps, r)
         return out
     tl = (ql if ql in p.out else "") + rest_out
     r = torch.einsum(",".join(letters) + "->" + tl, *args)
