@@ -58,6 +58,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import datasets  # noqa: E402
 from scorch_backend.bench import measure, stream_triad  # noqa: E402
+from scorch_backend.bench.timing import fmt_ratio, fmt_time  # noqa: E402
 
 KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp")
 N_SPMM = 128
@@ -121,20 +122,6 @@ def nbytes(x) -> int:
 def geomean(xs):
     xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
-def fmt_time(s):
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.2f}s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f}ms"
-    return f"{s * 1e6:.0f}us"
-
-
-def fmt_ratio(r):
-    return "-" if r is None else f"{r:.2f}x"
 
 
 def scipy_of_torch(t: torch.Tensor) -> sp.csr_array:

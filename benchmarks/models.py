@@ -49,6 +49,7 @@ import torch.nn.functional as F
 import scorch_backend as sb
 from scorch_backend import datasets
 from scorch_backend.bench import contention_probe, measure, zoo
+from scorch_backend.bench.timing import fmt_ratio, fmt_time
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODELS = tuple(zoo.CASES)
@@ -60,20 +61,6 @@ CHECK_RTOL = 1e-3  # allowed max|diff| / max|eager output| for a contender's inf
 
 def log(*a):
     print(*a, flush=True)
-
-
-def fmt_time(s):
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.2f}s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f}ms"
-    return f"{s * 1e6:.0f}us"
-
-
-def fmt_ratio(r):
-    return "-" if r is None else f"{r:.2f}x"
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:

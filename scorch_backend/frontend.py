@@ -167,7 +167,12 @@ def _einsum(equation: str, operands, out_format, choose: bool):
     ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
-    out_text = _out_format_text(out_format, _output_rank(equation, ops_)) if out_format is not None else ""
+    if out_format is None:
+        out_text = ""
+    elif out_format in ("dense", "strided") or out_format is torch.strided:
+        out_text = "strided"  # no rank needed: skip the planner call that finds it
+    else:
+        out_text = _out_format_text(out_format, _output_rank(equation, ops_))
     # Plans depend only on the equation and the operands' formats, shapes and sizes: cached.
     plan = _plan_einsum_cached(equation, _frozen(o.desc() for o in ops_), out_text,
                                _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)

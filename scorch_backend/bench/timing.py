@@ -134,3 +134,18 @@ def contention_probe(calls: int = 40, threshold_s: float = 1e-3) -> dict:
     x, y, z = torch.rand(1 << 18), torch.rand(1 << 18), torch.empty(1 << 18)
     t = measure(lambda: torch.add(x, y, out=z), warmup=1, repeat=calls, max_repeat=calls)
     return {"median_s": t.median, "contended": t.median > threshold_s}
+
+
+def fmt_time(s):
+    """Seconds as a short human string: 1.23s, 4.56ms, 789us ("-" for None)."""
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.2f}s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f}ms"
+    return f"{s * 1e6:.0f}us"
+
+
+def fmt_ratio(r):
+    return "-" if r is None else f"{r:.2f}x"
