@@ -32,7 +32,7 @@ _PATTERN = _region.Operand("aij", "pattern", cached=True, grad=False, expand=1, 
 
 
 def _pattern(mask: torch.Tensor, nb: int, dtype: torch.dtype, frozen: bool = False):
-    e = _region._entry(mask, True, frozen)
+    e = _region._entry(mask, True, frozen, False)  # masks share the small cache of data inputs
     return e, _region._sparse_of(mask, e, _PATTERN, dtype, {"a": nb})
 
 
@@ -91,8 +91,18 @@ def _dense_forward(q, k, v, mask, scale):
     return torch.softmax(scores.masked_fill(mask == 0, float("-inf")), -1) @ v
 
 
+def _dense_backward(q, k, v, mask, scale, g):
+    """The gradients of the dense formula, written out (an op's implementation runs below autograd)."""
+    scores = ((q @ k.transpose(-2, -1)) * scale).masked_fill(mask == 0, float("-inf"))
+    p = torch.softmax(scores, -1)
+    dv = p.transpose(-2, -1) @ g
+    dp = g @ v.transpose(-2, -1)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True)) * scale
+    return [(ds @ k).contiguous(), (ds.transpose(-2, -1) @ q).contiguous(), dv.contiguous()]
+
+
 def _use_dense(mask, q, k) -> bool:
-    e = _region._entry(mask, True, False)
+    e = _region._entry(mask, True, False, False)
     dense, _ = cost_model.choose_dense([e.density], q.numel() + k.numel() + mask.numel())
     return dense
 
@@ -128,7 +138,7 @@ def run(q, k, v, mask, scale: float, force: str | None = None) -> torch.Tensor:
                                     _keep_alive(q, k, mask))
     out = _einsum("aij,ajf->aif", [P.with_values(p), v3], "dense", choose=False)
     out = out.masked_fill((counts == 0).reshape(out.shape[0], out.shape[1], 1), float("nan"))
-    return out.reshape(*batch, q.shape[-2], v.shape[-1])
+    return _region._owning(out.reshape(*batch, q.shape[-2], v.shape[-1]))
 
 
 @torch.library.custom_op("scorch::masked_attention", mutates_args=())
@@ -146,10 +156,7 @@ def _(q, k, v, mask, scale):
 def masked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                               scale: float, grad: torch.Tensor) -> list[torch.Tensor]:
     if _use_dense(mask, q, k) or q.numel() == 0 or v.numel() == 0:
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            out = _dense_forward(*leaves, mask, scale)
-            return list(torch.autograd.grad(out, leaves, grad))
+        return _dense_backward(q, k, v, mask, scale, grad)
     from .frontend import _einsum
 
     batch, q3, k3, v3 = _flat(q, k, v)

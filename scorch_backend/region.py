@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -141,24 +142,34 @@ def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
 
 
 # --- compressed operands, cached by tensor version ------------------------------------------------------
-# Weights and buffers are compressed once per version. The key is the memory and layout (data pointer,
-# shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other tensor objects
-# (aliases) for the same weight. An alias shares the weight's version counter, so an in-place update of either
-# is seen. The entry holds an alias of the tensor, which keeps its memory from being freed and reused by an
-# unrelated tensor while the entry exists; the cache keeps the most recently used MAX_CACHED entries.
-MAX_CACHED = 512
+# Graph inputs (weights, buffers, data) are compressed once per version. The key is the memory and layout
+# (data pointer, shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other
+# tensor objects (aliases) for the same weight. An alias shares the version counter, so an in-place update
+# through torch is seen. Writes that bypass the counter (through .data, or a numpy view of the memory) are
+# caught by a fingerprint of FINGERPRINT entries spread over the tensor, checked on every hit: bulk rewrites
+# (an optimizer step, a pruning pass, a new batch) change it. A rewrite of only a few entries outside the
+# fingerprint through .data would not be seen; update tensors through torch ops (or in torch.no_grad()).
+# The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
+# Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
+# tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
+MAX_WEIGHTS = 512
+MAX_INPUTS = 8
+FINGERPRINT = 32
 
 
 @dataclass
 class _Entry:
     alias: torch.Tensor
     version: int
+    fingerprint: torch.Tensor | None
     density: float
     sparse: dict = field(default_factory=dict)  # (kind, dtype, broadcast sizes) -> SparseTensor
     layouts: dict = field(default_factory=dict)  # (perm, dtype) -> dense copy in that dimension order
 
 
-_cache: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_weights: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_inputs: "OrderedDict[tuple, _Entry]" = OrderedDict()
+_lock = threading.Lock()
 stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0, "grouped_runs": 0}
 
 
@@ -166,36 +177,65 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def _lookup(t: torch.Tensor, frozen: bool):
-    key = _key(t)
-    e = _cache.get(key)
-    if e is not None and (frozen or e.version == t._version):
-        _cache.move_to_end(key)
-        return e
-    return None
-
-
-def _remember(t: torch.Tensor, e: _Entry) -> None:
-    _cache[_key(t)] = e
-    _cache.move_to_end(_key(t))
-    while len(_cache) > MAX_CACHED:
-        _cache.popitem(last=False)
-
-
-def _entry(t: torch.Tensor, cached: bool, frozen: bool) -> _Entry:
+def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """FINGERPRINT entries spread over a contiguous tensor, as raw bytes (NaN-safe); None otherwise."""
     n = t.numel()
-    if cached:
-        e = _lookup(t, frozen)
+    if n == 0 or not t.is_contiguous():
+        return None
+    idx = torch.linspace(0, n - 1, steps=min(FINGERPRINT, n)).long()
+    return t.detach().reshape(-1)[idx].contiguous().view(torch.uint8).clone()
+
+
+def _lookup(t: torch.Tensor, frozen: bool, weight: bool):
+    cache = _weights if weight else _inputs
+    key = _key(t)
+    with _lock:
+        e = cache.get(key)
         if e is not None:
-            if e.density < 0:  # known so far only as a dense weight
-                e.density = float(torch.count_nonzero(t)) / n if n else 0.0
+            cache.move_to_end(key)
+    if e is None:
+        return None
+    if frozen:
+        return e
+    if e.version != t._version:
+        return None
+    if e.fingerprint is not None and not torch.equal(e.fingerprint, _fingerprint(t)):
+        return None
+    return e
+
+
+def _remember(t: torch.Tensor, e: _Entry, weight: bool) -> None:
+    cache, limit = (_weights, MAX_WEIGHTS) if weight else (_inputs, MAX_INPUTS)
+    with _lock:
+        cache[_key(t)] = e
+        cache.move_to_end(_key(t))
+        while len(cache) > limit:
+            cache.popitem(last=False)
+
+
+def _density(t: torch.Tensor) -> float:
+    n = t.numel()
+    return float(torch.count_nonzero(t)) / n if n else 0.0
+
+
+def _entry(t: torch.Tensor, cached: bool, frozen: bool, weight: bool) -> _Entry:
+    if cached:
+        e = _lookup(t, frozen, weight)
+        if e is not None:
+            if e.density < 0:  # known so far only as a dense operand
+                e.density = _density(t)
             stats["cache_hits"] += 1
             return e
-    density = float(torch.count_nonzero(t)) / n if n else 0.0
-    e = _Entry(t.detach(), t._version, density)
+    e = _Entry(t.detach(), t._version, _fingerprint(t) if cached else None, _density(t))
     if cached:
-        _remember(t, e)
+        _remember(t, e, weight)
     return e
+
+
+def _entries(p: Program, operands) -> list:
+    """The cache entry of each compressed (sparse or pattern) operand, None for dense ones."""
+    return [(_entry(t, o.cached, p.frozen and o.weight, o.weight) if o.kind != "dense" else None)
+            for o, t in zip(p.operands, operands)]
 
 
 def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes: dict):
@@ -218,19 +258,20 @@ def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes
     return got
 
 
-def _laid_out(t: torch.Tensor, perm: list, dtype: torch.dtype, cached: bool, frozen: bool) -> torch.Tensor:
+def _laid_out(t: torch.Tensor, perm: list, dtype: torch.dtype, cached: bool, frozen: bool,
+              weight: bool) -> torch.Tensor:
     """t in the dimension order `perm`, contiguous; for a weight, kept until the weight changes."""
     if perm == sorted(perm) and t.dtype == dtype and t.is_contiguous():
         return t.detach()
     key = (tuple(perm), dtype)
-    e = _lookup(t, frozen) if cached else None
+    e = _lookup(t, frozen, weight) if cached else None
     if e is not None and key in e.layouts:
         return e.layouts[key]
     out = t.detach().to(dtype).permute(perm).contiguous()
     if cached:
-        if e is None:  # a dense weight: no density needed
-            e = _Entry(t.detach(), t._version, -1.0)
-            _remember(t, e)
+        if e is None:  # a dense operand: no density needed
+            e = _Entry(t.detach(), t._version, _fingerprint(t), -1.0)
+            _remember(t, e, weight)
         e.layouts[key] = out
     return out
 
@@ -261,7 +302,8 @@ def _sparse_call(p: Program, text: str, operands, entries, dtype):
             letters.append(o.letters)
         else:
             want = "".join(sorted(o.letters, key=order.index))
-            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen and o.weight))
+            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen and o.weight,
+                                  o.weight))
             letters.append(want)
     return ",".join(letters) + "->" + storage, args
 
@@ -280,9 +322,11 @@ def grouped_plan(text: str):
         return None
     s = sparse[0]
     for pl, ql in (tuple(p.operands[s].letters), tuple(reversed(p.operands[s].letters))):
-        others = [o.letters for k, o in enumerate(p.operands) if k != s] + [p.out]
-        # a matrix per q that does not depend on p: each group is a real matrix product
-        if any(ql in t and pl not in t and len(t) >= 3 for t in others):
+        operands = [o.tensor_letters for k, o in enumerate(p.operands) if k != s]
+        # a matrix per q that does not depend on p (each group is a real matrix product), and p read by
+        # some other operand (the rows to gather)
+        if any(ql in t and pl not in t and len(t) >= 3 for t in operands + [p.out]) and \
+                any(pl in t for t in operands):
             return s, pl, ql
     return None
 
@@ -365,10 +409,9 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
 def _choose(text: str, operands, entries) -> str:
     """"dense", "sparse" or "grouped": the cost model on the measured densities, then the grouped plan."""
     densities = [e.density for e in entries if e is not None]
-    dense, _why = cost_model.choose_dense(densities, sum(t.numel() for t in operands))
     if any(t.numel() == 0 for t in operands) or not densities:
         return "dense"
-    if dense:
+    if cost_model.choose_dense(densities, sum(t.numel() for t in operands))[0]:
         return "dense"
     if _grouped_worth_it(text, operands, next(e for e in entries if e is not None)) and \
             os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
@@ -379,7 +422,7 @@ def _choose(text: str, operands, entries) -> str:
 def choose_path(text: str, operands) -> str:
     """The path `run` takes for these operands."""
     p = parse_program(text)
-    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = _entries(p, operands)
     return _choose(text, operands, entries)
 
 
@@ -438,7 +481,7 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
         rec.append((text, [t.detach() for t in operands]))
     dtype = _result_dtype(p, operands)
     storage, back = _out_storage(text)
-    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = _entries(p, operands)
     path = force or _choose(text, operands, entries)
     if path == "grouped":
         stats["grouped_runs"] += 1
@@ -448,6 +491,8 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
         stats["dense_runs"] += 1
         eq = ",".join(o.tensor_letters for o in p.operands) + "->" + storage
         out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])
+        if any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in operands):
+            out = out.clone()  # einsum may hand back an operand itself ("ij->ij"): never alias an input
     else:
         from .frontend import _einsum
 
@@ -457,7 +502,17 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
     out = out.contiguous()
     if p.coef != 1.0:
         out.mul_(p.coef)
-    return out.permute(back)
+    return _owning(out.permute(back))
+
+
+def _owning(view: torch.Tensor) -> torch.Tensor:
+    """The same memory and strides as a tensor of its own, not a view: autograd forbids in-place updates of a
+    custom op's output that is a view (out += b after a region, under the eager fallback)."""
+    if view._base is None:
+        return view
+    out = view.new_empty(0)
+    out.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+    return out
 
 
 def sparse_plan(text: str, operands) -> dict:
@@ -467,7 +522,7 @@ def sparse_plan(text: str, operands) -> dict:
 
     p = parse_program(text)
     dtype = _result_dtype(p, operands)
-    entries = [(_entry(t, o.cached, p.frozen and o.weight) if o.kind != "dense" else None) for o, t in zip(p.operands, operands)]
+    entries = _entries(p, operands)
     eq, args = _sparse_call(p, text, operands, entries, dtype)
     plan = plan_einsum(eq, *args, out_format="dense")
     info = kernel_info(plan["spec"])
@@ -539,11 +594,9 @@ region.register_autograd(_backward, setup_context=_setup_context)
 
 def clear_cache() -> None:
     """Forget every compressed weight (they are rebuilt on next use)."""
-    _cache.clear()
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("SCORCH_DEBUG", "0") not in ("", "0")
+    with _lock:
+        _weights.clear()
+        _inputs.clear()
 
 
 __all__ = ["Operand", "Program", "parse_program", "region", "run", "stats", "clear_cache"]

@@ -7,7 +7,7 @@ import string
 from .graph import OpView, shape_of
 
 CONTRACTIONS = ("aten.einsum", "aten.matmul", "aten.mm", "aten.bmm", "aten.linear")
-_LETTERS = string.ascii_letters
+_BATCH = string.ascii_uppercase  # batch letters, never the lowercase ones of the contraction itself
 
 
 def _einsum_args(view: OpView):
@@ -34,18 +34,18 @@ def contraction_form(view: OpView):
     if view.name == "aten.linear":
         x, w = view.args[0], view.args[1]
         sx, sw = shape_of(x), shape_of(w)
-        if sx is None or sw is None or len(sw) != 2 or len(sx) < 1 or len(sx) > 20:
+        if sx is None or sw is None or len(sw) != 2 or len(sx) < 1 or len(sx) > len(_BATCH):
             return None
-        batch = _LETTERS[2:2 + len(sx) - 1]
+        batch = _BATCH[:len(sx) - 1]
         return [x, w], [batch + "k", "ok"], batch + "o"
     if view.name in ("aten.matmul", "aten.mm", "aten.bmm"):
         a, b = view.args[0], view.args[1]
         sa, sb = shape_of(a), shape_of(b)
-        if sa is None or sb is None or len(sa) == 0 or len(sb) == 0 or max(len(sa), len(sb)) > 20:
+        if sa is None or sb is None or len(sa) == 0 or len(sb) == 0 or max(len(sa), len(sb)) > len(_BATCH):
             return None
         ra, rb = len(sa), len(sb)
         nbatch = max(max(ra, rb) - 2, 0)
-        batch = _LETTERS[3:3 + nbatch]
+        batch = _BATCH[:nbatch]
         la = (batch[len(batch) - (ra - 2):] if ra > 2 else "") + ("ik" if ra >= 2 else "k")
         lb = (batch[len(batch) - (rb - 2):] if rb > 2 else "") + ("kj" if rb >= 2 else "k")
         out = batch + ("i" if ra >= 2 else "") + ("j" if rb >= 2 else "")

@@ -60,8 +60,56 @@ _METHODS = {
     "softmax": "aten.softmax", "contiguous": "aten.clone", "clone": "aten.clone", "topk": "aten.topk",
     "mul": "aten.mul", "add": "aten.add", "sub": "aten.sub", "matmul": "aten.matmul", "mm": "aten.mm",
     "bmm": "aten.bmm", "neg": "aten.neg", "tanh": "aten.tanh", "abs": "aten.abs", "div": "aten.div",
-    "detach": "aten.clone", "logical_not": "aten.bitwise_not", "bitwise_not": "aten.bitwise_not",
+    "detach": "aten.detach", "logical_not": "aten.bitwise_not", "bitwise_not": "aten.bitwise_not",
 }
+_add("aten.detach", torch.detach)
+
+# Parameter names of each op, in order: keyword arguments are moved into their positions, so the rules see
+# one form. Alternatives are separated by "|" (torch.mm(input, mat2), Tensor.mm(mat2), operator.mul(a, b)).
+_PARAMS = {
+    "aten.linear": ["input", "weight", "bias"],
+    "aten.matmul": ["input|self", "other"], "aten.mm": ["input|self", "mat2|other"],
+    "aten.bmm": ["input|self", "mat2|other"],
+    "aten.mul": ["input|self", "other"], "aten.div": ["input|self", "other"],
+    "aten.add": ["input|self", "other"], "aten.sub": ["input|self", "other"],
+    "aten.transpose": ["input|self", "dim0", "dim1"], "aten.unsqueeze": ["input|self", "dim"],
+    "aten.softmax": ["input|self", "dim"], "aten.masked_fill": ["input|self", "mask", "value"],
+    "aten.where": ["condition", "input|self", "other"], "aten.one_hot": ["input|tensor", "num_classes"],
+    "aten.scatter": ["input|self", "dim", "index", "src|value"], "aten.topk": ["input|self", "k", "dim"],
+    "aten.relu": ["input|self"], "aten.gelu": ["input|self"], "aten.tanh": ["input|self"],
+    "aten.abs": ["input|self"], "aten.neg": ["input|self"], "aten.t": ["input|self"],
+    "aten.clone": ["input|self"], "aten.detach": ["input|self"], "aten._to_copy": ["input|self"],
+    "aten.dropout": ["input", "p", "training"], "aten.bitwise_not": ["input|self"],
+    "aten.zeros_like": ["input|self"],
+}
+# Keyword arguments that leave an op's meaning as the rules assume it, at these values.
+_HARMLESS = {"dtype": (None,), "approximate": ("none", "tanh"), "inplace": (False,), "alpha": (1,),
+             "rounding_mode": (None,), "memory_format": (None, torch.preserve_format, torch.contiguous_format),
+             "non_blocking": (False,), "copy": (False,), "sorted": (True,), "largest": (True,),
+             "layout": (None,), "device": (None,), "pin_memory": (None, False), "requires_grad": (False,)}
+_IN_PLACE = {"aten.relu", "aten.dropout"}  # ops with an inplace flag as their last parameter
+
+
+def _normalized(name: str, args: tuple, kwargs: dict):
+    """(args, leftover kwargs) with known keyword arguments moved into position."""
+    params = _PARAMS.get(name)
+    if params is None or not kwargs:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for k, alternatives in enumerate(params):
+        for p in alternatives.split("|"):
+            if p in kwargs:
+                if k < len(args):
+                    return tuple(args), kwargs  # given twice: leave it to the op to complain
+                while len(args) < k:
+                    args.append(None)  # an earlier optional parameter left at its default
+                args.append(kwargs.pop(p))
+                break
+    return tuple(args), kwargs
+
+
+def _harmless(kwargs: dict) -> bool:
+    return all(k in _HARMLESS and any(v is h or v == h for h in _HARMLESS[k]) for k, v in kwargs.items())
 
 
 @dataclass
@@ -72,14 +120,47 @@ class OpView:
 
 
 def op_of(node: fx.Node) -> OpView:
+    """The ATen op a node stands for, keyword arguments moved into place. A node whose other keyword
+    arguments change the op's meaning (rounding_mode=, alpha=, out=, inplace=True ...) is "opaque"."""
     if node.op in ("placeholder", "output", "get_attr"):
         return OpView(node.op, node.args, dict(node.kwargs))
     if node.op == "call_function":
         name = _FUNCTIONS.get(node.target, "opaque")
-        return OpView(name, node.args, dict(node.kwargs))
-    if node.op == "call_method":
-        return OpView(_METHODS.get(node.target, "opaque"), node.args, dict(node.kwargs))
-    return OpView("opaque", node.args, dict(node.kwargs))
+    elif node.op == "call_method":
+        name = _METHODS.get(node.target, "opaque")
+    else:
+        name = "opaque"
+    args, kwargs = _normalized(name, node.args, dict(node.kwargs))
+    if name in _IN_PLACE and len(args) == len(_PARAMS[name]) + 1 and args[-1] is True:
+        name = "opaque"  # F.relu(x, True), F.dropout(x, p, training, True)
+    if kwargs and not _harmless(kwargs):
+        name = "opaque"
+    return OpView(name, args, kwargs)
+
+
+_OPERATOR_IN_PLACE = {getattr(operator, n) for n in ("iadd", "iand", "iconcat", "ifloordiv", "ilshift",
+                                                       "imatmul", "imod", "imul", "ior", "ipow", "irshift",
+                                                       "isub", "itruediv", "ixor", "setitem")}
+
+
+def is_in_place(node: fx.Node) -> bool:
+    """Does the node write into one of its arguments? (x.add_(), x[i] = v, x += y, f(..., out=y),
+    F.relu(x, inplace=True))."""
+    if node.op == "call_method" and isinstance(node.target, str) and node.target.endswith("_") \
+            and not node.target.startswith("_"):
+        return True
+    if node.op == "call_function":
+        if node.target in _OPERATOR_IN_PLACE:
+            return True
+        name = getattr(node.target, "__name__", "")
+        if name.endswith("_") and not name.startswith("_"):
+            return True
+        if _FUNCTIONS.get(node.target) in _IN_PLACE:
+            args, kwargs = _normalized(_FUNCTIONS[node.target], node.args, dict(node.kwargs))
+            if kwargs.get("inplace") is True or (len(args) == len(_PARAMS[_FUNCTIONS[node.target]]) + 1
+                                                 and args[-1] is True):
+                return True
+    return "out" in node.kwargs or node.kwargs.get("inplace") is True
 
 
 def example(node) -> object:
@@ -102,3 +183,39 @@ def describe(node: fx.Node) -> str:
     args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in view.args)
     name = view.name.split(".", 1)[1] if view.name.startswith("aten.") else str(node.target)
     return f"{name}({args})"
+
+
+# Ops whose result may share memory with their first argument: writing into one writes into the other.
+_ALIASING_METHODS = {"view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze", "unsqueeze",
+                     "transpose", "permute", "t", "narrow", "select", "flatten", "unflatten", "split", "chunk",
+                     "unbind", "detach", "as_strided", "movedim", "swapaxes", "diagonal", "contiguous", "to",
+                     "type_as", "__getitem__", "data", "float", "double", "type", "view_as_real"}
+_ALIASING_FUNCTIONS = {operator.getitem, torch.reshape, torch.squeeze, torch.unsqueeze, torch.transpose,
+                       torch.permute, torch.t, torch.narrow, torch.select, torch.flatten, torch.split,
+                       torch.chunk, torch.unbind, torch.detach, torch.movedim, torch.swapaxes, torch.diagonal}
+
+
+def mutated_values(gm: fx.GraphModule) -> set:
+    """Names of the nodes whose memory some in-place op of the graph writes (with every alias of them): their
+    zeros when they were made say nothing of what later readers see."""
+    parent: dict = {}
+
+    def find(n):
+        while parent.get(n, n) != n:
+            n = parent[n]
+        return n
+
+    for node in gm.graph.nodes:
+        aliasing = (node.op == "call_method" and node.target in _ALIASING_METHODS) or \
+                   (node.op == "call_function" and node.target in _ALIASING_FUNCTIONS)
+        if aliasing and node.args and isinstance(node.args[0], fx.Node):
+            parent[find(node.name)] = find(node.args[0].name)
+    written = set()
+    for node in gm.graph.nodes:
+        if is_in_place(node):
+            targets = [a for a in node.args[:1] if isinstance(a, fx.Node)]
+            out = node.kwargs.get("out")
+            targets += [out] if isinstance(out, fx.Node) else list(out) if isinstance(out, (tuple, list)) else []
+            written.update(find(t.name) for t in targets if isinstance(t, fx.Node))
+            written.add(find(node.name))
+    return {n.name for n in gm.graph.nodes if find(n.name) in written}

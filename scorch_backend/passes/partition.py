@@ -28,7 +28,7 @@ from torch import fx
 from .. import cost_model
 from .contraction import CONTRACTIONS
 from .fuse import Fused, FuseError, fuse
-from .graph import describe, example, op_of
+from .graph import describe, example, mutated_values, op_of
 
 GROWABLE = {"aten.mul", "aten.div", "aten.neg", "aten.unsqueeze", "aten.transpose", "aten.permute", "aten.t",
             "aten.clone", "aten._to_copy"}
@@ -100,10 +100,14 @@ def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
         return None
     members += [x, kt]
     k = op_of(kt).args[0]
-    shapes = [example(t).shape if isinstance(example(t), torch.Tensor) else None for t in (q, k, v, mask)]
+    shapes = [tuple(example(t).shape) if isinstance(example(t), torch.Tensor) else None for t in (q, k, v, mask)]
     if any(s is None for s in shapes) or not len(shapes[0]) == len(shapes[1]) == len(shapes[2]) >= 2:
         return None
-    if len(shapes[3]) != 2 or any(example(t).dtype not in (torch.float32, torch.float64) for t in (q, k, v)):
+    sq, sk, sv, sm = shapes
+    # the op's contract: same batch dimensions (no broadcasting, e.g. multi-query k/v), a (L, S) mask
+    if not (sq[:-2] == sk[:-2] == sv[:-2] and sk[-2] == sv[-2] and sq[-1] == sk[-1] and sm == (sq[-2], sk[-2])):
+        return None
+    if any(example(t).dtype not in (torch.float32, torch.float64) for t in (q, k, v)):
         return None
     a = attrs.get(mask.name)
     if a is None or a.density >= threshold:
@@ -133,19 +137,9 @@ def _growable(node: fx.Node) -> bool:
 
 
 def _grow(chain: list, taken: set) -> set:
+    """The chain and every producer above it that is growable and used only inside the region (a fixed point:
+    a producer may qualify once its other users have joined)."""
     members = set(chain)
-    work = list(chain)
-    while work:
-        n = work.pop()
-        for p in n.all_input_nodes:
-            if p in members or p.name in taken or p.op != "call_function" and p.op != "call_method":
-                continue
-            if not _growable(p):
-                continue
-            if all(u in members for u in p.users):
-                members.add(p)
-                work.append(p)
-    # A producer whose users joined later: one more sweep until nothing changes.
     changed = True
     while changed:
         changed = False
@@ -160,7 +154,8 @@ def _grow(chain: list, taken: set) -> set:
 
 def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
-    regions, decisions, taken = [], [], set()
+    regions, decisions = [], []
+    taken = set(mutated_values(gm))  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     crossover = cost_model.crossover_density()
     for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum

@@ -38,7 +38,7 @@ from torch import fx
 
 from ..sparsity.attrs import DENSE, SparsityAttr, Support
 from .contraction import CONTRACTIONS, contraction_form, output_dims_of
-from .graph import OpView, example, op_of, shape_of
+from .graph import OpView, example, mutated_values, op_of, shape_of
 
 ZERO_PRESERVING = {"aten.relu", "aten.gelu", "aten.tanh", "aten.abs", "aten.neg", "aten.clone",
                    "aten._to_copy", "aten.dropout"}
@@ -84,6 +84,24 @@ def _view_map(node: fx.Node, view: OpView):
     return None
 
 
+def _aligned(x, support, result: fx.Node):
+    """An operand's support in the dimensions of a broadcast result (operands align from the right), or None
+    when it does not carry over: a dimension of the support that the operand has with size 1 is broadcast,
+    and the operand's zeros are then spread along it."""
+    if support is None or not isinstance(x, fx.Node):
+        return None
+    sx, sr = shape_of(x), shape_of(result)
+    if sx is None or sr is None:
+        return None
+    shift = len(sr) - len(sx)
+    for d in support.dims:
+        n, m = sx[d], sr[d + shift]
+        if not (n is m or (isinstance(n, int) and isinstance(m, int) and n == m) or
+                (not isinstance(n, int) and not isinstance(m, int) and str(n) == str(m))):
+            return None
+    return Support(support.carrier, tuple(d + shift for d in support.dims))
+
+
 def _is_zero(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
@@ -92,7 +110,7 @@ def _is_neg_inf(v) -> bool:
     return isinstance(v, float) and math.isinf(v) and v < 0
 
 
-def _kept_where(mask, ctx: Context, out_rank: int, node_of: dict):
+def _kept_where(mask, ctx: Context, out_rank: int):
     """For a bool mask m: the support 'nonzero where m is True', aligned to a result of rank out_rank.
     Returns (support of the kept region, density) or None."""
     if not isinstance(mask, fx.Node):
@@ -104,7 +122,7 @@ def _kept_where(mask, ctx: Context, out_rank: int, node_of: dict):
     return sup, (d if d is not None else 0.5)
 
 
-def _not_of(mask, node_of: dict):
+def _not_of(mask):
     """m for ~m, else None."""
     if isinstance(mask, fx.Node) and op_of(mask).name == "aten.bitwise_not":
         return mask.args[0]
@@ -118,7 +136,7 @@ def _sparse_attr(ctx: Context, node: fx.Node, density: float, origin: str, patte
                         measured=m, **kw)
 
 
-def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
+def rule(node: fx.Node, ctx: Context) -> SparsityAttr:
     view = op_of(node)
     name = view.name
     args = view.args
@@ -140,9 +158,9 @@ def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
         return DENSE.with_(measured=measured)
     if name == "aten.masked_fill" and len(args) >= 3:
         x, mask, value = args[0], args[1], args[2]
-        kept = _not_of(mask, node_of)
+        kept = _not_of(mask)
         if kept is not None and (_is_zero(value) or _is_neg_inf(value)):
-            sup, d = _kept_where(kept, ctx, rank, node_of)
+            sup, d = _kept_where(kept, ctx, rank)
             if _is_zero(value):
                 return _sparse_attr(ctx, node, d, "masked_fill with 0", "masked", sup)
             return ctx.of(x).with_(sparse=False, neg_inf_outside=sup, support=None, density=1.0,
@@ -151,7 +169,7 @@ def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
     if name == "aten.where" and len(args) == 3:
         cond, x, other = args
         if _is_zero(other) or _is_neg_inf(other):
-            sup, d = _kept_where(cond, ctx, rank, node_of)
+            sup, d = _kept_where(cond, ctx, rank)
             if _is_zero(other):
                 return _sparse_attr(ctx, node, d, "where(m, x, 0)", "masked", sup)
             return SparsityAttr(neg_inf_outside=sup, origin="where(m, x, -inf)", pattern="masked",
@@ -194,8 +212,7 @@ def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
             a = ctx.of(x)
             if a.support is None and not a.sparse:
                 continue
-            shift = rank - _rank(x)
-            sup = Support(a.support.carrier, tuple(d + shift for d in a.support.dims)) if a.support else None
+            sup = _aligned(x, a.support, node)
             if best is None or a.density < best[0].density:
                 best = (a, sup)
         if best is None:
@@ -204,9 +221,10 @@ def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
         return _sparse_attr(ctx, node, a.density, f"mul by {a.origin}", a.pattern, sup)
     if name in ("aten.add", "aten.sub") and len(args) == 2 and all(isinstance(x, fx.Node) for x in args):
         a, b = ctx.of(args[0]), ctx.of(args[1])
-        if a.support is not None and a.support == b.support:
+        sa, sb = _aligned(args[0], a.support, node), _aligned(args[1], b.support, node)
+        if sa is not None and sa == sb:
             return _sparse_attr(ctx, node, min(1.0, a.density + b.density), "sum of tensors with one support",
-                                a.pattern, a.support)
+                                a.pattern, sa)
         return DENSE.with_(measured=measured)
     if name in CONTRACTIONS:
         form = contraction_form(view)
@@ -228,11 +246,15 @@ def rule(node: fx.Node, ctx: Context, node_of: dict) -> SparsityAttr:
 
 
 def propagate(gm: fx.GraphModule, attrs: dict, measured: dict, threshold: float) -> dict:
-    """Fill `attrs` (node name -> SparsityAttr; placeholders already set by discover) for every node."""
+    """Fill `attrs` (node name -> SparsityAttr; placeholders already set by discover) for every node.
+    Values written in place by the graph (and their aliases) are dense: their zeros may not last."""
     ctx = Context(attrs, measured, threshold)
-    node_of = {n.name: n for n in gm.graph.nodes}
+    mutated = mutated_values(gm)
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op == "output":
             continue
-        attrs[node.name] = rule(node, ctx, node_of)
+        if node.name in mutated:
+            attrs[node.name] = DENSE.with_(measured=measured.get(node.name), origin="written in place")
+        elif node.op != "placeholder":
+            attrs[node.name] = rule(node, ctx)
     return attrs

@@ -1,0 +1,186 @@
+"""Edge cases of the backend found in review: keyword arguments, detach, in-place writes, broadcasting of
+supports, writes that bypass version counters, cache bounds, dense fallbacks, aliasing of outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model_check import check_model
+from scorch_backend import region as R
+
+EAGER = {"fallback": "eager"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def pruned(o, i, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(o, i, generator=g) * (torch.rand(o, i, generator=g) < 0.1)
+
+
+class Fn(nn.Module):
+    """A module around a function of (x, W, b), with W pruned."""
+
+    def __init__(self, fn, o=16, i=24):
+        super().__init__()
+        self.fn = fn
+        self.W = nn.Parameter(pruned(o, i))
+        self.b = nn.Parameter(torch.randn(o))
+
+    def forward(self, x):
+        return self.fn(x, self.W, self.b)
+
+
+def x_(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, W, b: F.linear(x, W, bias=b),
+    lambda x, W, b: torch.div(x @ W.t(), 2, rounding_mode="floor"),
+    lambda x, W, b: x @ W.permute(dims=(1, 0)),
+    lambda x, W, b: x @ W.transpose(dim0=0, dim1=1),
+    lambda x, W, b: torch.matmul(x, other=W.t()),
+    lambda x, W, b: torch.mul(x @ W.t(), other=b),
+    lambda x, W, b: torch.add(x @ W.t(), b, alpha=2),
+    lambda x, W, b: x.detach() @ W.t() + x.sum(),
+], ids=["linear-bias-kw", "div-floor", "permute-dims-kw", "transpose-kw", "matmul-other-kw", "mul-other-kw",
+        "add-alpha", "detach"])
+def test_keyword_arguments_and_detach(fn):
+    check_model(Fn(fn), (x_(5, 24),), options=EAGER)
+
+
+class InPlace(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.how = how
+        self.w1 = nn.Parameter(torch.randn(4, 6, 5, generator=g))
+        self.w2 = nn.Parameter(torch.randn(4, 5, 3, generator=g))
+
+    def forward(self, x, idx):
+        mask = F.one_hot(idx, 4).float()
+        hid = torch.einsum("bn,bd,ndh->bnh", mask, x, self.w1)
+        if self.how == "add_":
+            hid.add_(1.0)
+        else:
+            hid[:, :, 0] = 1.0
+        return torch.einsum("bnh,nhd->bd", torch.relu(hid), self.w2)
+
+
+@pytest.mark.parametrize("how", ["add_", "setitem"])
+def test_values_written_in_place_lose_their_zeros(how):
+    idx = torch.tensor([0, 1, 1, 3, 2, 0, 0])
+    check_model(InPlace(how), (torch.randn(7, 6), idx), options=EAGER, train=False)
+
+
+def test_add_of_broadcast_supports_is_dense():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(torch.randn(4, 4, 3))
+
+        def forward(self, h, idx):
+            g = F.one_hot(idx, 4).float()
+            x = g.unsqueeze(-1) * h            # (4, 4, 4): zero where g is, dims (0, 1)
+            y = g * 2.0                        # (4, 4) broadcast onto dims (1, 2)
+            return torch.einsum("bnh,nhd->bd", torch.relu(x + y), self.W)
+
+    check_model(M(), (torch.randn(4, 4, 4), torch.tensor([1, 0, 3, 2])), options=EAGER, train=False)
+
+
+def test_writes_that_bypass_version_counters_are_seen():
+    model = Fn(lambda x, W, b: x @ W.t())
+    compiled = torch.compile(model, backend="scorch")
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        compiled(x)
+        model.W.data.copy_(pruned(16, 24, seed=5))  # .data: the version counter does not move
+        torch.testing.assert_close(compiled(x), x @ model.W.t())
+        buf = np.zeros((3, 24), dtype=np.float32)
+        xin = torch.from_numpy(buf)
+        for step in range(3):  # a data input refilled through numpy
+            buf[:] = np.random.default_rng(step).standard_normal((3, 24))
+            torch.testing.assert_close(compiled(xin), xin @ model.W.t())
+
+
+def test_cache_keeps_few_data_inputs():
+    model = Fn(lambda x, W, b: x @ W.t())
+    compiled = torch.compile(model, backend="scorch")
+    with torch.no_grad():
+        for _ in range(40):
+            compiled((torch.rand(8, 24) < 0.05).float())  # sparse data, a new tensor every call
+    assert len(R._inputs) <= R.MAX_INPUTS
+
+
+class Attention(nn.Module):
+    def __init__(self, s=8):
+        super().__init__()
+        self.register_buffer("mask", torch.tril(torch.ones(s, s, dtype=torch.bool)) & (torch.rand(s, s) < 0.3)
+                             | torch.eye(s, dtype=torch.bool))
+
+    def forward(self, q, k, v):
+        scores = (q @ k.transpose(-2, -1)) * 0.3
+        return torch.softmax(scores.masked_fill(~self.mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "dense", "sparse"])
+def test_masked_attention_every_path_trains(dispatch, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    torch.manual_seed(0)
+    qkv = tuple(torch.randn(2, 3, 8, 4, requires_grad=True) for _ in range(3))
+    check_model(Attention(), qkv, options={"sparse_threshold": 0.9})
+
+
+def test_masked_attention_with_shared_keys_is_not_matched():
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 8, 4, requires_grad=True)
+    kv = (torch.randn(2, 1, 8, 4, requires_grad=True), torch.randn(2, 1, 8, 4, requires_grad=True))
+    check_model(Attention(), (q, *kv), options={"sparse_threshold": 0.9})
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, W, b: F.relu(F.linear(x, W), inplace=True),
+    lambda x, W, b: (x @ W.t()).add_(b),
+])
+def test_in_place_updates_of_region_outputs(fn):
+    check_model(Fn(fn), (x_(5, 24),), options=EAGER)
+
+
+def test_grouped_dispatch_with_gate_letter_only_in_the_output(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(torch.randn(4, 32, 32))
+
+        def forward(self, idx):
+            return torch.einsum("bn,ndh->bndh", F.one_hot(idx, 4).float(), self.W)
+
+    idx = torch.tensor([0] * 34 + [1, 1, 2, 2, 3, 3])
+    check_model(M(), (idx,), options=EAGER)
+
+
+def test_identity_region_does_not_overwrite_its_input():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(pruned(6, 6))
+
+        def forward(self, x):
+            return torch.einsum("ij->ij", self.W) * 3.0 + x
+
+    m = M()
+    before = m.W.detach().clone()
+    check_model(m, (x_(6, 6),), options=EAGER)
+    torch.testing.assert_close(m.W.detach(), before)
