@@ -11,9 +11,10 @@ tensors in the graph: weights, activations, masks) and says how each input is to
   scores filled with -inf outside a mask), so the kernel skips those zeros without compressing the big input.
 
 The program is a JSON text built by the fuse pass from the parsed graph (never from user text). At run time
-the op measures the densities of its sparse inputs (parameters and buffers are compressed once per version
-of the tensor, so weights updated in place by an optimizer are recompressed, never used stale) and runs the
-sparse kernel or, where the data is not sparse enough to pay, `torch.einsum` on the dense tensors.
+the op measures the densities of its sparse inputs (graph inputs, weights and data, are compressed once per
+version of the tensor and checked by a fingerprint, so weights updated in place by an optimizer are
+recompressed, never used stale; see the cache below) and runs the sparse kernel, grouped dense products
+(one-hot dispatch), or, where the data is not sparse enough to pay, `torch.einsum` on the dense tensors.
 
 Its gradient is the einsum's: the gradient of input k is the einsum of the output gradient with the other
 inputs, run through this same op, so sparse inputs stay sparse in the backward pass (for y = x W^T with a

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from .. import cost_model
 from ..sparsity import measure
 from ..sparsity.attrs import DENSE, SparsityAttr
 from ..tensor import SparseTensor
@@ -27,7 +28,7 @@ def is_weight(node: fx.Node, value) -> bool:
     return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
 
 
-MIN_MEASURED_INPUT = 4096  # smaller inputs are not worth a sparse format
+MIN_MEASURED_INPUT = cost_model.TINY_DENSE_ELEMENTS  # smaller inputs are not worth a sparse format
 
 
 def discover(gm: fx.GraphModule, example_inputs, threshold: float, measure_inputs: bool = True) -> dict:
