@@ -52,3 +52,38 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
         return True, (f"sparse operands' combined density {combined:.3g} >= crossover {threshold:.3g} "
                       "(benchmarks/calibrate.py): dense is faster")
     return False, f"combined density {combined:.3g} < crossover {threshold:.3g}: sparse kernel"
+
+
+# --- whole regions of a compiled model ------------------------------------------------------------------
+REGION_OVERHEAD_S = 60e-6  # one scorch::region call's fixed cost (Python dispatch, cache checks, planning
+                           # lookups), measured on the zoo's small models: 50-100 us
+
+
+@functools.lru_cache(maxsize=8)
+def dense_rate(threads: int) -> float:
+    """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (measured
+    once per process: a 384^3 product after a warm-up)."""
+    import time
+
+    import torch
+
+    a = torch.randn(384, 384)
+    b = torch.randn(384, 384)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 384**3 / max(best, 1e-9)
+
+
+def region_speedup(dense_fmas: float, density: float) -> float:
+    """Estimated speedup of a sparse region over the dense product it replaces: the dense time over the
+    region's fixed cost plus the sparse work, a stored entry costing 1/crossover of a dense multiply-add."""
+    import torch
+
+    rate = dense_rate(torch.get_num_threads())
+    t_dense = dense_fmas / rate
+    t_sparse = REGION_OVERHEAD_S + dense_fmas * density / (rate * crossover_density())
+    return t_dense / t_sparse

@@ -6,8 +6,10 @@ the ops index notation can express without sums (mul, scalar mul/div, neg, unsqu
 t, clone, same-dtype casts), taking a producer only when all its users are in the region (so nothing is
 computed twice). It must read a sparse value: an input compressed at run time, or a pattern factor.
 The cost model (scorch_backend/cost_model.py, crossover measured by benchmarks/calibrate.py) then keeps the
-region only where the sparse factors' density is under the threshold; its estimated speedup is the dense work
-over the sparse work, each sparse entry costing 1/crossover dense ones.
+region only where the sparse factors' density is under the threshold and the estimated speedup is over 1: the
+dense time (multiply-adds at the machine's measured dense rate) over the region's fixed cost per call plus its
+sparse work, each sparse entry costing 1/crossover dense multiply-adds. (SCORCH_DISPATCH=sparse skips the
+size test, so tests see regions on small models.)
 
 Values that are SparseTensors are not put in regions: their ops already run as Scorch kernels through
 SparseTensor's dispatch rules when AOTAutograd traces the graph.
@@ -20,6 +22,7 @@ the softmax between the two products is not index notation.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -152,6 +155,20 @@ def _grow(chain: list, taken: set) -> set:
     return members
 
 
+def _dense_fmas(fused: Fused) -> float:
+    """Multiply-adds of the dense einsum: the product of every index's extent (size hints when symbolic)."""
+    sizes = {}
+    for k, (o, leaf) in enumerate(zip(fused.program.operands, fused.leaves)):
+        shape = example(leaf).shape
+        dims = [d for d in range(len(shape)) if d not in fused.squeeze[k]]
+        for c, d in zip(o.tensor_letters, dims):
+            n = shape[d]
+            if isinstance(n, torch.SymInt):
+                n = n.node.hint if n.node.hint is not None else 1024
+            sizes[c] = int(n)
+    return float(math.prod(sizes.values()))
+
+
 def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
     regions, decisions = [], []
@@ -190,7 +207,11 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
             continue
-        est = crossover / max(fused.density, 1e-9)
+        est = cost_model.region_speedup(_dense_fmas(fused), fused.density)
+        if est < 1.0 and os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+            decisions.append(Decision(node.name, describe(node),
+                                      f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
+            continue
         ordered = sorted(members, key=order.get)
         regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered]))
         taken.update(m.name for m in members)

@@ -71,8 +71,8 @@ def test_options_fallback_eager_and_threshold():
 
 def test_bag_of_words_input_is_measured_and_dense_inputs_fall_back(monkeypatch):
     torch.manual_seed(0)
-    model = nn.Linear(300, 8)
-    bow = (torch.rand(20, 300) < 0.02).float()  # a bag of words: 2% of the vocabulary per row
+    model = nn.Linear(4000, 256)
+    bow = (torch.rand(64, 4000) < 0.02).float()  # a bag of words: 2% of the vocabulary per row
     rep = sb.explain(model, bow, repeat=1)
     (r,) = rep.regions
     assert any(o["kind"] == "sparse" and "measured input" in o["attr"] for o in r.operands)
@@ -81,7 +81,7 @@ def test_bag_of_words_input_is_measured_and_dense_inputs_fall_back(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(compiled(bow), model(bow))
         dense_before = R.stats["dense_runs"]
-        full = torch.randn(20, 300)  # the same input position, now dense: measured at run time, run dense
+        full = torch.randn(64, 4000)  # the same input position, now dense: measured at run time, run dense
         torch.testing.assert_close(compiled(full), model(full), rtol=1e-4, atol=1e-5)
         assert R.stats["dense_runs"] == dense_before + 1
 
