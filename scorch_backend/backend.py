@@ -100,7 +100,8 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict) -> GraphReport:
         finally:
             torch.random.set_rng_state(state)
     propagate(gm, attrs, measured, threshold)
-    regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]))
+    # Dynamo compiles separately with and without grad mode: this graph is for training if grad is on now.
+    regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), torch.is_grad_enabled())
     in_regions = {m.name for r in regions for m in r.members}
     dense_ops = [describe(n) for n in gm.graph.nodes
                  if n.op in ("call_function", "call_method") and n.name not in in_regions

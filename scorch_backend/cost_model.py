@@ -55,8 +55,8 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
 
 
 # --- whole regions of a compiled model ------------------------------------------------------------------
-REGION_OVERHEAD_S = 60e-6  # one scorch::region call's fixed cost (Python dispatch, cache checks, planning
-                           # lookups), measured on the zoo's small models: 50-100 us
+REGION_OVERHEAD_S = 150e-6  # one scorch::region call's fixed cost (Python dispatch, autograd wrapper, cache
+                            # checks, plan lookups): 100-200 us over the kernel itself on the zoo's pruned MLP
 
 
 @functools.lru_cache(maxsize=8)
@@ -78,12 +78,16 @@ def dense_rate(threads: int) -> float:
     return 384**3 / max(best, 1e-9)
 
 
-def region_speedup(dense_fmas: float, density: float) -> float:
-    """Estimated speedup of a sparse region over the dense product it replaces: the dense time over the
-    region's fixed cost plus the sparse work, a stored entry costing 1/crossover of a dense multiply-add."""
+def region_speedup(dense_fmas: float, density: float, sparse_calls: int = 1, dense_calls: int = 0) -> float:
+    """Estimated speedup of a sparse region over the dense products it replaces: the dense time over the
+    region's fixed cost per call plus its work, a stored entry costing 1/crossover of a dense multiply-add.
+    In training a region also runs its gradients: those that keep a sparse factor (`sparse_calls`, the
+    forward one included) and those that do not (`dense_calls`: the gradient of the sparse operand itself)."""
     import torch
 
     rate = dense_rate(torch.get_num_threads())
-    t_dense = dense_fmas / rate
-    t_sparse = REGION_OVERHEAD_S + dense_fmas * density / (rate * crossover_density())
+    calls = sparse_calls + dense_calls
+    t_dense = calls * dense_fmas / rate
+    t_sparse = calls * REGION_OVERHEAD_S + sparse_calls * dense_fmas * density / (rate * crossover_density()) \
+        + dense_calls * dense_fmas / rate
     return t_dense / t_sparse

@@ -169,7 +169,25 @@ def _dense_fmas(fused: Fused) -> float:
     return float(math.prod(sizes.values()))
 
 
-def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
+def _calls(fused: Fused, training: bool) -> tuple[int, int]:
+    """(sparse, dense) calls of the region per step: the forward, and in training one gradient per operand
+    that requires grad, sparse unless it is the gradient of the only compressed operand."""
+    sparse, dense = 1, 0
+    if not training:
+        return sparse, dense
+    ops = fused.program.operands
+    for k, (o, leaf) in enumerate(zip(ops, fused.leaves)):
+        v = example(leaf)
+        if o.kind == "pattern" or not isinstance(v, torch.Tensor) or not v.requires_grad:
+            continue
+        if any(j != k and p.kind != "dense" for j, p in enumerate(ops)):
+            sparse += 1
+        else:
+            dense += 1
+    return sparse, dense
+
+
+def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
     regions, decisions = [], []
     taken = set(mutated_values(gm))  # values written in place stay where they are
@@ -207,7 +225,7 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool):
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
             continue
-        est = cost_model.region_speedup(_dense_fmas(fused), fused.density)
+        est = cost_model.region_speedup(_dense_fmas(fused), fused.density, *_calls(fused, training))
         if est < 1.0 and os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
