@@ -65,11 +65,11 @@ class Report:
                     if r.measured_speedup is not None else "not measured")
             lines.append(f"  speedup:   estimated {r.estimated_speedup:.2f}x, measured {meas}")
         if self.left_dense:
-            lines.append("\nContractions left dense:")
+            lines.append("\nContractions not in a region:")
             lines += [f"  {op}: {why}" for op, why in self.left_dense]
         if self.dense_ops:
-            lines.append(f"\nOther ops ({len(self.dense_ops)}), run by the fallback: not index notation or not "
-                         "sparse: " + ", ".join(self.dense_ops[:12]) + (" ..." if len(self.dense_ops) > 12 else ""))
+            lines.append(f"\nOther ops ({len(self.dense_ops)}), run by the fallback (those on SparseTensors as "
+                         "Scorch kernels): " + ", ".join(self.dense_ops[:12]) + (" ..." if len(self.dense_ops) > 12 else ""))
         if self.png:
             lines.append(f"\nSparsity patterns: {self.png}")
         return "\n".join(lines)

@@ -217,7 +217,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         a = attrs.get(leaf.name, DENSE)
         v = example(leaf)
         if a.format is not None:
-            raise FuseError(f"{leaf.name} is a SparseTensor: its ops run through Scorch's dispatch rules")
+            raise FuseError(f"{leaf.name} is a SparseTensor: runs as a Scorch kernel through SparseTensor's "
+                            "dispatch rules")
         if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float64):
             raise FuseError(f"{leaf.name} is not a float32/float64 tensor")
         if v.device.type != "cpu":

@@ -219,7 +219,8 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
         try:
             fused = fuse(root, members, attrs, threshold, frozen, name)
         except FuseError as e:
-            decisions.append(Decision(node.name, describe(node), f"left dense: {e}"))
+            why = str(e) if "SparseTensor" in str(e) else f"left dense: {e}"
+            decisions.append(Decision(node.name, describe(node), why))
             continue
         if fused.density >= threshold:
             decisions.append(Decision(node.name, describe(node),

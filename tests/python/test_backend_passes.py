@@ -342,7 +342,7 @@ def test_explain_reports_regions_and_writes_png(tmp_path):
     assert any(o["kind"] == "sparse" and "measured weight" in o["attr"] for o in r.operands)
     assert rep.left_dense and "no sparse operand" in rep.left_dense[0][1]
     text = str(rep)
-    assert "region0" in text and "schedule" in text and "Contractions left dense" in text
+    assert "region0" in text and "schedule" in text and "Contractions not in a region" in text
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
