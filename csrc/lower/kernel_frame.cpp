@@ -58,7 +58,8 @@ Stmts unpack_arguments(const KernelSpec& spec) {
 }
 
 Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& nest, bool parallel) {
-  const bool sparse_output = !spec.output.strided();
+  // Sparse outputs come back through per-thread streams, except a sampled one, written in place.
+  const bool sparse_output = !spec.output.strided() && sched.output != OutputMode::sampled;
   Stmts region{line("const int tid = omp_get_thread_num();"), line("const int nt = omp_get_num_threads();"),
                line("(void)tid; (void)nt;")};
   if (sparse_output) region.push_back(line("Stream& st = streams[tid];"));
@@ -89,6 +90,8 @@ Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& n
   region.push_back(line("}"));
 
   Stmts b{line(fmt::format("int nthreads = {};", parallel ? "args->num_threads > 0 ? args->num_threads : 1" : "1"))};
+  if (sched.output == OutputMode::sampled)
+    b.push_back(line("val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size"));
   if (sched.private_output && parallel)
     b.push_back(line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
   if (sparse_output) {

@@ -76,7 +76,7 @@ class Lowerer {
     States states;
     for (const auto& [id, a] : access_) states[id] = State{};
     current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
-    Stmts nest = wrap_emission(-1, [&] { return lower_depth(0, st_.rhs, states); });
+    Stmts nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
 
     if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
     Stmts frame = thread_frame(spec_, sched_, nest, parallel_);
@@ -106,13 +106,25 @@ class Lowerer {
   // At the emission depth of append/workspace outputs, the body gets an accumulator (or a workspace) and
   // the statements that emit what it collected; elsewhere the body is returned as it is.
   template <typename F>
-  Stmts wrap_emission(int depth, F&& inner) {
+  Stmts wrap_emission(int depth, const States& inside, F&& inner) {
     const bool here = depth == sched_.emit_depth &&
-                      (sched_.output == OutputMode::append || sched_.output == OutputMode::workspace);
+                      (sched_.output == OutputMode::append || sched_.output == OutputMode::workspace ||
+                       sched_.output == OutputMode::sampled);
     if (!here) return inner();
     Stmts out;
     const Sink saved = current_sink_;
-    if (sched_.output == OutputMode::append) {
+    if (sched_.output == OutputMode::sampled) {
+      // The sampling operand's position: every level walked, its state points at its value.
+      std::string pos;
+      for (const auto& [id, a] : access_)
+        if (a.tensor == sched_.sampled_tensor && inside.count(id)) pos = inside.at(id).b;
+      SCORCH_ASSERT(!pos.empty(), "sampled output: the sampling operand is not walked at the emission depth");
+      current_sink_ = Sink::scalar;
+      out.push_back(loops::line("val_t acc = 0; bool any = false; (void)any;"));
+      Stmts body = inner();
+      out.insert(out.end(), body.begin(), body.end());
+      out.push_back(loops::line(fmt::format("sampled_out[{}] = acc;", pos)));
+    } else if (sched_.output == OutputMode::append) {
       current_sink_ = Sink::scalar;
       out.push_back(loops::line("val_t acc = 0; bool any = false;"));
       Stmts body = inner();
@@ -405,7 +417,7 @@ class Lowerer {
         }
         next[a->access_id] = s;
       }
-      return wrap_emission(d, [&] { return lower_depth(d + 1, pt.expr, next); });
+      return wrap_emission(d, next, [&] { return lower_depth(d + 1, pt.expr, next); });
     };
 
     const bool can_parallel = d == 0 && sched_.parallel;

@@ -49,7 +49,32 @@ std::vector<int> output_storage_vars(const KernelSpec& spec) {
   return level_vars(*spec.output.format, spec.stmt.out_vars);
 }
 
+bool is_product(const ir::ExprPtr& e) {
+  switch (e->kind) {
+    case ir::ExprKind::access:
+    case ir::ExprKind::literal: return true;
+    case ir::ExprKind::mul: return is_product(e->a) && is_product(e->b);
+    case ir::ExprKind::neg: return is_product(e->a);
+    default: return false;
+  }
+}
+
 }  // namespace
+
+int sampling_operand(const KernelSpec& spec) {
+  if (spec.output.strided() || !is_product(spec.stmt.rhs)) return -1;
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided() || !(*s.format == *spec.output.format) || a->vars != spec.stmt.out_vars)
+      continue;
+    int uses = 0;
+    for (const ir::Expr* b : acc) uses += b->tensor == a->tensor;
+    if (uses == 1) return a->tensor;
+  }
+  return -1;
+}
 
 std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints) {
   const int n = spec.stmt.num_vars();
@@ -115,6 +140,13 @@ Schedule make_schedule(const KernelSpec& spec) {
   } else if (blocked_output) {
     s.output = OutputMode::coords;
     s.reasons.push_back("blocked output format: coordinates collected, then packed into blocks");
+  } else if (const int t = sampling_operand(spec); t >= 0 && prefix_is(out_vars, m)) {
+    s.output = OutputMode::sampled;
+    s.emit_depth = m - 1;
+    s.sampled_tensor = t;
+    s.reasons.push_back(fmt::format("output has the pattern of operand t{} (a product with it, same format and "
+                                    "indices): each value is written at its position, its index buffers shared",
+                                    t));
   } else if (prefix_is(out_vars, m)) {
     s.output = OutputMode::append;
     s.emit_depth = m - 1;
@@ -156,7 +188,7 @@ Schedule make_schedule(const KernelSpec& spec) {
 std::string Schedule::str(const ir::Statement& st) const {
   std::string s = "order:";
   for (int v : order) s += " " + st.var_names[v];
-  const char* modes[] = {"dense", "append", "workspace", "coords"};
+  const char* modes[] = {"dense", "append", "workspace", "coords", "sampled"};
   s += fmt::format("; output: {}", modes[static_cast<int>(output)]);
   if (workspace_var >= 0) s += fmt::format(" over {}", st.var_names[workspace_var]);
   s += parallel ? "; parallel outer loop" : "; serial";

@@ -14,6 +14,7 @@ enum class OutputMode {
   append,     // sparse output produced in storage order, one entry per coordinate: appended
   workspace,  // sparse output whose last variable is reached out of order: a dense row workspace per thread
   coords,     // anything else: coordinates appended in any order, sorted and summed afterwards
+  sampled,    // the output has the pattern of a sparse factor (SDDMM): values written at its positions
 };
 
 struct Schedule {
@@ -21,6 +22,7 @@ struct Schedule {
   OutputMode output = OutputMode::dense;
   int emit_depth = -1;          // append/workspace: depth whose loop body emits (-1: around the whole nest)
   int workspace_var = -1;       // workspace: the output variable the workspace is indexed by
+  int sampled_tensor = -1;      // sampled: the operand whose index buffers the output shares
   bool parallel = false;        // the outermost loop is split among threads
   bool private_output = false;  // dense output with an outer reduction: per-thread copies, summed at the end
   std::vector<std::string> reasons;
@@ -36,6 +38,10 @@ std::vector<std::pair<int, int>> order_constraints(const KernelSpec& spec);
 std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints);
 
 Schedule make_schedule(const KernelSpec& spec);
+
+// The operand whose pattern a sparse output has by construction (the statement is a product with it, the
+// output has its format and indices), or -1.
+int sampling_operand(const KernelSpec& spec);
 
 // Level variables of an access of a level-format operand: the index variable of each level, in level order.
 std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars);

@@ -140,6 +140,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
   k->loop_ir = loops::print(l.kernel.body);
   k->sparse_output = l.kernel.sparse_output;
   k->sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
+  k->sampled_operand = l.schedule.output == OutputMode::sampled ? l.schedule.sampled_tensor : -1;
   k->input_pointers = input_pointer_count(l.spec);
 
   const std::string dir = kernel_cache_dir();

@@ -110,6 +110,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     std::vector<void*> ptrs;
     std::vector<int64_t> strides;
     std::vector<at::Tensor> keep;  // contiguous copies stay alive during the call
+    std::vector<std::vector<at::Tensor>> operand_buffers(spec.operands.size());
+    std::vector<int64_t> operand_nnz(spec.operands.size(), 0);
     size_t at = 0;
     for (size_t t = 0; t < spec.operands.size(); ++t) {
       const Storage& s = spec.operands[t];
@@ -144,6 +146,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
         ptrs.push_back(b.data_ptr());
         keep.push_back(b);
       }
+      operand_buffers[t] = bufs;
+      operand_nnz[t] = v.size(0);
       keep.push_back(v.contiguous());
       ptrs.push_back(keep.back().data_ptr());
     }
@@ -154,8 +158,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     at::Tensor dense;
     scorch_kernel_args args{ptrs.data(), sizes.data(), strides.data(), nullptr, 0, nullptr, nullptr,
                             static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0};
+    const int sampled = e.kernel->sampled_operand;
     if (spec.output.strided()) {
       dense = at::zeros(out_shape, opts);
+      args.out_dense = dense.data_ptr();
+    } else if (sampled >= 0) {  // values at the sampling operand's positions
+      dense = at::zeros({operand_nnz[sampled]}, opts);
       args.out_dense = dense.data_ptr();
     }
     {
@@ -168,6 +176,11 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
       }
     }
     if (spec.output.strided()) return std::make_tuple(dense, std::vector<at::Tensor>{});
+    if (sampled >= 0) {
+      std::vector<at::Tensor> buffers;
+      for (const auto& b : operand_buffers[sampled]) buffers.push_back(b.clone());  // outputs never alias inputs
+      return std::make_tuple(dense, buffers);
+    }
     const int64_t nnz = args.out_nnz;
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
     at::Tensor pos, crd;

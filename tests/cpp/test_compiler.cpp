@@ -99,9 +99,12 @@ TEST(Schedule, ClassicKernels) {
   // SpGEMM into CSR: the output's columns come inside the reduction, so a row workspace.
   EXPECT_EQ(sched("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=csr; out=csr; f32; i32"),
             "order: i0 i2 i1; output: workspace over i1; parallel outer loop");
-  // SDDMM: append in the sampling pattern's order with the reduction inside.
+  // SDDMM: the output has the sampling operand's pattern: values written at its positions.
   EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) * t1(i0,i2) * t2(i2,i1); t0=csr; t1=strided; t2=strided; out=csr; f32; i32"),
-            "order: i0 i1 i2; output: append; parallel outer loop");
+            "order: i0 i1 i2; output: sampled; parallel outer loop");
+  // A sum is not bounded by one operand's pattern: appended.
+  EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) + t1(i0,i1); t0=csr; t1=csr; out=csr; f32; i32"),
+            "order: i0 i1; output: append; parallel outer loop");
   // CSC SpMV: the outer loop is a reduction, so private outputs.
   EXPECT_EQ(sched("out(i0) = t0(i0,i1) * t1(i1); t0=csc; t1=strided; out=strided; f64; i64"),
             "order: i1 i0; output: dense; parallel outer loop with private outputs");
