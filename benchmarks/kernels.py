@@ -58,7 +58,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import datasets  # noqa: E402
 from scorch_backend.bench import measure, stream_triad  # noqa: E402
-from scorch_backend.bench.timing import fmt_ratio, fmt_time  # noqa: E402
+from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 
 KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp")
 N_SPMM = 128
@@ -910,9 +910,7 @@ def main(argv=None) -> int:
                         "torch_ops": TORCH_OPS, "scorch_calls": EQUATIONS},
            "stream_triad": triad, "triad_gbps": triad_gbps, "results": results, "summary": summary,
            "jit": jit_summary, "targets": targets, "total_seconds": time.perf_counter() - t_start}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, default=str))
+    out = save_json(args.out, doc)
     log(f"\nwrote {out} ({time.perf_counter() - t_start:.0f} s in all)")
     return 0
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import json
 import math
 import os
 import pathlib
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 import scorch_backend as sb
 from scorch_backend import datasets
 from scorch_backend.bench import contention_probe, measure, zoo
-from scorch_backend.bench.timing import fmt_ratio, fmt_time
+from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODELS = tuple(zoo.CASES)
@@ -516,9 +515,7 @@ def main(argv=None) -> int:
                         "gcn_speedup_vs_torch_sparse": "faster torch.sparse layout's time / contender's time",
                         "training_loss": "sum of the floating outputs", "check_rtol": CHECK_RTOL},
            "results": rows, "targets": targets, "total_seconds": time.perf_counter() - t_start}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, default=str))
+    out = save_json(args.out, doc)
     log(f"\nwrote {out} ({time.perf_counter() - t_start:.0f} s in all)")
     return 0
 

@@ -12,6 +12,8 @@ torch.set_num_threads, before measuring anything).
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import statistics
 import time
 from typing import Callable
@@ -149,3 +151,11 @@ def fmt_time(s):
 
 def fmt_ratio(r):
     return "-" if r is None else f"{r:.2f}x"
+
+
+def save_json(path, doc: dict) -> pathlib.Path:
+    """Write a benchmark's results as JSON (parent folders made); the path written."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    return out
