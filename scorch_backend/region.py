@@ -179,12 +179,14 @@ def _key(t: torch.Tensor) -> tuple:
 
 
 def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
-    """FINGERPRINT entries spread over a contiguous tensor, as raw bytes (NaN-safe); None otherwise."""
+    """FINGERPRINT entries spread over the tensor (any strides), as raw bytes (NaN-safe); None if empty."""
     n = t.numel()
-    if n == 0 or not t.is_contiguous():
+    if n == 0:
         return None
-    idx = torch.linspace(0, n - 1, steps=min(FINGERPRINT, n)).long()
-    return t.detach().reshape(-1)[idx].contiguous().view(torch.uint8).clone()
+    k = min(FINGERPRINT, n)
+    flat = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)  # integer spread: exact for any n
+    where = torch.unravel_index(flat, tuple(t.shape)) if t.dim() else ()
+    return t.detach()[where].contiguous().view(torch.uint8).clone()
 
 
 def _lookup(t: torch.Tensor, frozen: bool, weight: bool):
@@ -253,7 +255,7 @@ def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes
                 src = src.reshape((1,) * len(lead) + tuple(src.shape)).expand(lead + tuple(src.shape))
         elif src.dtype != dtype:
             src = src.to(dtype)
-        got = sparse(src, "csr" if src.dim() >= 2 else "compressed" if src.dim() == 1 else "dense",
+        got = sparse(src, "csr" if src.dim() >= 2 else ["compressed"] if src.dim() == 1 else "dense",
                      index_dtype=_INDEX_DTYPE)
         e.sparse[(o.kind, dtype, lead)] = got
     return got

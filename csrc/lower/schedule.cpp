@@ -65,15 +65,18 @@ int sampling_operand(const KernelSpec& spec) {
   if (spec.output.strided() || !is_product(spec.stmt.rhs)) return -1;
   std::vector<const ir::Expr*> acc;
   ir::collect_accesses(spec.stmt.rhs, acc);
+  // Only with a single level-format factor: with two, the output is their intersection, and writing the
+  // first one's whole pattern would store explicit zeros wherever the other has none.
+  const ir::Expr* only = nullptr;
   for (const ir::Expr* a : acc) {
     const Storage& s = spec.operands[a->tensor];
-    if (s.strided() || !(*s.format == *spec.output.format) || a->vars != spec.stmt.out_vars)
-      continue;
-    int uses = 0;
-    for (const ir::Expr* b : acc) uses += b->tensor == a->tensor;
-    if (uses == 1) return a->tensor;
+    if (s.strided() || s.format->all_dense()) continue;
+    if (only) return -1;
+    only = a;
   }
-  return -1;
+  if (!only || !(*spec.operands[only->tensor].format == *spec.output.format) || only->vars != spec.stmt.out_vars)
+    return -1;
+  return only->tensor;
 }
 
 std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints) {

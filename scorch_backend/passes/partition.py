@@ -155,6 +155,13 @@ def _grow(chain: list, taken: set) -> set:
     return members
 
 
+def _hint(n) -> int:
+    """An int for estimates: a symbolic size's hint (1024 when it has none)."""
+    if isinstance(n, torch.SymInt):
+        return int(n.node.hint) if n.node.hint is not None else 1024
+    return int(n)
+
+
 def _dense_fmas(fused: Fused) -> float:
     """Multiply-adds of the dense einsum: the product of every index's extent (size hints when symbolic)."""
     sizes = {}
@@ -162,10 +169,7 @@ def _dense_fmas(fused: Fused) -> float:
         shape = example(leaf).shape
         dims = [d for d in range(len(shape)) if d not in fused.squeeze[k]]
         for c, d in zip(o.tensor_letters, dims):
-            n = shape[d]
-            if isinstance(n, torch.SymInt):
-                n = n.node.hint if n.node.hint is not None else 1024
-            sizes[c] = int(n)
+            sizes[c] = _hint(shape[d])
     return float(math.prod(sizes.values()))
 
 
@@ -192,14 +196,20 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
     regions, decisions = [], []
     taken = set(mutated_values(gm))  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
-    crossover = cost_model.crossover_density()
     for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
         found = _masked_attention(node, attrs, threshold)
         if found is None or any(m.name in taken for m in found[0]):
             continue
         members, q, k, v, mask, scale, density = found
+        sq, sv = example(q).shape, example(v).shape
+        fmas = math.prod(_hint(n) for n in sq[:-1]) * _hint(example(k).shape[-2]) * (_hint(sq[-1]) + _hint(sv[-1]))
+        est = cost_model.region_speedup(fmas, density, 2 if training else 1)
+        if est < 1.0 and os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+            decisions.append(Decision(node.name, describe(node), "masked attention left dense: too small to pay "
+                                      f"for a call (estimated speedup {est:.2f}x)"))
+            continue
         ordered = sorted(members, key=order.get)
-        regions.append(Region(f"region{len(regions)}", node, ordered, None, crossover / max(density, 1e-9),
+        regions.append(Region(f"region{len(regions)}", node, ordered, None, est,
                               [describe(m) for m in ordered], (q, k, v, mask, scale)))
         taken.update(m.name for m in members)
     for node in gm.graph.nodes:

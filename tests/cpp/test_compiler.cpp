@@ -102,6 +102,9 @@ TEST(Schedule, ClassicKernels) {
   // SDDMM: the output has the sampling operand's pattern: values written at its positions.
   EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) * t1(i0,i2) * t2(i2,i1); t0=csr; t1=strided; t2=strided; out=csr; f32; i32"),
             "order: i0 i1 i2; output: sampled; parallel outer loop");
+  // Two sparse factors: their intersection, appended (writing one's whole pattern would store zeros).
+  EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) * t1(i0,i1); t0=csr; t1=csr; out=csr; f32; i32"),
+            "order: i0 i1; output: append; parallel outer loop");
   // A sum is not bounded by one operand's pattern: appended.
   EXPECT_EQ(sched("out(i0,i1) = t0(i0,i1) + t1(i0,i1); t0=csr; t1=csr; out=csr; f32; i32"),
             "order: i0 i1; output: append; parallel outer loop");

@@ -184,3 +184,31 @@ def test_identity_region_does_not_overwrite_its_input():
     before = m.W.detach().clone()
     check_model(m, (x_(6, 6),), options=EAGER)
     torch.testing.assert_close(m.W.detach(), before)
+
+
+def test_fingerprint_of_large_and_strided_tensors():
+    big = torch.zeros(4097, 4096)  # 2^24 + 4096 entries: float index arithmetic would run past the end
+    big[::97, ::13] = 1
+    assert R._fingerprint(big).numel() == R.FINGERPRINT * 4
+    strided = torch.randn(64, 48).t()
+    before = R._fingerprint(strided)
+    strided.data[47, 63] = 123.0  # the last entry: in the fingerprint, whatever the strides
+    assert not torch.equal(before, R._fingerprint(strided))
+
+
+def test_one_dimensional_sparse_operand():
+    prog = R.Program((R.Operand("ab"), R.Operand("b", "sparse")), "ab").text()
+    x, m = torch.randn(3, 64), (torch.rand(64) < 0.1).float()
+    torch.testing.assert_close(R.run(prog, [x, m], force="sparse"), x * m)
+
+
+def test_product_of_two_sparse_operands_keeps_only_their_intersection():
+    import scorch_backend as sb
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(200, 200, generator=g) * (torch.rand(200, 200, generator=g) < 0.5)
+    B = torch.randn(200, 200, generator=g) * (torch.rand(200, 200, generator=g) < 0.01)
+    for a, b in ((A, B), (B, A)):
+        C = sb.einsum("ij,ij->ij", sb.sparse(a, "csr"), sb.sparse(b, "csr"))
+        assert C.nnz == int(((A != 0) & (B != 0)).sum())
+        torch.testing.assert_close(C.to_dense(), a * b)
