@@ -87,7 +87,9 @@ def _backward(ctx, grad_result, grad_buffers):
             g = compute("g = Z + R" if op.dim() == 0 else
                         "g({0}) = Z({0}) + R({0})".format(",".join(f"i{d}" for d in range(op.dim()))),
                         Z=zero, R=g.to_format(op.format))
-            grads[slot] = g.stored_values.to(values.dtype)
+            # (a 0-dimensional operand's union comes back dense: its one value)
+            g = g.stored_values if isinstance(g, SparseTensor) else g.reshape(values.shape)
+            grads[slot] = g.to(values.dtype)
         else:
             grads[slot] = (g.to_dense() if isinstance(g, SparseTensor) else g).to(values.dtype).reshape(values.shape)
     return None, grads, None, None

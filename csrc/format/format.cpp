@@ -213,7 +213,10 @@ class Parser : public TextCursor {
 
 Format Format::parse(const std::string& text, int ndim) {
   Parser p(text);
-  SCORCH_CHECK(!p.done(), "empty format string");
+  if (p.done()) {  // the canonical text of a 0-dimensional tensor's format has no levels
+    SCORCH_CHECK(ndim == 0, "empty format string (only a 0-dimensional tensor has no levels)");
+    return preset("dense", 0);
+  }
   // A preset name, optionally with arguments: "csr", "bsr(2,3)".
   {
     const std::string name = p.ident();

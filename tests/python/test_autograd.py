@@ -117,3 +117,12 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
     assert r.returncode == 0, r.stderr
     grown_mb = float(r.stdout.strip().splitlines()[-1])
     assert grown_mb < 200, f"peak memory grew by {grown_mb:.0f} MB during backward"
+
+
+def test_zero_dimensional_sparse_tensor_scales_and_gets_its_gradient():
+    a = sb.sparse(torch.tensor(2.0, dtype=torch.float64), "dense")
+    assert a.format.canonical == "" and a.to_dense().item() == 2.0
+    x = torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(sb.einsum(",i->i", a, x), 2.0 * x)
+    v = torch.tensor([3.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: sb.einsum(",i->i", a.with_values(v), x), (v,))
