@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -178,15 +179,19 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
-    """FINGERPRINT entries spread over the tensor (any strides), as raw bytes (NaN-safe); None if empty."""
-    n = t.numel()
-    if n == 0:
-        return None
+@functools.lru_cache(maxsize=1024)
+def _fingerprint_positions(shape: tuple) -> tuple:
+    n = math.prod(shape)
     k = min(FINGERPRINT, n)
     flat = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)  # integer spread: exact for any n
-    where = torch.unravel_index(flat, tuple(t.shape)) if t.dim() else ()
-    return t.detach()[where].contiguous().view(torch.uint8).clone()
+    return torch.unravel_index(flat, shape) if shape else ()
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
+    """FINGERPRINT entries spread over the tensor (any strides), as raw bytes (NaN-safe); None if empty."""
+    if t.numel() == 0:
+        return None
+    return t.detach()[_fingerprint_positions(tuple(t.shape))].contiguous().view(torch.uint8).clone()
 
 
 def _lookup(t: torch.Tensor, frozen: bool, weight: bool):
