@@ -12,9 +12,10 @@ Options:
   sparse_threshold  density under which a weight (or any value) counts as sparse; default: the measured
                     dense/sparse crossover (scorch_backend/calibration.json)
   fallback          "inductor" (default) or "eager": what runs the dense rest
-  frozen_weights    False (default): compressed weights are rechecked on every call (by the tensor's version
-                    counter) and recompressed after an in-place update, so training and optimizer steps are
-                    safe. True: weights are compressed once and assumed never to change (inference only).
+  frozen_weights    False (default): compressed weights are rechecked on every call (version counter and a
+                    32-entry fingerprint) and recompressed after an update. True: the fingerprint is skipped
+                    (the version counter is still checked, so optimizer steps and in-place updates through
+                    torch are seen); only writes through .data or numpy would go unseen.
   measure           True (default): run the graph once on the example inputs to measure activation densities
                     (inputs cloned, RNG state restored)
   measure_inputs    True (default): measure the model's data inputs too (bags of words, sparse features);

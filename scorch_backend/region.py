@@ -45,7 +45,7 @@ class Operand:
     cached: bool = False  # a parameter or buffer: compress once per version of the tensor
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
     expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
-    weight: bool = False  # a parameter or buffer: with frozen_weights, compressed once and never rechecked
+    weight: bool = False  # a parameter or buffer: with frozen_weights, checked by version counter only
 
     @property
     def tensor_letters(self) -> str:
@@ -57,7 +57,7 @@ class Program:
     operands: tuple[Operand, ...]
     out: str
     coef: float = 1.0
-    frozen: bool = False  # weight operands are never rechecked (options={"frozen_weights": True})
+    frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True})
     name: str = ""
 
     @property
@@ -151,6 +151,8 @@ def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
 # caught by a fingerprint of FINGERPRINT entries spread over the tensor, checked on every hit: bulk rewrites
 # (an optimizer step, a pruning pass, a new batch) change it. A rewrite of only a few entries outside the
 # fingerprint through .data would not be seen; update tensors through torch ops (or in torch.no_grad()).
+# frozen_weights=True skips the fingerprint for weights (the version counter is still checked: training never
+# reads a stale weight), so only writes through .data or numpy go unseen there.
 # The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
 # Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
 # tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
@@ -201,13 +203,9 @@ def _lookup(t: torch.Tensor, frozen: bool, weight: bool):
         e = cache.get(key)
         if e is not None:
             cache.move_to_end(key)
-    if e is None:
+    if e is None or e.version != t._version:  # always: optimizer steps and in-place updates are never missed
         return None
-    if frozen:
-        return e
-    if e.version != t._version:
-        return None
-    if e.fingerprint is not None and not torch.equal(e.fingerprint, _fingerprint(t)):
+    if not frozen and e.fingerprint is not None and not torch.equal(e.fingerprint, _fingerprint(t)):
         return None
     return e
 

@@ -308,9 +308,11 @@ def test_region_weights_are_recompressed_after_in_place_update():
                        frozen=True).text()
     R.run(frozen, [x, w], force="sparse")
     with torch.no_grad():
-        w[5, 0] = 1.0
-    stale = R.run(frozen, [x, w], force="sparse")  # frozen_weights=True promises this never happens
-    assert not torch.allclose(stale, x @ w.t())
+        w[5, 0] = 1.0  # through torch: the version counter moves, seen even with frozen weights
+    torch.testing.assert_close(R.run(frozen, [x, w], force="sparse"), x @ w.t())
+    w.data[5, 1] = 2.0  # through .data: frozen_weights=True promises this never happens (no fingerprint check)
+    assert not torch.allclose(R.run(frozen, [x, w], force="sparse"), x @ w.t())
+    torch.testing.assert_close(R.run(prog, [x, w], force="sparse"), x @ w.t())  # unfrozen: fingerprint sees it
 
 
 def test_region_op_passes_opcheck():
