@@ -363,8 +363,8 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
     counts = torch.bincount(qs, minlength=S.shape[1]).tolist()
     sizes = _sizes(p, operands)
     out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
-    others = [(o, t if t.dtype == dtype or o.kind == "pattern" else t.to(dtype))
-              for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
+    # Every group reads the other operands: cast them (patterns to 0/1) once, not once per group.
+    others = [(o, _dense_factor(t, o, dtype)) for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
     if counts and len(counts) * max(counts) <= 1.5 * len(ps) + len(counts):
         return _run_padded(p, pl, ql, so.kind == "pattern", S, qs, ps, counts, others, out, dtype)
     start = 0
@@ -375,8 +375,6 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
         start += n
         args, letters = [], []
         for o, t in others:
-            if o.kind == "pattern":
-                t = (t != 0).to(dtype)
             lt = o.tensor_letters
             if ql in lt:
                 t = t.select(lt.index(ql), q)
@@ -445,8 +443,6 @@ def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, 
     group = torch.arange(Q).unsqueeze(1)
     args, letters = [], []
     for o, t in others:
-        if o.kind == "pattern":
-            t = (t != 0).to(dtype)
         lt = o.tensor_letters
         if pl in lt:
             rest = "".join(c for c in lt if c not in (pl, ql))
