@@ -21,6 +21,7 @@ from . import region  # noqa: F401  (registers scorch::region)
 from . import backend  # noqa: F401  (registers the torch.compile backend "scorch")
 from .explain import explain
 from .sparsify import prune
+from .target import describe_machine, set_target, target_info, target_name, using_target
 
 __all__ = [
     "Format",
@@ -40,5 +41,10 @@ __all__ = [
     "to_format",
     "to_scipy",
     "to_torch",
+    "describe_machine",
+    "set_target",
+    "target_info",
+    "target_name",
+    "using_target",
 ]
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@
 
 namespace scorch {
 
-std::string emit_cpp(const KernelSpec& spec, const LoweredKernel& kernel);
+// vector_bytes: width of vec_t (the target's vector registers); 0 declares no vector type.
+std::string emit_cpp(const KernelSpec& spec, const LoweredKernel& kernel, int vector_bytes);
 
 }  // namespace scorch

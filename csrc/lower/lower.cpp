@@ -19,12 +19,10 @@ namespace {
 // Where the value computed in the innermost loop goes.
 enum class Sink { dense, scalar, workspace, stream, local, tile, vtile };
 
-// Columns of the dense output kept in registers by a tiled inner loop (SpMM-like kernels).
-constexpr int kTile = 64;
-
 class Lowerer {
  public:
-  Lowerer(const KernelSpec& spec, const Schedule& sched) : spec_(spec), sched_(sched), st_(spec.stmt) {
+  Lowerer(const KernelSpec& spec, const Schedule& sched, const VectorShape& machine)
+      : spec_(spec), sched_(sched), st_(spec.stmt), machine_(machine) {
     std::vector<const Expr*> acc;
     ir::collect_accesses(st_.rhs, acc);
     for (const Expr* a : acc) {
@@ -57,8 +55,8 @@ class Lowerer {
       if (std::count(a.lvars.begin(), a.lvars.end(), j)) return;  // j walks a level: not a plain dense loop
     tile_depth_ = n - 2;
     tile_var_ = j;
-    // Vector registers when every access along j has it as its last, contiguous index.
-    vector_tile_ = true;
+    // Vector registers when the target has them and every access along j has it as its last, contiguous index.
+    vector_tile_ = machine_.vector_bytes > 0 && machine_.tile_vectors > 0;
     for (const auto& [id, a] : access_) {
       const auto& vars = a.e->vars;
       if (std::count(vars.begin(), vars.end(), j) > 1 || (std::count(vars.begin(), vars.end(), j) && vars.back() != j))
@@ -156,11 +154,12 @@ class Lowerer {
     return s;
   }
 
-  int vectors_per_tile() const { return kTile / (spec_.f64 ? 8 : 16); }  // 64-byte vectors
-
-  // The value for vector q of a full tile: accesses along the tile's column index load a vector (the index
-  // is their last and contiguous), the rest are scalars that broadcast.
-  int vector_width() const { return spec_.f64 ? 8 : 16; }
+  // Lanes of one vector register of the target (1 when it has none).
+  int vector_width() const { return machine_.vector_bytes > 0 ? machine_.vector_bytes / (spec_.f64 ? 8 : 4) : 1; }
+  // Columns of the dense output a full register tile keeps live: the target's accumulators times its lanes.
+  int tile_columns() const {
+    return vector_tile_ ? machine_.tile_vectors * vector_width() : std::max(16, machine_.tile_vectors * vector_width());
+  }
 
   // The value of `e` for the vector of consecutive values of index `v` starting at `base`: accesses along v
   // (it must be their last, contiguous index) load a vector, the rest are scalars that broadcast.
@@ -288,18 +287,20 @@ class Lowerer {
       return out;
     }
     if (d == tile_depth_ && current_sink_ == Sink::dense) {
-      // The innermost output loop is split into tiles of kTile columns accumulated in registers across the
-      // reduction loop above it: full tiles in vector registers, the last partial tile in a small array.
+      // The innermost output loop is split into tiles of columns accumulated in registers across the
+      // reduction loop above it: full tiles in vector registers, then what is left in passes of half as many
+      // vectors each (so any width is covered by one pass per power of two, each reading the sparse row once),
+      // then the columns short of a vector in a small array.
       const std::string nj = size_of(tile_var_);
+      const int tile = tile_columns();
       Stmts out;
       const int w = vector_width();
       std::string rest = "0";  // where the columns not covered by vector code start
       if (vector_tile_) {
-        // Whole tiles with four vector accumulators, then single vectors, each across the reduction loop.
-        auto vector_pass = [&](int vectors, const std::string& begin, const std::string& end, int step) {
+        auto vector_pass = [&](int vectors, Stmts body_prefix, const std::string& loop_head) {
           current_sink_ = Sink::vtile;
           tile_vectors_ = vectors;
-          Stmts body;
+          Stmts body = std::move(body_prefix);
           std::string decl = "vec_t va0 = {}";
           for (int q = 1; q < vectors; ++q) decl += fmt::format(", va{} = {{}}", q);
           body.push_back(loops::line(decl + ";"));
@@ -308,25 +309,34 @@ class Lowerer {
           for (int q = 0; q < vectors; ++q)
             body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
                 "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
-          out.push_back(loops::line(fmt::format("for (int64_t jo = {}; jo + {} <= {}; jo += {}) {{", begin, step, end, step)));
+          out.push_back(loops::line(loop_head));
           out.insert(out.end(), body.begin(), body.end());
           out.push_back(loops::line("}"));
         };
-        vector_pass(vectors_per_tile(), "0", nj, kTile);
-        vector_pass(1, fmt::format("({} / {}) * {}", nj, kTile, kTile), nj, w);
+        const int vectors = machine_.tile_vectors;
+        vector_pass(vectors, {}, fmt::format("for (int64_t jo = 0; jo + {} <= {}; jo += {}) {{", tile, nj, tile));
+        // The rest, fewer than a full tile: one pass of 2^p vectors for each bit p of the vectors left.
+        out.push_back(loops::line(fmt::format("int64_t jdone = ({} / {}) * {};", nj, tile, tile)));
+        int top = 1;
+        while (top * 2 < vectors) top *= 2;
+        for (int q = top; q >= 1; q /= 2) {
+          Stmts prefix{loops::line("const int64_t jo = jdone;"), loops::line(fmt::format("jdone += {};", q * w))};
+          vector_pass(q, prefix, fmt::format("if (jdone + {} <= {}) {{", q * w, nj));
+        }
         rest = fmt::format("({} / {}) * {}", nj, w, w);
       }
       // The columns left (fewer than a vector, or all of them when loads along j are not contiguous), in
-      // tiles of kTile kept in a small array.
+      // tiles kept in a small array.
       current_sink_ = Sink::tile;
-      Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, kTile)),
-                 loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", kTile, nj)),
-                 loops::line(fmt::format("val_t tacc[{}] = {{}};", kTile))};
+      scalar_tile_ = tile;
+      Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, tile)),
+                 loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", tile, nj)),
+                 loops::line(fmt::format("val_t tacc[{}] = {{}};", tile))};
       Stmts inner = lower_depth(d, e, states);
       body.insert(body.end(), inner.begin(), inner.end());
       body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
       current_sink_ = Sink::dense;
-      out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, kTile - 1, kTile), body));
+      out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, tile - 1, tile), body));
       return out;
     }
     const int v = sched_.order[d];
@@ -337,8 +347,8 @@ class Lowerer {
       Stmts full{loops::line(fmt::format("const int64_t {} = jo + jj;", iv))};
       Stmts inner = lower_depth(d + 1, e, states);
       full.insert(full.end(), inner.begin(), inner.end());
-      return {loops::if_chain({fmt::format("jn == {}", kTile), ""},
-                              {{loops::for_range("jj", "0", std::to_string(kTile), full, true)},
+      return {loops::if_chain({fmt::format("jn == {}", scalar_tile_), ""},
+                              {{loops::for_range("jj", "0", std::to_string(scalar_tile_), full, true)},
                                {loops::for_range("jj", "0", "jn", full)}})};
     }
 
@@ -462,7 +472,7 @@ class Lowerer {
         // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
         if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
         const States at = advance_dense(d, e, states);
-        if (lo == "0" && contiguous_along(e, v) && all_dense_here(e, states, v)) {
+        if (lo == "0" && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
           const int w = vector_width();
           Stmts vec{loops::line("vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};"),
                     loops::line(fmt::format("int64_t rb = 0;")),
@@ -645,6 +655,8 @@ class Lowerer {
   int tile_var_ = -1;
   bool vector_tile_ = false;
   int tile_vectors_ = 4;  // vector accumulators of the vector pass being generated
+  int scalar_tile_ = 16;  // columns of the array tile being generated
+  VectorShape machine_;
   bool parallel_ = false;
   std::string parallel_why_ = "outer loop is not split";
   std::vector<std::string> reasons_;
@@ -652,6 +664,8 @@ class Lowerer {
 
 }  // namespace
 
-LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule) { return Lowerer(spec, schedule).run(); }
+LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
+  return Lowerer(spec, schedule, machine).run();
+}
 
 }  // namespace scorch

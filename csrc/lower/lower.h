@@ -24,6 +24,13 @@ struct LoweredKernel {
 // strides to the strides array, operand by operand.
 int input_pointer_count(const KernelSpec& spec);
 
-LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule);
+// What lowering needs to know of the machine the kernel is compiled for (runtime/target.h resolves it from
+// the target's instruction set): nothing width-dependent is a constant of the lowerer.
+struct VectorShape {
+  int vector_bytes = 0;  // vector register width the generated code uses; 0: no vector code
+  int tile_vectors = 0;  // vector accumulators a register tile keeps live
+};
+
+LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine);
 
 }  // namespace scorch

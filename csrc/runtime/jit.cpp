@@ -16,12 +16,13 @@
 #include <sstream>
 
 #include "codegen/emit_cpp.h"
+#include "common/hash.h"
 #include "common/error.h"
 #include "lower/kernel_spec.h"
 #include "lower/lower.h"
 #include "lower/schedule.h"
-
-extern char** environ;
+#include "runtime/process.h"
+#include "runtime/target.h"
 
 namespace scorch {
 namespace {
@@ -32,16 +33,6 @@ std::string env_or(const char* name, const std::string& fallback) {
 }
 
 int debug_level() { return std::atoi(env_or("SCORCH_DEBUG", "0").c_str()); }
-
-// 128-bit FNV-1a (two 64-bit lanes with different offsets): a stable content hash for cache keys.
-std::string content_hash(const std::string& data) {
-  uint64_t h1 = 1469598103934665603ULL, h2 = 7809847782465536322ULL;
-  for (unsigned char ch : data) {
-    h1 = (h1 ^ ch) * 1099511628211ULL;
-    h2 = (h2 ^ ch) * 1099511628211ULL + 0x9e3779b97f4a7c15ULL;
-  }
-  return fmt::format("{:016x}{:016x}", h1, h2);
-}
 
 void make_dirs(const std::string& path) {
   std::string at;
@@ -56,49 +47,14 @@ void make_dirs(const std::string& path) {
                path);
 }
 
-// Run argv[0] with the given arguments (no shell); returns the exit status and what it printed.
-int run_program(const std::vector<std::string>& argv, std::string& output) {
-  int fds[2];
-  SCORCH_CHECK(::pipe(fds) == 0, "pipe() failed while starting the compiler");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (rc != 0) {
-    ::close(fds[0]);
-    output = fmt::format("cannot start '{}': {}", argv[0], std::strerror(rc));
-    return -1;
-  }
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) output.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string compiler() { return env_or("CXX", "c++"); }
-
-const std::string& compiler_version() {
-  static const std::string v = [] {
-    std::string out;
-    run_program({compiler(), "--version"}, out);
-    return out.substr(0, out.find('\n'));
-  }();
-  return v;
-}
-
-std::vector<std::string> compile_command(const std::string& src, const std::string& lib) {
-  return {compiler(), "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w", "-o", lib, src};
+std::vector<std::string> compile_command(const Target& target, const std::string& src, const std::string& lib) {
+  std::vector<std::string> cmd = compiler_command();
+  cmd.push_back("-O3");
+  cmd.insert(cmd.end(), target.flags.begin(), target.flags.end());
+  for (const char* a : {"-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w", "-o"}) cmd.push_back(a);
+  cmd.push_back(lib);
+  cmd.push_back(src);
+  return cmd;
 }
 
 void write_atomically(const std::string& path, const std::string& data) {
@@ -120,17 +76,17 @@ struct Lowered {
   std::string source;
 };
 
-Lowered lower_spec(const std::string& text) {
+Lowered lower_spec(const std::string& text, const Target& target) {
   Lowered l{KernelSpec::parse(text), {}, {}, {}};
   l.schedule = make_schedule(l.spec);
-  l.kernel = lower(l.spec, l.schedule);
-  l.source = emit_cpp(l.spec, l.kernel);
+  l.kernel = lower(l.spec, l.schedule, VectorShape{target.vector_bytes, target.tile_vectors()});
+  l.source = emit_cpp(l.spec, l.kernel, target.vector_bytes);
   return l;
 }
 
-std::shared_ptr<CompiledKernel> build(const std::string& text) {
+std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& target) {
   const auto t0 = std::chrono::steady_clock::now();
-  Lowered l = lower_spec(text);
+  Lowered l = lower_spec(text, target);
   auto k = std::make_shared<CompiledKernel>();
   k->spec = text;
   k->statement = l.spec.stmt.str();
@@ -146,9 +102,11 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
   const std::string dir = kernel_cache_dir();
   make_dirs(dir);
   const std::string probe_lib = "LIB";
+  // The key names the machine code, not the flag text: the target's fingerprint hashes every macro the
+  // compiler predefines for it (so "native" on two CPUs gives two keys) and the compiler's version.
   std::string key_material = l.source + "\n";
-  for (const auto& a : compile_command("SRC", probe_lib)) key_material += a + " ";
-  key_material += "\n" + compiler_version();
+  for (const auto& a : compile_command(target, "SRC", probe_lib)) key_material += a + " ";
+  key_material += "\n" + target.fingerprint;
   const std::string key = content_hash(key_material);
   k->source_path = dir + "/" + key + ".cpp";
   k->library_path = dir + "/" + key + ".so";
@@ -163,7 +121,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
         write_atomically(k->source_path, l.source);
         const std::string tmp_lib = fmt::format("{}.tmp.{}.so", k->library_path, ::getpid());
         std::string output;
-        const int rc = run_program(compile_command(k->source_path, tmp_lib), output);
+        const int rc = run_program(compile_command(target, k->source_path, tmp_lib), output);
         if (rc != 0) {
           ::unlink(tmp_lib.c_str());
           throw_error(ErrorKind::runtime, fmt::format("scorch: compiling a kernel failed (exit {}).\nsource: {}\n"
@@ -187,6 +145,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text) {
   k->fn = reinterpret_cast<KernelFn>(::dlsym(handle, "scorch_kernel"));
   k->free_fn = reinterpret_cast<KernelFreeFn>(::dlsym(handle, "scorch_kernel_free"));
   SCORCH_CHECK(k->fn && k->free_fn, "kernel library {} lacks the scorch_kernel entry points", k->library_path);
+  k->target = target.name;
   k->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (debug_level() >= 1) {
@@ -212,16 +171,18 @@ std::string kernel_cache_dir() {
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<const CompiledKernel>> cache;
+  const Target& target = current_target();
+  const std::string key = target.fingerprint + "\n" + spec;  // a new target in this process: new kernels
   {
     std::lock_guard lock(mu);
-    auto it = cache.find(spec);
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  auto k = build(spec);  // outside the lock: compiling takes a while; a duplicate build is harmless
+  auto k = build(spec, target);  // outside the lock: compiling takes a while; a duplicate build is harmless
   std::lock_guard lock(mu);
-  return cache.emplace(spec, std::move(k)).first->second;
+  return cache.emplace(key, std::move(k)).first->second;
 }
 
-std::string kernel_source(const std::string& spec) { return lower_spec(spec).source; }
+std::string kernel_source(const std::string& spec) { return lower_spec(spec, current_target()).source; }
 
 }  // namespace scorch

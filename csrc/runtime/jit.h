@@ -1,6 +1,7 @@
 // The JIT: kernel spec -> schedule -> loop IR -> C++ -> shared object, cached on disk and in the process.
 // The disk cache (SCORCH_CACHE_DIR, default $XDG_CACHE_HOME/scorch or ~/.cache/scorch) is keyed by a hash of
-// the source, the full compiler command and the compiler's version; files are written under a temporary name
+// the source, the full compiler command and the target's fingerprint (every macro the compiler predefines for
+// the target, and its version); files are written under a temporary name
 // and renamed into place while a per-key file lock is held, so processes may share it.
 #pragma once
 
@@ -28,6 +29,7 @@ struct CompiledKernel {
   int input_pointers = 0;
   double seconds = 0;           // time to get it: codegen + compile, or codegen + load
   bool compiled = false;        // false: loaded from the disk cache
+  std::string target;           // the target it was compiled for (runtime/target.h)
   KernelFn fn = nullptr;
   KernelFreeFn free_fn = nullptr;
 };

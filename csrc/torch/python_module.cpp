@@ -14,6 +14,7 @@
 #include "lower/differentiate.h"
 #include "lower/plan.h"
 #include "runtime/jit.h"
+#include "runtime/target.h"
 
 namespace py = pybind11;
 
@@ -162,6 +163,21 @@ py::dict kernel_info(const std::string& spec) {
   d["library_path"] = k->library_path;
   d["seconds"] = k->seconds;
   d["compiled"] = k->compiled;
+  d["target"] = k->target;
+  return d;
+}
+
+py::dict target_dict(const scorch::Target& t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["flags"] = t.flags;
+  d["arch"] = t.arch;
+  d["features"] = t.features;
+  d["vector_bytes"] = t.vector_bytes;
+  d["vector_registers"] = t.vector_registers;
+  d["tile_vectors"] = t.tile_vectors();
+  d["fingerprint"] = t.fingerprint;
+  d["summary"] = t.summary();
   return d;
 }
 
@@ -195,4 +211,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
   m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
   m.def("kernel_cache_dir", &scorch::kernel_cache_dir);
+  m.def("set_target", &scorch::set_target, py::arg("name"),
+        "Compile kernels from now on for this target ('' = SCORCH_TARGET or native).");
+  m.def("target_name", &scorch::target_name);
+  m.def("target_info", [](const std::string& name) {
+    return target_dict(name.empty() ? scorch::current_target() : scorch::resolve_target(name));
+  }, py::arg("name") = "", "Resolve a target (default: the current one) and describe it.");
 }

@@ -1,0 +1,49 @@
+// The target the generated kernels are compiled for: the instruction set and what follows from it.
+//
+// A target is named (SCORCH_TARGET, or set_target() from Python): "native" (default: the CPU this process
+// runs on), a compiler architecture name ("x86-64-v2", "x86-64-v3", "x86-64-v4", "znver3", "armv8.2-a", ...),
+// "generic" (the compiler's baseline for the machine: SSE2 on x86-64, NEON on aarch64) or "scalar" (no
+// vector code from Scorch; the compiler may still vectorize loops itself). The name is resolved by asking the
+// compiler which macros it predefines under the target's flags; everything width-dependent in code
+// generation (vector width, register tiles) is read from the result, and the kernel cache key includes a hash
+// of those macros, so two CPUs sharing one cache each get their own kernels.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace scorch {
+
+struct Target {
+  std::string name;                   // as chosen
+  std::vector<std::string> flags;     // compiler flags that select it
+  std::string arch;                   // "x86_64", "aarch64", ... (from the compiler's macros)
+  std::vector<std::string> features;  // instruction-set features the compiler enables, e.g. "avx2", "fma"
+  int vector_bytes = 0;               // width of the vectors generated code uses; 0: scalar code only
+  int vector_registers = 0;           // architectural vector registers of that width
+  std::string fingerprint;            // hash of every macro the compiler predefines + its version
+
+  // Lanes of a vector of elements of `elem_bytes` bytes (1 for scalar targets).
+  int lanes(int elem_bytes) const { return vector_bytes > 0 ? vector_bytes / elem_bytes : 1; }
+  // Vector accumulators a register tile keeps live (leaves room for operands and addresses).
+  int tile_vectors() const;
+  // "x86-64-v3: x86_64 avx avx2 fma ...; 32-byte vectors x 16 registers"
+  std::string summary() const;
+};
+
+// The target in effect: the one set_target() chose, else SCORCH_TARGET, else "native". Resolved once per
+// name and compiler (running the compiler once, ~20 ms). Throws a clear error for an unknown name.
+const Target& current_target();
+
+// The name in effect, without resolving it.
+std::string target_name();
+
+// Choose the target for kernels compiled from now on in this process ("" goes back to SCORCH_TARGET or
+// "native"). The name is checked (letters, digits, '.', '_', '+', '-'; at most 64) and resolved here, so a
+// name the compiler does not know fails now, not at the next kernel.
+void set_target(const std::string& name);
+
+// Resolve a target by name without making it current (for tests and tools).
+Target resolve_target(const std::string& name);
+
+}  // namespace scorch

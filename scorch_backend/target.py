@@ -1,0 +1,69 @@
+"""The target the generated kernels are compiled for.
+
+`native` (the default) compiles for the CPU the process runs on; any compiler architecture name selects
+another instruction set, so one machine can measure what another gets: `x86-64-v4` (AVX-512),
+`x86-64-v3` (AVX2 + FMA), `x86-64-v2` (SSE4.2), `armv8.2-a`, ...; `generic` is the compiler's baseline and
+`scalar` turns Scorch's own vector code off. The environment variable SCORCH_TARGET sets it for a process
+(C++ and TorchScript programs included); `set_target` overrides it from Python.
+
+Vector width and register tiles are read from the resolved target, and the kernel cache key includes a hash
+of what the compiler enables for it, so kernels for different CPUs never share a cache entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+
+from . import _C
+
+
+def set_target(name: str | None) -> None:
+    """Compile kernels for `name` from now on in this process (None: back to SCORCH_TARGET or native).
+    Raises ValueError for a name the compiler does not accept."""
+    _C.set_target(name or "")
+
+
+def target_name() -> str:
+    """The name of the target in effect."""
+    return _C.target_name()
+
+
+def target_info(name: str | None = None) -> dict:
+    """The target in effect (or `name`), resolved: flags, arch, ISA features, vector bytes and registers,
+    register tile, fingerprint (the cache key's part) and a one-line summary."""
+    return _C.target_info(name or "")
+
+
+@contextlib.contextmanager
+def using_target(name: str | None):
+    """`with sb.using_target("x86-64-v3"): ...` compiles the kernels of the block for that target."""
+    before = _C.target_name()
+    set_target(name)
+    try:
+        yield target_info()
+    finally:
+        set_target(before if before != os.environ.get("SCORCH_TARGET", "native") else None)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_machine(threads: int | None = None) -> str:
+    """One line for benchmark output: CPU model, the kernels' target and the thread count."""
+    import torch
+
+    t = target_info()
+    n = threads if threads is not None else torch.get_num_threads()
+    return f"CPU: {cpu_model()} | kernel target: {t['summary']} | threads: {n}"
