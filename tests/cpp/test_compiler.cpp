@@ -1,6 +1,7 @@
 // The compiler core without torch: parsing, lattices, schedules, and JIT-compiled kernels run on raw arrays.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "lower/merge_lattice.h"
 #include "lower/schedule.h"
 #include "runtime/jit.h"
+#include "runtime/target.h"
 
 namespace scorch {
 namespace {
@@ -177,11 +179,41 @@ TEST_F(Jit, SparseAddProducesTheUnion) {
 }
 
 TEST_F(Jit, CompilerFailureIsReported) {
+  // A compiler that fails outright is named when the target is resolved.
   setenv("CXX", "false", 1);
-  const std::string e = error_of([] { get_kernel("out(i0) = t0(i0) * 3.0; t0=strided; out=strided; f64; i64"); });
+  std::string e = error_of([] { get_kernel("out(i0) = t0(i0) * 3.0; t0=strided; out=strided; f64; i64"); });
+  EXPECT_NE(e.find("false"), std::string::npos) << e;
+  // CXX with arguments is split into words; here the preprocessor works and the link fails.
+  setenv("CXX", "c++ -Wl,--scorch-no-such-option", 1);
+  e = error_of([] { get_kernel("out(i0) = t0(i0) * 5.0; t0=strided; out=strided; f64; i64"); });
   unsetenv("CXX");
   EXPECT_NE(e.find("compiling a kernel failed"), std::string::npos) << e;
   EXPECT_NE(e.find("source: "), std::string::npos) << e;
+}
+
+TEST_F(Jit, TargetsResolveToTheirInstructionSets) {
+  const Target v2 = resolve_target("x86-64-v2"), v3 = resolve_target("x86-64-v3");
+  if (v3.arch != "x86_64") GTEST_SKIP() << "not an x86-64 compiler";
+  EXPECT_EQ(v3.vector_bytes, 32);
+  EXPECT_EQ(v2.vector_bytes, 16);
+  EXPECT_EQ(resolve_target("x86-64-v4").vector_bytes, 64);
+  EXPECT_EQ(resolve_target("scalar").vector_bytes, 0);
+  EXPECT_NE(v2.fingerprint, v3.fingerprint);
+  EXPECT_NE(std::find(v3.features.begin(), v3.features.end(), "avx2"), v3.features.end());
+  EXPECT_NE(error_of([] { resolve_target("x86-64-v3; rm -rf /"); }).find("bad Scorch target"), std::string::npos);
+  EXPECT_NE(error_of([] { resolve_target("no-such-cpu-name"); }).find("does not accept"), std::string::npos);
+}
+
+TEST_F(Jit, OneKernelTwoTargetsTwoCacheEntries) {
+  const std::string spec = "out(i0) = t0(i0) * 7.0; t0=strided; out=strided; f64; i64";
+  set_target("x86-64-v2");
+  const auto a = get_kernel(spec);
+  set_target("scalar");
+  const auto b = get_kernel(spec);
+  set_target("");
+  EXPECT_NE(a->library_path, b->library_path);
+  EXPECT_EQ(a->target, "x86-64-v2");
+  EXPECT_EQ(b->target, "scalar");
 }
 
 }  // namespace
