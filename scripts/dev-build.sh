@@ -10,5 +10,7 @@ export CCACHE_DIR=${CCACHE_DIR:-$PWD/build/ccache}
 ninja -C build/py "$@"
 dest=$(.venv/bin/python -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('scorch_backend._C').origin))")
 for lib in build/py/libscorch_ops.so build/py/_C.*.so; do
-  cmp -s "$lib" "$dest/$(basename "$lib")" || cp "$lib" "$dest/.tmp.$$" && mv "$dest/.tmp.$$" "$dest/$(basename "$lib")"
+  if ! cmp -s "$lib" "$dest/$(basename "$lib")"; then
+    cp "$lib" "$dest/.tmp.$$" && mv "$dest/.tmp.$$" "$dest/$(basename "$lib")"
+  fi
 done
