@@ -8,9 +8,6 @@ exec 9>/tmp/scorch-heavy.lock
 flock 9
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/build/ccache}
 ninja -C build/py "$@"
-dest=$(.venv/bin/python -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('scorch_backend._C').origin))")
-for lib in build/py/libscorch_ops.so build/py/_C.*.so; do
-  if ! cmp -s "$lib" "$dest/$(basename "$lib")"; then
-    cp "$lib" "$dest/.tmp.$$" && mv "$dest/.tmp.$$" "$dest/$(basename "$lib")"
-  fi
-done
+# cmake --install rewrites the build tree's RPATH to the installed one ($ORIGIN), as the wheel has it.
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cmake --install build/py --prefix "$site" >/dev/null
