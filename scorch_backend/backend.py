@@ -25,14 +25,13 @@ Options:
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
-from . import cost_model
+from . import config, cost_model
 from .passes import discover, example_run, partition, propagate, rewrite
 from .passes.graph import describe, op_of
 
@@ -121,7 +120,7 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
         report = transform(gm, example_inputs, opts)
         for rec in _recorders:
             rec.append(report)
-        if os.environ.get("SCORCH_DEBUG", "0") not in ("", "0"):
+        if config.debug_level() >= 1:
             for r in report.regions:
                 what = r.fused.program.equation if r.fused is not None else "masked attention"
                 print(f"[scorch] {r.name}: {what}  ops: {'; '.join(r.ops)}", file=sys.stderr)

@@ -13,12 +13,14 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from . import config
+
 DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def data_dir(path: str | os.PathLike | None = None) -> pathlib.Path | None:
     """The data folder: `path`, else $SCORCH_DATA, else ../shared/data beside the checkout; None if absent."""
-    p = pathlib.Path(path or os.environ.get("SCORCH_DATA") or DEFAULT_DATA).resolve()
+    p = pathlib.Path(path or config.data_dir_override() or DEFAULT_DATA).resolve()
     return p if p.is_dir() else None
 
 

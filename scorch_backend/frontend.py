@@ -10,13 +10,12 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
-from . import _C, cost_model
+from . import _C, config, cost_model
 from ._native import ops
 from .format import Format, make_format
 from .tensor import SparseTensor
@@ -231,7 +230,7 @@ def compute(expression: str, out_format=None, **operands):
 
 
 def _debug_level() -> int:
-    return int(os.environ.get("SCORCH_DEBUG", "0") or 0)
+    return config.debug_level()
 
 
 def _debug(what: str, plan: dict) -> None:

@@ -26,14 +26,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
-from . import cost_model
+from . import config, cost_model
 
 _INDEX_DTYPE = torch.int32
 
@@ -418,7 +417,7 @@ def _choose(text: str, operands, entries) -> str:
     if cost_model.choose_dense(densities, sum(t.numel() for t in operands))[0]:
         return "dense"
     if _grouped_worth_it(text, operands, next(e for e in entries if e is not None)) and \
-            os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+            config.dispatch_mode() != "sparse":
         return "grouped"
     return "sparse"
 

@@ -22,13 +22,12 @@ the softmax between the two products is not index notation.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 from torch import fx
 
-from .. import cost_model
+from .. import config, cost_model
 from .contraction import CONTRACTIONS
 from .fuse import Fused, FuseError, fuse
 from .graph import describe, example, mutated_values, op_of
@@ -204,7 +203,7 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
         sq, sv = example(q).shape, example(v).shape
         fmas = math.prod(_hint(n) for n in sq[:-1]) * _hint(example(k).shape[-2]) * (_hint(sq[-1]) + _hint(sv[-1]))
         est = cost_model.region_speedup(fmas, density, 2 if training else 1)
-        if est < 1.0 and os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+        if est < 1.0 and config.dispatch_mode() != "sparse":
             decisions.append(Decision(node.name, describe(node), "masked attention left dense: too small to pay "
                                       f"for a call (estimated speedup {est:.2f}x)"))
             continue
@@ -237,7 +236,7 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
                                       f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
             continue
         est = cost_model.region_speedup(_dense_fmas(fused), fused.density, *_calls(fused, training))
-        if est < 1.0 and os.environ.get("SCORCH_DISPATCH", "auto") != "sparse":
+        if est < 1.0 and config.dispatch_mode() != "sparse":
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
             continue
