@@ -163,7 +163,10 @@ class Lowerer {
 
   // The value of `e` for the vector of consecutive values of index `v` starting at `base`: accesses along v
   // (it must be their last, contiguous index) load a vector, the rest are scalars that broadcast.
-  std::string vector_value(const ExprPtr& e, const States& states, int v, const std::string& base) const {
+  // `offset` (a constant number of elements) is added to the address outside the index arithmetic: v is the
+  // last, contiguous index of every access along it, so the vectors of a tile share one row address and
+  // differ by a displacement (no register per vector for the index).
+  std::string vector_value(const ExprPtr& e, const States& states, int v, const std::string& base, int offset = 0) const {
     switch (e->kind) {
       case ExprKind::access: {
         std::string idx;
@@ -173,13 +176,14 @@ class Lowerer {
           const std::string x = e->vars[d] == v ? "(" + base + ")" : var(e->vars[d]);
           idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", x, e->tensor, d);
         }
-        return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
+        if (offset == 0) return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
+        return fmt::format("vload(&t{}_data[{}] + {})", e->tensor, idx, offset);
       }
       case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
-      case ExprKind::neg: return "(-" + vector_value(e->a, states, v, base) + ")";
-      case ExprKind::add: return "(" + vector_value(e->a, states, v, base) + " + " + vector_value(e->b, states, v, base) + ")";
-      case ExprKind::sub: return "(" + vector_value(e->a, states, v, base) + " - " + vector_value(e->b, states, v, base) + ")";
-      case ExprKind::mul: return "(" + vector_value(e->a, states, v, base) + " * " + vector_value(e->b, states, v, base) + ")";
+      case ExprKind::neg: return "(-" + vector_value(e->a, states, v, base, offset) + ")";
+      case ExprKind::add: return "(" + vector_value(e->a, states, v, base, offset) + " + " + vector_value(e->b, states, v, base, offset) + ")";
+      case ExprKind::sub: return "(" + vector_value(e->a, states, v, base, offset) + " - " + vector_value(e->b, states, v, base, offset) + ")";
+      case ExprKind::mul: return "(" + vector_value(e->a, states, v, base, offset) + " * " + vector_value(e->b, states, v, base, offset) + ")";
     }
     return "0";
   }
@@ -231,7 +235,7 @@ class Lowerer {
       case Sink::vtile: {
         Stmts out;
         for (int q = 0; q < tile_vectors_; ++q)
-          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, fmt::format("jo + {}", q * vector_width())))));
+          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, "jo", q * vector_width()))));
         return out;
       }
       case Sink::workspace:
@@ -478,7 +482,7 @@ class Lowerer {
                     loops::line(fmt::format("int64_t rb = 0;")),
                     loops::line(fmt::format("for (; rb + {} <= {}; rb += {}) {{", 4 * w, hi, 4 * w))};
           for (int q = 0; q < 4; ++q)
-            vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, fmt::format("rb + {}", q * w)))));
+            vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, "rb", q * w))));
           vec.push_back(loops::line("}"));
           vec.push_back(loops::line("const vec_t rs = (r0 + r1) + (r2 + r3);"));
           vec.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format("{} += rs[l];", red))}));
