@@ -610,6 +610,8 @@ def parse_args(argv=None):
                    help="folder of real matrices (default: $SCORCH_DATA or "
                         f"{datasets.DEFAULT_DATA.resolve()})")
     p.add_argument("--threads", type=int, default=2, help="threads for torch and Scorch (default 2)")
+    p.add_argument("--target", default=None,
+                   help="instruction-set target of the kernels: native (default, or SCORCH_TARGET), x86-64-v3, ...")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed calls per measurement (default 7, quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 2, quick 1)")
@@ -835,10 +837,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
     torch.set_num_threads(args.threads)
+    if args.target:
+        sb.set_target(args.target)
+        os.environ["SCORCH_TARGET"] = args.target  # the JIT-time subprocesses use it too
     t_start = time.perf_counter()
     info = machine_info(args.threads)
+    info["kernel_target"] = sb.target_info()
     log(f"Scorch kernel benchmark: torch {info['torch']}, {info['cpu_model']}, {info['cpu_count']} CPUs, "
         f"{args.threads} threads for torch and Scorch (torch.get_num_threads() = {torch.get_num_threads()})")
+    log(sb.describe_machine(args.threads))
     log(f"median of {args.repeats} calls after {args.warmup} warm-up calls (fewer past {args.budget:g} s); "
         "ratio = torch time / Scorch time (>1: Scorch faster)")
 

@@ -403,6 +403,8 @@ def parse_args(argv=None):
     p.add_argument("--datasets", default=None,
                    help="GCN graphs, comma-separated from cora,citeseer,pubmed (default all three; "
                         "quick: cora)")
+    p.add_argument("--target", default=None,
+                   help="instruction-set target of the kernels: native (default, or SCORCH_TARGET), x86-64-v3, ...")
     p.add_argument("--threads", type=int, default=2,
                    help="torch.set_num_threads for every contender (default 2)")
     p.add_argument("--repeat", type=int, default=None,
@@ -444,11 +446,15 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     torch.set_num_threads(args.threads)
+    if args.target:
+        sb.set_target(args.target)
     t_start = time.perf_counter()
     info = machine_info(args.threads)
+    info["kernel_target"] = sb.target_info()
     log(f"Scorch model benchmark: torch {info['torch']}, {info['cpu_model']}, {info['cpu_count']} CPUs, "
         f"{args.threads} threads for every contender; median of {args.repeat} after {args.warmup} warm-ups"
         + (" (QUICK: test sizes, the targets do not apply)" if args.quick else ""))
+    log(sb.describe_machine(args.threads))
     probe = contention_probe()
     info["contention_probe_start"] = probe
     if probe["contended"]:

@@ -2,6 +2,7 @@
 
     python examples/quickstart.py                  # a 90%-pruned MLP (transformer feed-forward sizes)
     python examples/quickstart.py --sparsity 0.95 --batch 32 --no-inductor
+    python examples/quickstart.py --target x86-64-v3   # the kernels an AVX2 machine gets
 
 The model is ordinary PyTorch. After `scorch_backend.prune` zeroes 90% of its weights, torch.compile with
 the "scorch" backend finds the sparse weights by measuring them, runs those layers as generated sparse kernels
@@ -32,8 +33,13 @@ def main():
     ap.add_argument("--sparsity", type=float, default=0.9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-inductor", action="store_true", help="skip the dense Inductor contender")
+    ap.add_argument("--target", default=None,
+                    help="instruction set of the kernels: native (default, or SCORCH_TARGET), x86-64-v3 (AVX2), ...")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.target:
+        sb.set_target(args.target)
+    print(sb.describe_machine(args.threads))
     torch.manual_seed(0)
     t0 = time.perf_counter()
 

@@ -2,44 +2,216 @@
 
 A product's sparse work is about the dense work times the density of its sparse factors, and a stored
 nonzero costs more than a dense element (indices, irregular access). So sparse pays while the product of the
-sparse operands' densities stays under a crossover density. The crossover is measured by
-`benchmarks/calibrate.py` (SpMM against dense matmul over sizes and densities, same threads) and stored in
-`calibration.json` beside this file; SCORCH_DENSE_CROSSOVER overrides it, SCORCH_DISPATCH=sparse|dense forces
-a side. Tiny problems, where a dense call is
+sparse operands' densities stays under a crossover density. The crossover and the dense rate depend on the
+machine, the thread count and the kernels' target, so they are measured where Scorch runs: once, the first
+time a decision needs them (`calibrate`, about 0.1-0.3 s, plus compiling the SpMM kernel if the kernel cache
+does not have it yet), and stored in the kernel cache directory under a key of the CPU (model and
+instruction-set flags), the thread count, the torch version and the kernels' target; later processes read
+it. `scorch_backend/calibration.json` (measured by `benchmarks/calibrate.py` on a developer's machine) is only
+a fallback for when measuring fails. SCORCH_DENSE_CROSSOVER overrides the crossover, SCORCH_DISPATCH=sparse|
+dense forces a side, SCORCH_DEBUG=1 says which calibration was used. Tiny problems, where a dense call is
 cheaper than any dispatch, also run dense.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
 import pathlib
+import sys
+import threading
+import time
+
+from . import config
 
 _CALIBRATION = pathlib.Path(__file__).with_name("calibration.json")
-_FALLBACK_CROSSOVER = 0.3  # used only when the calibration file is missing
+_FALLBACK_CROSSOVER = 0.3  # used only when the calibration file is missing and measuring failed
 TINY_DENSE_ELEMENTS = 4096  # below this many dense elements in all operands, dense wins on overhead alone
+CALIBRATION_VERSION = 1     # bump when the measurement changes: old stored results are then ignored
 
 
 @functools.lru_cache(maxsize=1)
-def _calibrated() -> float:
+def _shipped() -> dict:
+    """The committed calibration (a fallback only)."""
     try:
-        return float(json.loads(_CALIBRATION.read_text())["dense_crossover_density"])
-    except (OSError, KeyError, ValueError):
-        return _FALLBACK_CROSSOVER
+        data = json.loads(_CALIBRATION.read_text())
+        return {"dense_crossover_density": float(data["dense_crossover_density"]), "dense_rate": None,
+                "source": f"fallback: {_CALIBRATION.name} (measured on a developer's machine)"}
+    except (OSError, KeyError, ValueError, TypeError):
+        return {"dense_crossover_density": _FALLBACK_CROSSOVER, "dense_rate": None,
+                "source": "fallback: built-in constant"}
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and instruction-set flags (so two CPU kinds never share a calibration)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model", "cpu model") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features", "isa") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    import platform
+
+    return f"{model or platform.processor()}|{platform.machine()}|{flags}"
+
+
+def machine_key(threads: int) -> dict:
+    """What a stored calibration is valid for, and its hash (the file name)."""
+    import torch
+
+    from .target import target_info
+
+    fields = {"cpu": _cpu_identity(), "threads": int(threads), "torch": torch.__version__,
+              "target": target_info()["fingerprint"], "version": CALIBRATION_VERSION}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+    return {"fields": fields, "key": digest}
+
+
+def _calibration_path(key: str) -> pathlib.Path:
+    from . import _C
+
+    return pathlib.Path(_C.kernel_cache_dir()) / "calibration" / f"{key}.json"
+
+
+def _best_time(fn, repeat: int) -> float:
+    """The fastest of `repeat` calls after two warm-ups: another process on a core delays some calls by
+    whole scheduler slices, and the fastest call is the one least disturbed."""
+    fn()
+    fn()
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+class UnreliableMeasurement(RuntimeError):
+    pass
+
+
+def measure(threads: int) -> dict:
+    """Measure the crossover and the dense rate on this machine with `threads` threads.
+
+    Dense: torch.mm of 1024x1024 by 1024x64 float32 (also gives the dense rate, multiply-adds per second).
+    Sparse: the compiled CSR SpMM kernel on the same shape at densities 0.05 and 0.4, called through the
+    torch op (no Python wrapper: the per-call cost is modelled apart). Its time is close to linear in the
+    density, t(d) = a + b d, so the crossover is where that line meets the dense time."""
+    import torch
+
+    from . import _native
+    from .convert import sparse
+    from .frontend import plan_einsum
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        m, k, n = 1024, 1024, 64
+        B = torch.randn(k, n, generator=g)
+        dense_a = torch.randn(m, k, generator=g)
+        t_dense = _best_time(lambda: torch.mm(dense_a, B), 9)
+        points = []
+        for d in (0.05, 0.4):
+            A = dense_a * (torch.rand(m, k, generator=g) < d)
+            S = sparse(A, "csr")
+            plan = plan_einsum("ij,jk->ik", S, B)
+            bufs = S.level_buffers
+            inputs = [bufs["pos1"], bufs["crd1"], S.stored_values, B]
+            spec, sizes = plan["spec"], plan["var_sizes"]
+            run = lambda: _native.ops.kernel(spec, inputs, sizes, threads)  # noqa: E731
+            run()  # compiles (or loads) the kernel outside the timing
+            points.append((S.nnz / (m * k), _best_time(run, 9)))
+        (d0, t0), (d1, t1) = points
+        # Eight times the nonzeros must take clearly longer; if not, the timings measured something else (a
+        # busy machine) and are not worth keeping.
+        if not t1 > 2 * t0:
+            raise UnreliableMeasurement(f"SpMM at density {d1:.2f} took {t1 * 1e3:.2f} ms, at {d0:.2f} "
+                                        f"{t0 * 1e3:.2f} ms: the machine is too busy to measure")
+        slope = (t1 - t0) / (d1 - d0)
+        crossover = (t_dense - (t0 - slope * d0)) / slope
+        crossover = min(max(crossover, 0.01), 1.0)
+        return {"dense_crossover_density": round(crossover, 4), "dense_rate": m * k * n / t_dense,
+                "dense_s": t_dense, "sparse_points": points}
+    finally:
+        torch.set_num_threads(prev)
+
+
+_lock = threading.Lock()
+_memo: dict = {}
+
+
+def _valid(doc: dict, key: dict) -> bool:
+    try:
+        c, r = float(doc["dense_crossover_density"]), float(doc["dense_rate"])
+        return doc.get("key") == key["key"] and doc.get("fields") == key["fields"] and 0 < c <= 1 and \
+            math.isfinite(r) and r > 0
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def calibration(threads: int | None = None) -> dict:
+    """The crossover density and dense rate for this machine, thread count and target: from this process's
+    memo, else the stored measurement in the cache directory (checked against its key), else measured now
+    and stored (written atomically; several processes may race, each writes a whole file). Falls back to the
+    shipped calibration.json when measuring fails, and says so in "source"."""
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    key = machine_key(threads)
+    with _lock:
+        if key["key"] in _memo:
+            return _memo[key["key"]]
+        path = _calibration_path(key["key"])
+        result = None
+        try:
+            doc = json.loads(path.read_text())
+            if _valid(doc, key):
+                result = dict(doc, source=f"measured on this machine, stored in {path}")
+        except (OSError, ValueError):
+            pass
+        if result is None:
+            t = time.perf_counter()
+            try:
+                doc = dict(measure(threads), key=key["key"], fields=key["fields"],
+                           measured_s=round(time.perf_counter() - t, 3))
+                result = dict(doc, source=f"measured now ({doc['measured_s']:.2f} s), stored in {path}")
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+                    tmp.write_text(json.dumps(doc, indent=1))
+                    os.replace(tmp, path)
+                except OSError as e:
+                    result["source"] += f" (could not store it: {e})"
+            except Exception as e:  # no compiler, a broken cache, a busy machine: the shipped numbers, for
+                result = dict(_shipped())  # this process only (the next one measures again)
+                result["source"] += f"; measuring failed: {type(e).__name__}: {e}"
+        if config.debug_level() >= 1:
+            print(f"[scorch] cost model ({threads} threads): crossover density "
+                  f"{result['dense_crossover_density']:.3g}, {result['source']}", file=sys.stderr)
+        _memo[key["key"]] = result
+        return result
 
 
 def crossover_density() -> float:
-    env = os.environ.get("SCORCH_DENSE_CROSSOVER")
-    return float(env) if env else _calibrated()
+    env = config.dense_crossover_override()
+    return env if env is not None else float(calibration()["dense_crossover_density"])
 
 
 def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str]:
     """(run dense?, why) for a product whose sparse operands have these densities.
 
     SCORCH_DISPATCH=sparse (or dense) forces one side, e.g. to test the kernels themselves."""
-    forced = os.environ.get("SCORCH_DISPATCH", "auto")
+    forced = config.dispatch_mode()
     if forced in ("sparse", "dense"):
         return forced == "dense", f"SCORCH_DISPATCH={forced}"
     if not densities:
@@ -50,7 +222,7 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
         return True, f"tiny problem ({dense_elements} dense elements): dense ATen code has less overhead"
     if combined >= threshold:
         return True, (f"sparse operands' combined density {combined:.3g} >= crossover {threshold:.3g} "
-                      "(benchmarks/calibrate.py): dense is faster")
+                      "(measured on this machine): dense is faster")
     return False, f"combined density {combined:.3g} < crossover {threshold:.3g}: sparse kernel"
 
 
@@ -59,23 +231,25 @@ REGION_OVERHEAD_S = 150e-6  # one scorch::region call's fixed cost (Python dispa
                             # checks, plan lookups): 100-200 us over the kernel itself on the zoo's pruned MLP
 
 
-@functools.lru_cache(maxsize=8)
 def dense_rate(threads: int) -> float:
-    """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (measured
-    once per process: a 384^3 product after a warm-up)."""
-    import time
+    """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (from the
+    calibration; a quick 384^3 measurement when it has none)."""
+    rate = calibration(threads).get("dense_rate")
+    return float(rate) if rate else _quick_dense_rate(threads)
 
+
+@functools.lru_cache(maxsize=8)
+def _quick_dense_rate(threads: int) -> float:
     import torch
 
     a = torch.randn(384, 384)
     b = torch.randn(384, 384)
-    a @ b
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 384**3 / max(best, 1e-9)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return 384**3 / max(_best_time(lambda: a @ b, 3), 1e-9)
+    finally:
+        torch.set_num_threads(prev)
 
 
 def region_speedup(dense_fmas: float, density: float, sparse_calls: int = 1, dense_calls: int = 0) -> float:

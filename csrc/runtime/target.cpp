@@ -115,6 +115,18 @@ Target resolve_uncached(const std::string& name) {
   return t;
 }
 
+// A target whose instruction-set features the CPU running this process lacks would compile kernels that die
+// with SIGILL at their first vector instruction: refuse it by name instead. "native" is the reference.
+void check_runnable(const Target& t, const Target& native) {
+  std::vector<std::string> missing;
+  for (const auto& f : t.features)
+    if (std::find(native.features.begin(), native.features.end(), f) == native.features.end()) missing.push_back(f);
+  SCORCH_CHECK(missing.empty(),
+               "Scorch target '{}' needs {} which this CPU does not have (it has: {}); kernels compiled for it "
+               "would crash here. Pick a target this CPU runs, e.g. native",
+               t.name, fmt::join(missing, ", "), fmt::join(native.features, " "));
+}
+
 }  // namespace
 
 int Target::tile_vectors() const {
@@ -146,11 +158,12 @@ const Target& current_target() {
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
   auto t = std::make_unique<Target>(resolve_uncached(name));
+  if (name != "native") check_runnable(*t, resolve_uncached("native"));
   return *cache.emplace(key, std::move(t)).first->second;
 }
 
 void set_target(const std::string& name) {
-  if (!name.empty()) (void)resolve_uncached(name);  // fails now for a bad name
+  if (!name.empty() && name != "native") check_runnable(resolve_uncached(name), resolve_uncached("native"));
   {
     std::lock_guard lock(g_mu);
     g_chosen = name;

@@ -40,7 +40,8 @@ std::string target_name();
 
 // Choose the target for kernels compiled from now on in this process ("" goes back to SCORCH_TARGET or
 // "native"). The name is checked (letters, digits, '.', '_', '+', '-'; at most 64) and resolved here, so a
-// name the compiler does not know fails now, not at the next kernel.
+// name the compiler does not know fails now, not at the next kernel; so does a target whose instruction-set
+// features this CPU lacks (its kernels would die of SIGILL): targets can go down from native, not up.
 void set_target(const std::string& name);
 
 // Resolve a target by name without making it current (for tests and tools).

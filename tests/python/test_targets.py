@@ -1,0 +1,138 @@
+"""Kernels compiled for other instruction-set targets than the default: the same results everywhere.
+
+The default suite runs under the default target (native, or SCORCH_TARGET). Here the named kernels whose code
+depends on the vector width (register-tiled SpMM with every kind of remainder, vectorized dense reductions,
+SDDMM) and a reduced fuzz run are repeated under x86-64-v3 (AVX2 + FMA), x86-64-v2 (SSE4.2, 16-byte vectors),
+and the scalar target (no vector code from Scorch), each when this CPU can run it. SCORCH_TARGET_FUZZ_CASES
+sets the fuzz cases per target (default 150).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scorch_backend as sb
+from conftest import random_dense
+
+NATIVE = sb.target_info("native")
+FUZZ_CASES = int(os.environ.get("SCORCH_TARGET_FUZZ_CASES", "150"))
+
+
+def runnable(name: str) -> str | None:
+    """Why this CPU cannot run kernels for `name` (None: it can)."""
+    try:
+        info = sb.target_info(name)
+    except ValueError as e:
+        return str(e)
+    missing = [f for f in info["features"] if f not in NATIVE["features"]]
+    return f"this CPU lacks {missing}" if missing else None
+
+
+TARGETS = [pytest.param(t, marks=pytest.mark.skipif(runnable(t) is not None, reason=str(runnable(t))))
+           for t in ("x86-64-v3", "x86-64-v2", "scalar")]
+
+
+@pytest.fixture(params=TARGETS)
+def target(request):
+    with sb.using_target(request.param) as info:
+        assert info["name"] == request.param
+        yield info
+    assert sb.target_name() == os.environ.get("SCORCH_TARGET", "native")
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 16, 31, 33, 64, 65, 100, 128, 200])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_every_remainder(target, n, dtype):
+    """Register tiles of the target's width, then passes of half as many vectors, then the scalar rest."""
+    A = random_dense((37, 29), 0.2, dtype=dtype, seed=n)
+    B = torch.randn(29, n, dtype=dtype)
+    got = sb.einsum("ij,jk->ik", sb.sparse(A, "csr"), B)
+    torch.testing.assert_close(got, A @ B)
+    info = sb.kernel_info(sb.plan_einsum("ij,jk->ik", sb.sparse(A, "csr"), B)["spec"])
+    assert info["target"] == target["name"]
+
+
+@pytest.mark.parametrize("k", [1, 5, 31, 32, 33, 64, 129, 1000])
+def test_dense_reductions(target, k):
+    """Vectorized reductions along a dense index (four accumulators of the target's width, then a tail)."""
+    S = sb.sparse(random_dense((23, 19), 0.3, seed=k), "csr")
+    P, Q = torch.randn(23, k), torch.randn(19, k)
+    got = sb.einsum("ij,ik,jk->ij", S, P, Q)
+    torch.testing.assert_close(got.to_dense(), S.to_dense() * (P @ Q.t()), rtol=1e-4, atol=1e-4)
+    x = torch.randn(k, dtype=torch.float64)
+    M = torch.randn(7, k, dtype=torch.float64)
+    torch.testing.assert_close(sb.compute("y(i) = M(i,k) * x(k)", M=M, x=x), M @ x)
+
+
+def test_transposed_dense_operand(target):
+    """A dense operand whose column index is not contiguous: the array tile, not vector loads."""
+    A = random_dense((16, 40), 0.25, seed=3)
+    B = torch.randn(70, 40)
+    torch.testing.assert_close(sb.einsum("ij,kj->ik", sb.sparse(A, "csr"), B), A @ B.t(), rtol=1e-4, atol=1e-4)
+
+
+def test_fuzz_under_target(target):
+    import test_fuzz as fz
+
+    for k in range(FUZZ_CASES):
+        eq, ops, dense, formats, dtype = fz.einsum_case(k)
+        ref = torch.einsum(eq, *[d.double() for d in dense])
+        got = fz.to_dense(sb.einsum(eq, *ops))
+        rtol, atol = fz.tolerance(dtype)
+        torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol,
+                                   msg=lambda m: f"case {k} {eq} {formats} under {target['name']}: {m}")
+
+
+def test_two_targets_two_cache_entries():
+    A = sb.sparse(random_dense((9, 9), 0.3, seed=1), "csr")
+    spec = sb.plan_einsum("ij,jk->ik", A, torch.randn(9, 5))["spec"]
+    paths = set()
+    for name in ("scalar", "generic"):
+        with sb.using_target(name):
+            info = sb.kernel_info(spec)
+            assert info["target"] == name
+            paths.add(info["library_path"])
+    assert len(paths) == 2
+
+
+def test_bad_target_names_are_refused():
+    for bad in ("", " ", "x86-64-v3 -O0", "-fplugin=evil", "a" * 65, "x86-64-v3;ls", "no-such-cpu"):
+        if bad == "":
+            continue  # "" means: back to the default
+        with pytest.raises(ValueError):
+            sb.set_target(bad)
+    assert sb.target_name() == os.environ.get("SCORCH_TARGET", "native")
+
+
+def test_a_target_this_cpu_cannot_run_is_refused():
+    """Kernels for instruction sets the CPU lacks would die of SIGILL: the name is refused up front."""
+    if "avx512f" in NATIVE["features"] or NATIVE["arch"] != "x86_64":
+        pytest.skip("this CPU runs AVX-512 code (or is not x86-64)")
+    with pytest.raises(ValueError, match="does not have"):
+        sb.set_target("x86-64-v4")
+    # The same through the environment, in a child process: a clear error, not a signal.
+    code = ("import torch, scorch_backend as sb\n"
+            "A = sb.sparse(torch.eye(4), 'csr')\n"
+            "try:\n    sb.einsum('ij,jk->ik', A, torch.ones(4, 3))\nexcept ValueError as e:\n"
+            "    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SCORCH_TARGET="x86-64-v4",
+                                                              SCORCH_DISPATCH="sparse"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "avx512f" in r.stdout
+
+
+def test_target_from_the_environment():
+    code = "import scorch_backend as sb; i = sb.target_info(); print(i['name'], i['vector_bytes'])"
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SCORCH_TARGET="scalar"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["scalar", "0"]
+
+
+def test_describe_machine_names_cpu_target_threads():
+    line = sb.describe_machine(2)
+    assert "CPU:" in line and "kernel target:" in line and "threads: 2" in line
