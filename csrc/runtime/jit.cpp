@@ -1,19 +1,20 @@
 #include "runtime/jit.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <spawn.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "codegen/emit_cpp.h"
 #include "common/hash.h"
@@ -32,7 +33,67 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v && *v ? v : fallback;
 }
 
-int debug_level() { return std::atoi(env_or("SCORCH_DEBUG", "0").c_str()); }
+// The variable without surrounding blanks; "" when unset.
+std::string env_trimmed(const char* name) {
+  const char* v = std::getenv(name);
+  std::string s = v ? v : "";
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+// What the environment asks of the JIT, read on every get_kernel (tests and users change it at run time).
+// Each variable is parsed strictly: a typo is an error that names it, never a silent default.
+struct Settings {
+  int debug = 0;           // SCORCH_DEBUG
+  double timeout = 300;    // SCORCH_COMPILE_TIMEOUT, seconds; 0: no limit
+  bool sanitize = false;   // SCORCH_SANITIZE
+};
+
+Settings read_settings() {
+  Settings s;
+  if (std::string v = env_trimmed("SCORCH_DEBUG"); !v.empty()) {
+    SCORCH_CHECK(all_digits(v) && v.size() <= 6,
+                 "SCORCH_DEBUG='{}': expected a non-negative integer (0 = quiet, 1 = print each kernel, its plan "
+                 "and the cache's decisions, 2 = more)",
+                 std::getenv("SCORCH_DEBUG"));
+    s.debug = std::atoi(v.c_str());
+  }
+  if (std::string v = env_trimmed("SCORCH_COMPILE_TIMEOUT"); !v.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const double t = std::strtod(v.c_str(), &end);
+    // strtod also takes "inf", "nan" and hex; only plain decimal numbers are meant here.
+    const bool plain = v.find_first_not_of("0123456789.") == std::string::npos;
+    SCORCH_CHECK(plain && end == v.c_str() + v.size() && errno == 0 && std::isfinite(t) && t >= 0 && t <= 1e6,
+                 "SCORCH_COMPILE_TIMEOUT='{}': expected a number of seconds (e.g. 300; 0 = no limit)",
+                 std::getenv("SCORCH_COMPILE_TIMEOUT"));
+    s.timeout = t;
+  }
+  if (std::string v = env_trimmed("SCORCH_SANITIZE"); !v.empty()) {
+    SCORCH_CHECK(v == "0" || v == "1",
+                 "SCORCH_SANITIZE='{}': expected 0 or 1 (1 = compile kernels with -fsanitize=address,undefined)",
+                 std::getenv("SCORCH_SANITIZE"));
+    s.sanitize = v == "1";
+  }
+  return s;
+}
+
+// A kernel built with -fsanitize=address can only be loaded into a process that runs the ASan runtime (an
+// ASan build, or LD_PRELOAD of libasan); elsewhere the runtime aborts the process inside dlopen.
+bool asan_runtime_present() { return ::dlsym(RTLD_DEFAULT, "__asan_init") != nullptr; }
+
+const std::vector<std::string>& sanitize_flags() {
+  static const std::vector<std::string> f = {"-fsanitize=address,undefined", "-fno-omit-frame-pointer"};
+  return f;
+}
 
 void make_dirs(const std::string& path) {
   std::string at;
@@ -47,27 +108,232 @@ void make_dirs(const std::string& path) {
                path);
 }
 
-std::vector<std::string> compile_command(const Target& target, const std::string& src, const std::string& lib) {
+std::vector<std::string> compile_command(const Target& target, bool sanitize, const std::string& src,
+                                         const std::string& lib) {
   std::vector<std::string> cmd = compiler_command();
   cmd.push_back("-O3");
   cmd.insert(cmd.end(), target.flags.begin(), target.flags.end());
+  if (sanitize) cmd.insert(cmd.end(), sanitize_flags().begin(), sanitize_flags().end());
   for (const char* a : {"-fopenmp", "-shared", "-fPIC", "-std=c++17", "-w", "-o"}) cmd.push_back(a);
   cmd.push_back(lib);
   cmd.push_back(src);
   return cmd;
 }
 
-void write_atomically(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << data;
-    SCORCH_CHECK(f.good(), "cannot write {}", tmp);
+bool write_all(int fd, const std::string& data) {
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
   }
-  SCORCH_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}", tmp, path);
+  return true;
 }
 
-bool exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
+// Writes under a name of this process and renames into place, so readers see the old file or the new one.
+void write_atomically(const std::string& path, const std::string& data) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  SCORCH_CHECK(fd >= 0, "cannot write {}: {}", tmp, std::strerror(errno));
+  const bool ok = write_all(fd, data);
+  const bool closed = ::close(fd) == 0;
+  if (!ok || !closed) {
+    ::unlink(tmp.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("cannot write {}", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("cannot rename {} to {}", tmp, path));
+  }
+}
+
+// The whole of a regular file (never a symlink, a FIFO or a device), at most `limit` bytes. "" and false
+// when it is absent, not regular, larger or unreadable. Read with read(), not mapped: a file truncated under
+// us gives a short read, not a SIGBUS.
+bool read_regular_file(const std::string& path, size_t limit, std::string& out, off_t expect_size = -1) {
+  out.clear();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat sb;
+  bool ok = ::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<size_t>(sb.st_size) <= limit &&
+            (expect_size < 0 || sb.st_size == expect_size);
+  if (ok) {
+    out.resize(static_cast<size_t>(sb.st_size));
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ok = done == out.size();
+    char extra;
+    if (ok && ::read(fd, &extra, 1) > 0) ok = false;  // grew while we read it
+  }
+  ::close(fd);
+  if (!ok) out.clear();
+  return ok;
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      o += fmt::format("\\u{:04x}", c);
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// What a cache entry must be: written when the kernel is built, and checked (text for text) before an entry
+// is loaded. The library's size and content hash tie the manifest to the bytes; the key, spec and target tie
+// it to the kernel asked for.
+struct Manifest {
+  std::string key, spec, target_fingerprint, target_name, command;
+  std::string text(const std::string& library) const {
+    return fmt::format(
+        "{{\n  \"format\": \"scorch-kernel-1\",\n  \"key\": {},\n  \"library_bytes\": {},\n  \"library_hash\": {},\n"
+        "  \"spec\": {},\n  \"target\": {},\n  \"target_fingerprint\": {},\n  \"command\": {}\n}}\n",
+        json_string(key), library.size(), json_string(content_hash(library)), json_string(spec),
+        json_string(target_name), json_string(target_fingerprint), json_string(command));
+  }
+};
+
+// The raw value after "name": in a manifest (a number, or a string with its quotes), for messages and for
+// the recorded size; "" when absent.
+std::string manifest_field(const std::string& text, const std::string& name) {
+  const std::string tag = "\"" + name + "\": ";
+  const auto at = text.find(tag);
+  if (at == std::string::npos) return "";
+  const auto b = at + tag.size();
+  auto e = text.find_first_of(",\n", b);
+  return text.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+constexpr size_t kMaxLibraryBytes = size_t(1) << 30;
+constexpr size_t kMaxManifestBytes = size_t(1) << 20;
+
+// Checks the entry against its manifest. Returns "" and the library's bytes when it is exactly what was
+// built for this key; otherwise why it is not to be trusted ("absent" when there is no entry at all).
+std::string verify_entry(const std::string& lib_path, const std::string& manifest_path, const Manifest& m,
+                         std::string& library) {
+  library.clear();
+  std::string manifest;
+  if (!read_regular_file(manifest_path, kMaxManifestBytes, manifest)) {
+    struct stat sb;
+    const bool lib_there = ::lstat(lib_path.c_str(), &sb) == 0, manifest_there = ::lstat(manifest_path.c_str(), &sb) == 0;
+    if (!lib_there && !manifest_there) return "absent";
+    return manifest_there ? "its manifest is not a readable file" : "it has no manifest";
+  }
+  const std::string size_text = manifest_field(manifest, "library_bytes");
+  if (!all_digits(size_text) || size_text.size() > 12) return "its manifest is garbled (no library_bytes)";
+  const off_t recorded = static_cast<off_t>(std::stoll(size_text));
+  if (!read_regular_file(lib_path, kMaxLibraryBytes, library, recorded)) {
+    struct stat sb;
+    if (::lstat(lib_path.c_str(), &sb) != 0) return "its library is missing";
+    if (!S_ISREG(sb.st_mode)) return "its library is not a regular file";
+    return fmt::format("its library is {} bytes, the manifest records {}", sb.st_size, recorded);
+  }
+  if (manifest == m.text(library)) return "";
+  const std::string reason =
+      manifest_field(manifest, "key") != json_string(m.key) ? "its manifest is for another kernel (key differs)"
+      : manifest_field(manifest, "library_hash") != json_string(content_hash(library))
+          ? "its library's content hash differs from the manifest's"
+          : "its manifest does not match this kernel (spec, target or command differ, or it is garbled)";
+  library.clear();
+  return reason;
+}
+
+// Loads library bytes that were just verified. They are written to a file private to this process (created
+// here, O_EXCL, a name never used twice in the process) and that file is loaded, then unlinked: what dlopen
+// maps is exactly what was hashed, whatever happens to the cache file meanwhile (replaced, truncated in
+// place). The copy lives in the cache directory, which is known to allow executable mappings (/tmp may not).
+void* load_verified(const std::string& dir, const std::string& key, const std::string& library,
+                    const std::string& library_path) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, key, ::getpid(), counter++);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load a kernel: {}", path,
+                    std::strerror(errno));
+  const bool ok = write_all(fd, library);
+  const bool closed = ::close(fd) == 0;
+  void* handle = ok && closed ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  const std::string err = handle ? "" : ok && closed ? ::dlerror() : "cannot write the private copy";
+  ::unlink(path.c_str());
+  if (!handle) throw_error(ErrorKind::runtime, fmt::format("scorch: cannot load kernel {}: {}", library_path, err));
+  return handle;
+}
+
+bool process_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+// Removes this key's temporaries left by processes that died mid-build or mid-load: KEY.so.tmp.PID.so,
+// KEY.cpp.tmp.PID, KEY.json.tmp.PID (written only under the key's lock, which the caller holds) and
+// KEY.load.PID.N.so. A temporary goes when its process is gone, or, for the ones written under the lock, when
+// it is older than the compile timeout (its PID may have been reused, or belong to another machine or
+// container sharing the cache). Returns what was removed.
+std::vector<std::string> remove_orphans(const std::string& dir, const std::string& key, double timeout) {
+  std::vector<std::string> removed;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return removed;
+  const auto now = std::chrono::system_clock::now();
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, key.size() + 1, key + ".") != 0) continue;
+    const std::string rest = name.substr(key.size() + 1);
+    bool locked_kind = true;
+    std::string pid_text;
+    for (const char* prefix : {"so.tmp.", "cpp.tmp.", "json.tmp.", "load."}) {
+      if (rest.rfind(prefix, 0) != 0) continue;
+      locked_kind = std::strcmp(prefix, "load.") != 0;
+      pid_text = rest.substr(std::strlen(prefix));
+      pid_text = pid_text.substr(0, pid_text.find('.'));
+      break;
+    }
+    if (!all_digits(pid_text) || pid_text.size() > 9) continue;
+    const std::string path = dir + "/" + name;
+    bool orphan = process_gone(std::stol(pid_text));
+    struct stat sb;
+    if (!orphan && locked_kind && timeout > 0 && ::lstat(path.c_str(), &sb) == 0) {
+      const auto mtime = std::chrono::system_clock::from_time_t(sb.st_mtime);
+      orphan = std::chrono::duration<double>(now - mtime).count() > timeout;
+    }
+    if (orphan && ::unlink(path.c_str()) == 0) removed.push_back(name);
+  }
+  ::closedir(d);
+  return removed;
+}
+
+// The per-key lock: an exclusive flock on KEY.lock, held while an entry is checked, built and published.
+// The descriptor is close-on-exec, so the compiler (and anything it leaves running) never holds it.
+class KeyLock {
+ public:
+  explicit KeyLock(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    SCORCH_CHECK_KIND(ErrorKind::runtime, fd_ >= 0, "cannot open the kernel cache lock {}: {}", path,
+                      std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        const int err = errno;
+        ::close(fd_);
+        throw_error(ErrorKind::runtime, fmt::format("cannot lock {}: {}", path, std::strerror(err)));
+      }
+    }
+  }
+  ~KeyLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  KeyLock(const KeyLock&) = delete;
+  KeyLock& operator=(const KeyLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 struct Lowered {
   KernelSpec spec;
@@ -84,7 +350,41 @@ Lowered lower_spec(const std::string& text, const Target& target) {
   return l;
 }
 
-std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& target) {
+// Compiles the source into the cache under the held lock; returns the library's bytes. The library is
+// published before its manifest: a reader between the two renames sees a mismatch and waits for the lock.
+std::string compile_into_cache(const std::string& source, const std::vector<std::string>& cmd_for_tmp,
+                               const std::string& tmp_lib, const std::string& source_path,
+                               const std::string& lib_path, const std::string& manifest_path, const Manifest& m,
+                               double timeout) {
+  write_atomically(source_path, source);
+  std::string output;
+  const int rc = run_program(cmd_for_tmp, output, timeout);
+  if (rc != 0) {
+    ::unlink(tmp_lib.c_str());
+    if (rc == -2)
+      throw_error(ErrorKind::runtime,
+                  fmt::format("scorch: compiling a kernel timed out after {} s and the compiler was killed "
+                              "(SCORCH_COMPILE_TIMEOUT sets the limit in seconds, 300 by default; 0 = none).\n"
+                              "source: {}\ncompiler said so far:\n{}",
+                              timeout, source_path, output));
+    throw_error(ErrorKind::runtime, fmt::format("scorch: compiling a kernel failed (exit {}).\nsource: {}\n"
+                                                "compiler said:\n{}",
+                                                rc, source_path, output));
+  }
+  std::string library;
+  if (!read_regular_file(tmp_lib, kMaxLibraryBytes, library)) {
+    ::unlink(tmp_lib.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("scorch: the compiler reported success but {} is unreadable", tmp_lib));
+  }
+  if (::rename(tmp_lib.c_str(), lib_path.c_str()) != 0) {
+    ::unlink(tmp_lib.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("cannot move {} into the cache", tmp_lib));
+  }
+  write_atomically(manifest_path, m.text(library));
+  return library;
+}
+
+std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& target, const Settings& settings) {
   const auto t0 = std::chrono::steady_clock::now();
   Lowered l = lower_spec(text, target);
   auto k = std::make_shared<CompiledKernel>();
@@ -101,57 +401,44 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
 
   const std::string dir = kernel_cache_dir();
   make_dirs(dir);
-  const std::string probe_lib = "LIB";
   // The key names the machine code, not the flag text: the target's fingerprint hashes every macro the
-  // compiler predefines for it (so "native" on two CPUs gives two keys) and the compiler's version.
-  std::string key_material = l.source + "\n";
-  for (const auto& a : compile_command(target, "SRC", probe_lib)) key_material += a + " ";
-  key_material += "\n" + target.fingerprint;
-  const std::string key = content_hash(key_material);
+  // compiler predefines for it (so "native" on two CPUs gives two keys) and the compiler's version. The
+  // command includes the sanitizer flags, so sanitized and plain kernels never share an entry.
+  std::string command;
+  for (const auto& a : compile_command(target, settings.sanitize, "SRC", "LIB")) command += a + " ";
+  const std::string key = content_hash(l.source + "\n" + command + "\n" + target.fingerprint);
   k->source_path = dir + "/" + key + ".cpp";
   k->library_path = dir + "/" + key + ".so";
+  const std::string manifest_path = dir + "/" + key + ".json";
+  const Manifest m{key, text, target.fingerprint, target.name, command};
 
-  if (!exists(k->library_path)) {
-    const std::string lock_path = dir + "/" + key + ".lock";
-    const int fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR, 0644);
-    SCORCH_CHECK(fd >= 0, "cannot open the kernel cache lock {}", lock_path);
-    ::flock(fd, LOCK_EX);
-    try {
-      if (!exists(k->library_path)) {  // another process may have built it while we waited
-        write_atomically(k->source_path, l.source);
-        const std::string tmp_lib = fmt::format("{}.tmp.{}.so", k->library_path, ::getpid());
-        std::string output;
-        const int rc = run_program(compile_command(target, k->source_path, tmp_lib), output);
-        if (rc != 0) {
-          ::unlink(tmp_lib.c_str());
-          throw_error(ErrorKind::runtime, fmt::format("scorch: compiling a kernel failed (exit {}).\nsource: {}\n"
-                                                      "compiler said:\n{}",
-                                                      rc, k->source_path, output));
-        }
-        SCORCH_CHECK(::rename(tmp_lib.c_str(), k->library_path.c_str()) == 0, "cannot move {} into the cache",
-                     tmp_lib);
-        k->compiled = true;
-      }
-    } catch (...) {
-      ::flock(fd, LOCK_UN);
-      ::close(fd);
-      throw;
+  std::vector<std::string> log;
+  std::string library;
+  std::string why = verify_entry(k->library_path, manifest_path, m, library);
+  if (!why.empty()) {
+    KeyLock lock(dir + "/" + key + ".lock");
+    for (const auto& name : remove_orphans(dir, key, settings.timeout)) log.push_back("removed orphan " + name);
+    why = verify_entry(k->library_path, manifest_path, m, library);  // another process may have built it
+    if (!why.empty()) {
+      if (why != "absent") log.push_back("cache entry not trusted, rebuilt: " + why);
+      const std::string tmp_lib = fmt::format("{}.tmp.{}.so", k->library_path, ::getpid());
+      library = compile_into_cache(l.source, compile_command(target, settings.sanitize, k->source_path, tmp_lib),
+                                   tmp_lib, k->source_path, k->library_path, manifest_path, m, settings.timeout);
+      k->compiled = true;
     }
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
   }
-  void* handle = ::dlopen(k->library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) throw_error(ErrorKind::runtime, fmt::format("scorch: cannot load kernel {}: {}", k->library_path, ::dlerror()));
+  void* handle = load_verified(dir, key, library, k->library_path);
   k->fn = reinterpret_cast<KernelFn>(::dlsym(handle, "scorch_kernel"));
   k->free_fn = reinterpret_cast<KernelFreeFn>(::dlsym(handle, "scorch_kernel_free"));
   SCORCH_CHECK(k->fn && k->free_fn, "kernel library {} lacks the scorch_kernel entry points", k->library_path);
   k->target = target.name;
   k->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  if (debug_level() >= 1) {
+  if (settings.debug >= 1) {
     std::string msg = fmt::format("[scorch] kernel {}\n  index notation: {}\n  spec: {}\n  schedule: {}\n", key,
                                   k->statement, k->spec, k->schedule);
     for (const auto& r : k->reasons) msg += "    - " + r + "\n";
+    for (const auto& c : log) msg += "  cache: " + c + "\n";
     msg += fmt::format("  {} in {:.3f} s; source: {}\n", k->compiled ? "compiled" : "loaded from cache", k->seconds,
                        k->source_path);
     msg += "  loop IR:\n" + loops::print(l.kernel.body, 2);
@@ -168,19 +455,42 @@ std::string kernel_cache_dir() {
   return env_or("HOME", "/tmp") + "/.cache/scorch";
 }
 
+namespace {
+
+// The environment checked, and the target, for one request.
+const Target& prepare(Settings& settings) {
+  settings = read_settings();
+  SCORCH_CHECK(!settings.sanitize || asan_runtime_present(),
+               "SCORCH_SANITIZE=1 compiles kernels with AddressSanitizer, which can only be loaded into a process "
+               "running its runtime: use a SCORCH_SANITIZE=ON build, or start the process with "
+               "LD_PRELOAD=$(c++ -print-file-name=libasan.so) (see docs/cache.md)");
+  return current_target();
+}
+
+}  // namespace
+
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<const CompiledKernel>> cache;
-  const Target& target = current_target();
-  const std::string key = target.fingerprint + "\n" + spec;  // a new target in this process: new kernels
+  Settings settings;
+  const Target& target = prepare(settings);
+  // A new target or sanitizer setting in this process: new kernels. The disk entry is verified once per
+  // process and key; later calls are answered from here.
+  const std::string key = target.fingerprint + (settings.sanitize ? "\nsanitize\n" : "\n") + spec;
   {
     std::lock_guard lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  auto k = build(spec, target);  // outside the lock: compiling takes a while; a duplicate build is harmless
+  auto k = build(spec, target, settings);  // outside the lock: compiling takes a while; a duplicate is harmless
   std::lock_guard lock(mu);
   return cache.emplace(key, std::move(k)).first->second;
+}
+
+std::shared_ptr<const CompiledKernel> get_kernel_uncached(const std::string& spec) {
+  Settings settings;
+  const Target& target = prepare(settings);
+  return build(spec, target, settings);
 }
 
 std::string kernel_source(const std::string& spec) { return lower_spec(spec, current_target()).source; }

@@ -1,8 +1,13 @@
 // The JIT: kernel spec -> schedule -> loop IR -> C++ -> shared object, cached on disk and in the process.
 // The disk cache (SCORCH_CACHE_DIR, default $XDG_CACHE_HOME/scorch or ~/.cache/scorch) is keyed by a hash of
-// the source, the full compiler command and the target's fingerprint (every macro the compiler predefines for
-// the target, and its version); files are written under a temporary name
-// and renamed into place while a per-key file lock is held, so processes may share it.
+// the source, the full compiler command (with the sanitizer flags when SCORCH_SANITIZE=1) and the target's
+// fingerprint (every macro the compiler predefines for the target, and its version). An entry is KEY.so and
+// its manifest KEY.json (key, spec, target, command, the library's size and content hash). Nothing on disk
+// is trusted: before an entry is loaded its bytes are read, hashed and checked against the manifest, and the
+// checked bytes are what gets loaded (through a private copy); an entry that does not match is rebuilt.
+// Building happens under a per-key file lock (close-on-exec), compiles are bounded by SCORCH_COMPILE_TIMEOUT,
+// files are written under temporary names and renamed into place, and temporaries of dead processes are
+// removed when the lock is taken. See docs/cache.md.
 #pragma once
 
 #include <memory>
@@ -38,6 +43,10 @@ std::string kernel_cache_dir();
 
 // The kernel for a spec (see lower/kernel_spec.h), built at most once per process.
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec);
+
+// The same, bypassing the in-process cache: the disk cache is consulted (and verified) on every call, and each
+// call loads a library of its own. For tests and tools.
+std::shared_ptr<const CompiledKernel> get_kernel_uncached(const std::string& spec);
 
 // The C++ source a spec compiles to (no compiling), for tests and debugging.
 std::string kernel_source(const std::string& spec);
