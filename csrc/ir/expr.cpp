@@ -55,6 +55,26 @@ std::vector<int> Statement::reduction_vars() const {
   return red;
 }
 
+int expr_height(const ExprPtr& e) {
+  if (!e) return 0;
+  return 1 + std::max(expr_height(e->a), expr_height(e->b));
+}
+
+namespace {
+void count_nodes(const ExprPtr& e, size_t stop, size_t& n) {
+  if (!e || n >= stop) return;
+  ++n;
+  count_nodes(e->a, stop, n);
+  count_nodes(e->b, stop, n);
+}
+}  // namespace
+
+size_t expr_size(const ExprPtr& e, size_t stop) {
+  size_t n = 0;
+  count_nodes(e, stop, n);
+  return n;
+}
+
 void collect_accesses(const ExprPtr& e, std::vector<const Expr*>& out) {
   if (!e) return;
   if (e->kind == ExprKind::access) out.push_back(e.get());
@@ -122,7 +142,16 @@ std::string Statement::canonical() const {
 std::string Statement::str() const { return print_statement(*this, tensor_names, var_names); }
 
 std::string caret_message(const std::string& msg, const std::string& source, size_t pos) {
-  return fmt::format("{}\n  {}\n  {}^", msg, source, std::string(std::min(pos, source.size()), ' '));
+  // A long source (a generated expression) is shown as a window around the caret.
+  constexpr size_t kBefore = 60, kAfter = 40;
+  pos = std::min(pos, source.size());
+  if (source.size() <= kBefore + kAfter + 20)
+    return fmt::format("{}\n  {}\n  {}^", msg, source, std::string(pos, ' '));
+  const size_t begin = pos > kBefore ? pos - kBefore : 0;
+  const size_t end = std::min(source.size(), pos + kAfter);
+  const std::string head = begin > 0 ? "..." : "", tail = end < source.size() ? "..." : "";
+  return fmt::format("{}\n  {}{}{}\n  {}^", msg, head, source.substr(begin, end - begin), tail,
+                     std::string(head.size() + pos - begin, ' '));
 }
 
 void Statement::fail_at(size_t pos, const std::string& msg) const {

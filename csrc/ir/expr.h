@@ -26,6 +26,13 @@ enum class ExprKind {
 #undef SCORCH_ENUM
 };
 
+// Limits on what the parsers accept. Everything that walks an expression (printing, collecting accesses,
+// splitting reductions, differentiating, lowering) recurses over the tree, so its height bounds the stack
+// those walks use; its size bounds their time and the kernel's code. A sum or product of n terms parses to a
+// chain of height n. Deeper or larger input is refused with a ValueError at parse time.
+inline constexpr int kMaxExprHeight = 1000;
+inline constexpr int kMaxExprNodes = 20000;
+
 struct Expr;
 using ExprPtr = std::shared_ptr<const Expr>;
 
@@ -67,6 +74,11 @@ struct Statement {
   // Raise ValueError with a caret under source position `pos`.
   [[noreturn]] void fail_at(size_t pos, const std::string& msg) const;
 };
+
+// The height of an expression's tree (an access or a number is 1) and its number of nodes, counted up to
+// `stop` (subtrees shared between parents count once per parent, as they are printed).
+int expr_height(const ExprPtr& e);
+size_t expr_size(const ExprPtr& e, size_t stop);
 
 // All accesses of an expression, left to right.
 void collect_accesses(const ExprPtr& e, std::vector<const Expr*>& out);

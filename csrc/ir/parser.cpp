@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "common/error.h"
@@ -106,36 +108,75 @@ class NotationParser : public TextCursor {
     return static_cast<int>(st_.var_names.size()) - 1;
   }
 
-  ExprPtr expr() {
-    ExprPtr e = term();
+  // A parsed subexpression and the height of its tree (an access or a number is 1).
+  struct Parsed {
+    ExprPtr e;
+    int height;
+  };
+  Parsed node(ExprKind k, const Parsed& a, const Parsed& b, size_t at) {
+    Parsed p{Expr::binary(k, a.e, b.e, at), std::max(a.height, b.height) + 1};
+    grown(p, at);
+    return p;
+  }
+  // Every node counts towards the size limit and every new level towards the height limit: checked as the
+  // tree grows, so an oversized expression is refused before anything walks it.
+  void grown(const Parsed& p, size_t at) {
+    if (++nodes_ > kMaxExprNodes)
+      fail(at, fmt::format("expression too large: more than {} operators and operands", kMaxExprNodes));
+    if (p.height > kMaxExprHeight)
+      fail(at, fmt::format("expression nested too deeply: more than {} levels of operators (a sum or product "
+                           "of more than {} terms counts one level per term)",
+                           kMaxExprHeight, kMaxExprHeight));
+  }
+  // Parentheses and unary minus recurse: bounded too, so that the parser's own stack stays small.
+  struct Nest {
+    NotationParser& p;
+    Nest(NotationParser& parser, size_t at) : p(parser) {
+      if (++p.nesting_ > kMaxExprHeight)
+        p.fail(at, fmt::format("expression nested too deeply: more than {} levels of parentheses or signs",
+                               kMaxExprHeight));
+    }
+    ~Nest() { --p.nesting_; }
+  };
+
+  ExprPtr expr() { return sum().e; }
+  Parsed sum() {
+    Parsed e = term();
     for (;;) {
       skip();
       const size_t at = i_;
-      if (eat('+')) e = Expr::binary(ExprKind::add, e, term(), at);
-      else if (eat('-')) e = Expr::binary(ExprKind::sub, e, term(), at);
+      if (eat('+')) e = node(ExprKind::add, e, term(), at);
+      else if (eat('-')) e = node(ExprKind::sub, e, term(), at);
       else return e;
     }
   }
-  ExprPtr term() {
-    ExprPtr e = unary();
+  Parsed term() {
+    Parsed e = unary();
     for (;;) {
       skip();
       const size_t at = i_;
-      if (eat('*')) e = Expr::binary(ExprKind::mul, e, unary(), at);
+      if (eat('*')) e = node(ExprKind::mul, e, unary(), at);
       else return e;
     }
   }
-  ExprPtr unary() {
+  Parsed unary() {
     skip();
     const size_t at = i_;
-    if (eat('-')) return Expr::neg(unary(), at);
+    if (eat('-')) {
+      Nest nest(*this, at);
+      Parsed a = unary();
+      Parsed p{Expr::neg(a.e, at), a.height + 1};
+      grown(p, at);
+      return p;
+    }
     return primary();
   }
-  ExprPtr primary() {
+  Parsed primary() {
     skip();
     const size_t at = i_;
     if (eat('(')) {
-      ExprPtr e = expr();
+      Nest nest(*this, at);
+      Parsed e = sum();
       expect(')');
       return e;
     }
@@ -146,7 +187,14 @@ class NotationParser : public TextCursor {
       if (end == begin) fail(at, "expected a number");
       i_ += static_cast<size_t>(end - begin);
       if (i_ < s_.size() && is_name_char(s_[i_])) fail(i_, "unexpected character after a number");
-      return Expr::literal(v, at);
+      // 1e999 overflows to infinity: a constant must be a finite number (infinities and NaNs have no
+      // spelling in the notation, and a kernel's text must parse back to the same statement).
+      if (!std::isfinite(v))
+        fail(at, fmt::format("number '{}' is out of range: constants must be finite (at most {:g} in magnitude)",
+                             std::string(begin, static_cast<const char*>(end)), std::numeric_limits<double>::max()));
+      Parsed p{Expr::literal(v, at), 1};
+      grown(p, at);
+      return p;
     }
     if (i_ >= s_.size() || !is_name_start(s_[i_])) fail(at, "expected a tensor access, a number or '('");
     const std::string name = ident("a tensor name");
@@ -165,12 +213,16 @@ class NotationParser : public TextCursor {
         expect(')');
       }
     }
-    return Expr::access(t, next_access_++, vars, pos, at);
+    Parsed p{Expr::access(t, next_access_++, vars, pos, at), 1};
+    grown(p, at);
+    return p;
   }
 
   const std::vector<std::string>& tensors_;
   Statement& st_;
   int next_access_ = 0;
+  int nodes_ = 0;
+  int nesting_ = 0;
 };
 
 void check_ranks(const Statement& st, const std::vector<int>& ndims) {
@@ -295,6 +347,8 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
   if (i < n && eq[i] != '-') st.fail_at(i, "unexpected character in the equation");
   if (ops.size() != ndims.size())
     st.fail_at(i, fmt::format("the equation has {} operands but {} were given", ops.size(), ndims.size()));
+  if (static_cast<int>(ops.size()) > kMaxExprHeight)
+    st.fail_at(0, fmt::format("too many operands: {} (at most {})", ops.size(), kMaxExprHeight));
   for (size_t t = 0; t < ops.size(); ++t) st.tensor_names.push_back(fmt::format("operand {}", t));
 
   skip();

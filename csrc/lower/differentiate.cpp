@@ -14,20 +14,32 @@ using ir::ExprPtr;
 
 namespace {
 
-// d e / d (the access with id `target`); null means zero.
+// -a, with a double negation folded, so that signs do not deepen the gradient.
+ExprPtr negate(const ExprPtr& a, size_t pos) { return a->kind == ExprKind::neg ? a->a : Expr::neg(a, pos); }
+
+// The sum of `terms` as a balanced tree: a gradient gathers one term per access of the operand, and a chain
+// of them would be as deep as there are accesses.
+ExprPtr balanced_sum(const std::vector<ExprPtr>& terms, size_t begin, size_t end) {
+  if (end - begin == 1) return terms[begin];
+  const size_t mid = begin + (end - begin) / 2;
+  return Expr::binary(ExprKind::add, balanced_sum(terms, begin, mid), balanced_sum(terms, mid, end),
+                      terms[begin]->pos);
+}
+
+// d e / d (the access with id `target`); null means zero. Never higher than `e` itself.
 ExprPtr partial(const ExprPtr& e, int target) {
   switch (e->kind) {
     case ExprKind::access: return e->access_id == target ? Expr::literal(1.0, e->pos) : nullptr;
     case ExprKind::literal: return nullptr;
     case ExprKind::neg: {
       ExprPtr d = partial(e->a, target);
-      return d ? Expr::neg(d, e->pos) : nullptr;
+      return d ? negate(d, e->pos) : nullptr;
     }
     case ExprKind::add:
     case ExprKind::sub: {
       ExprPtr da = partial(e->a, target), db = partial(e->b, target);
       if (!db) return da;
-      if (e->kind == ExprKind::sub) db = Expr::neg(db, e->pos);
+      if (e->kind == ExprKind::sub) db = negate(db, e->pos);
       return da ? Expr::binary(ExprKind::add, da, db, e->pos) : db;
     }
     case ExprKind::mul: {
@@ -82,7 +94,7 @@ std::optional<ir::Statement> differentiate(const ir::Statement& st, int tensor, 
     g.out_var_pos.push_back(mine[0]->pos);
   }
   int next_access = 0;
-  ExprPtr total;
+  std::vector<ExprPtr> terms;
   for (const Expr* a : mine) {
     std::vector<int> sorted = a->vars;
     std::sort(sorted.begin(), sorted.end());
@@ -111,10 +123,17 @@ std::optional<ir::Statement> differentiate(const ir::Statement& st, int tensor, 
       term = Expr::binary(ExprKind::mul, Expr::access(P, next_access++, ivars, std::vector<size_t>(rank, a->pos), a->pos),
                           term, a->pos);
     }
-    total = total ? Expr::binary(ExprKind::add, total, term, a->pos) : term;
+    terms.push_back(term);
   }
-  if (!total) return std::nullopt;
-  g.rhs = total;
+  if (terms.empty()) return std::nullopt;
+  g.rhs = balanced_sum(terms, 0, terms.size());
+  // The gradient is parsed again as a kernel's statement: refuse here, clearly, what the parser would.
+  const int height = ir::expr_height(g.rhs);
+  SCORCH_CHECK(height <= ir::kMaxExprHeight && ir::expr_size(g.rhs, ir::kMaxExprNodes + 1) <= ir::kMaxExprNodes,
+               "cannot differentiate with respect to {}: its gradient expression would be {} (at most {} levels "
+               "and {} operators and operands)", st.tensor_names[tensor],
+               height > ir::kMaxExprHeight ? fmt::format("{} levels deep", height) : "too large",
+               ir::kMaxExprHeight, ir::kMaxExprNodes);
   return g;
 }
 
