@@ -105,6 +105,40 @@ bool sparse_value(const ir::ExprPtr& e, const std::vector<bool>& sparse_operand,
   return false;
 }
 
+// The inferred sparse output's format with its dense levels checked against the data: a dense level stores
+// an entry (or a position) for every coordinate under every parent position, so a CSR result with 2^31 rows
+// allocates 2^31 + 1 row positions even when only two entries are stored. A dense level whose positions would
+// exceed both kDenseLevelFloor and kDenseLevelRatio times the operands' stored values is made compressed.
+constexpr int64_t kDenseLevelFloor = int64_t{1} << 20;
+constexpr int64_t kDenseLevelRatio = 64;
+
+std::string bounded_levels(const std::string& text, const std::vector<int64_t>& shape, int64_t stored,
+                           std::vector<std::string>& reasons) {
+  const Format f = Format::parse(text, static_cast<int>(shape.size()));
+  const double limit = std::max(static_cast<double>(kDenseLevelFloor), static_cast<double>(kDenseLevelRatio) *
+                                                                           static_cast<double>(std::max<int64_t>(stored, 1)));
+  double positions = 1;  // an estimate of the positions under the levels seen so far
+  bool changed = false;
+  std::string out;
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    const Level& lvl = f.levels()[l];
+    const double extent = static_cast<double>(shape[lvl.expr.dim]);
+    std::string piece = level_text(lvl, lvl.expr.dim);
+    if (lvl.kind->name() == "dense" && lvl.expr.part == LevelExpr::Part::whole && positions * extent > limit) {
+      piece = fmt::format("compressed({})", lvl.expr.dim);
+      changed = true;
+    }
+    positions = piece.rfind("dense", 0) == 0 ? positions * extent
+                                             : std::min(positions * extent, static_cast<double>(std::max<int64_t>(stored, 1)));
+    out += (l ? "," : "") + piece;
+  }
+  if (!changed) return text;
+  reasons.push_back(fmt::format("sparse output stored as {} rather than {}: a dense level would hold far more "
+                                "positions than the {} values the operands store",
+                                Format::parse(out, f.ndim()).short_name(), f.short_name(), stored));
+  return out;
+}
+
 }  // namespace
 
 Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, const std::string& out_format, bool f64,
@@ -234,7 +268,13 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
       }
       if (out.empty()) {
         out = out_rank == 2 ? "csr" : "csf";
-        plan.reasons.push_back(fmt::format("sparse output stored as {}", out));
+        int64_t stored = 0;
+        for (size_t t = 0; t < ops.size(); ++t)
+          if (sparse_operand[t]) stored += ops[t].nnz;
+        const std::string bounded = bounded_levels(Format::parse(out, out_rank).str(), plan.out_shape, stored,
+                                                   plan.reasons);
+        if (bounded == Format::parse(out, out_rank).str()) plan.reasons.push_back(fmt::format("sparse output stored as {}", out));
+        out = bounded;
       }
     } else {
       out = "strided";
