@@ -179,6 +179,9 @@ def _einsum(equation: str, operands, out_format, choose: bool):
     if choose:
         dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
                                              sum(math.prod(o.tensor.shape) for o in ops_))
+        if dense and not _all_finite(ops_):
+            dense, why = False, ("an operand holds inf or NaN: unstored entries are never multiplied, which only "
+                                 "the kernel keeps (a dense product would make 0 * inf = NaN)")
     if _debug_level() >= 1:
         print(f"[scorch] einsum {equation}: {'dense ATen' if dense else 'sparse kernel'} ({why})", file=sys.stderr)
     if dense:
@@ -187,14 +190,52 @@ def _einsum(equation: str, operands, out_format, choose: bool):
     return _run(plan, ops_, dtype, idx)
 
 
+def _all_finite(ops_) -> bool:
+    """Do all operands hold only finite values (a sparse operand: its stored values)? A sum per operand, so
+    one read of the data: a non-finite element makes it inf or NaN (an overflowing sum of finite values
+    only sends the call to the kernel, which is right too). Operands without data (fake tensors under
+    tracing) count as finite."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    for o in ops_:
+        t = o.tensor.stored_values if o.sparse else o.tensor
+        if t.numel() == 0 or is_fake(t):
+            continue
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        if not bool(torch.isfinite(t.detach().sum(dtype=acc))):
+            return False
+    return True
+
+
 def _run_dense(equation: str, ops_, plan: dict, dtype: torch.dtype):
-    """torch.einsum on dense copies; a result the plan would store sparse is converted back to its format."""
+    """torch.einsum on dense copies; a result the plan would store sparse is converted back to its format.
+
+    When the result carries an autograd graph, the SparseTensor's values are gathered from the dense result
+    (so gradients reach every operand) at the positions the kernel could write: the structural support of
+    the product, where no sparse factor is unstored. Entries there that happen to be 0 keep their gradient."""
     out = torch.einsum(equation, *[(o.tensor.to_dense() if o.sparse else o.tensor).to(dtype) for o in ops_])
     if plan["out_format"] == "strided":
         return out
     from .convert import sparse
 
-    return sparse(out, Format(plan["out_format"], out.dim()))
+    fmt = Format(plan["out_format"], out.dim())
+    if not out.requires_grad:
+        return sparse(out, fmt)
+    if fmt.all_dense:
+        order = [lv["dim"] for lv in fmt.levels]
+        return SparseTensor(fmt, out.shape, [], out.permute(order).reshape(-1), validate=False)
+    with torch.no_grad():
+        support = torch.einsum(equation, *[_indicator(o) for o in ops_]) != 0
+        pattern = sparse(support.to(out.dtype), fmt)
+    return pattern.with_values(out[tuple(pattern.coordinates())])
+
+
+def _indicator(o: _Operand) -> torch.Tensor:
+    """1 where an operand may be nonzero: a sparse operand's stored positions, all of a dense operand."""
+    if o.sparse:
+        t = o.tensor
+        return t.with_values(torch.ones_like(t.stored_values, dtype=torch.float32)).to_dense()
+    return torch.ones((), dtype=torch.float32).expand(o.tensor.shape)
 
 
 def compute(expression: str, out_format=None, **operands):
