@@ -5,8 +5,36 @@ import pytest
 import torch
 
 # The tests check the compiled kernels, so the run-time choice of dense ATen code is off unless a test turns
-# it back on (test_cost_model.py does).
+# it back on (test_cost_model.py does) or its module runs under both dispatch modes (below).
 os.environ.setdefault("SCORCH_DISPATCH", "sparse")
+
+# Modules that set DISPATCH_MODES = ("sparse", "auto") run each of their tests once per mode: "sparse" forces
+# the kernels, "auto" is what users get (the cost model picks dense ATen code for small or dense problems), so
+# both paths must give the same values and gradients. A test opts out by parametrizing `scorch_dispatch`
+# itself (test_fuzz.py runs fewer cases under "auto") or by taking its own `dispatch` argument.
+
+
+def pytest_generate_tests(metafunc):
+    modes = getattr(metafunc.module, "DISPATCH_MODES", None)
+    if not modes or "scorch_dispatch" not in metafunc.fixturenames or "dispatch" in metafunc.fixturenames:
+        return
+    if any("scorch_dispatch" in _argnames(m) for m in metafunc.definition.iter_markers("parametrize")):
+        return
+    metafunc.parametrize("scorch_dispatch", list(modes), indirect=True)
+
+
+def _argnames(marker) -> list[str]:
+    names = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
+    return [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+
+
+@pytest.fixture(autouse=True)
+def scorch_dispatch(request, monkeypatch):
+    """SCORCH_DISPATCH for this test: the parameter when the test is parametrized by it, else unchanged."""
+    mode = getattr(request, "param", None)
+    if mode is not None:
+        monkeypatch.setenv("SCORCH_DISPATCH", mode)
+    return mode or os.environ.get("SCORCH_DISPATCH")
 
 
 def pytest_addoption(parser):

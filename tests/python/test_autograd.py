@@ -7,6 +7,8 @@ import torch
 import scorch_backend as sb
 from conftest import random_dense
 
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
+
 
 def sparse_leaf(dense, fmt="csr"):
     """A SparseTensor whose values are a leaf that requires grad."""

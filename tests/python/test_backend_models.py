@@ -22,6 +22,7 @@ from model_check import check_model
 from scorch_backend.bench import zoo
 
 BACKEND = os.environ.get("SCORCH_TEST_BACKEND", "scorch")
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
 
 
 @pytest.fixture(autouse=True)

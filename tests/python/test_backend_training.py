@@ -12,6 +12,8 @@ import scorch_backend as sb
 from model_check import check_model
 from scorch_backend import region as R
 
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
@@ -71,7 +73,8 @@ def test_options_fallback_eager_and_threshold():
     assert len(rep.regions) == 3
 
 
-def test_bag_of_words_input_is_measured_and_dense_inputs_fall_back(monkeypatch):
+@pytest.mark.parametrize("scorch_dispatch", ["sparse"], indirect=True)  # switches to "auto" itself
+def test_bag_of_words_input_is_measured_and_dense_inputs_fall_back(monkeypatch, scorch_dispatch):
     torch.manual_seed(0)
     model = nn.Linear(4000, 256)
     bow = (torch.rand(64, 4000) < 0.02).float()  # a bag of words: 2% of the vocabulary per row

@@ -2,7 +2,10 @@
 formats, mode orders, densities, dtypes and index widths, compared with torch on dense copies.
 
 Seeded and reproducible. SCORCH_FUZZ_CASES sets the number of cases of each kind (default 1200 einsum + 800
-expressions), SCORCH_FUZZ_SEED the seed. A failure prints the case and a one-line reproducer.
+expressions), SCORCH_FUZZ_SEED the seed. A failure prints the case and a one-line reproducer. The einsum cases
+run with the kernels forced (SCORCH_DISPATCH=sparse), and the first AUTO_CASES of them again under the default
+dispatch, where the cost model sends most of these small problems to dense ATen code: both must agree with
+torch. (Index notation has no dense path, so its cases run once.)
 """
 
 import os
@@ -19,6 +22,7 @@ SEED = int(os.environ.get("SCORCH_FUZZ_SEED", "20261121"))
 EINSUM_CASES = int(os.environ.get("SCORCH_FUZZ_CASES", "1200"))
 COMPUTE_CASES = max(1, EINSUM_CASES * 2 // 3)
 CHUNK = 100
+AUTO_CASES = min(EINSUM_CASES, 400)
 DENSITIES = [0.0, 1e-3, 0.1, 0.9]
 LETTERS = "ijklm"
 
@@ -160,9 +164,12 @@ def precompiled():
     sb.precompile(sorted(specs), workers=os.cpu_count() or 2)
 
 
-@pytest.mark.parametrize("chunk", range((EINSUM_CASES + CHUNK - 1) // CHUNK))
-def test_fuzz_einsum(chunk):
-    for k in range(chunk * CHUNK, min((chunk + 1) * CHUNK, EINSUM_CASES)):
+@pytest.mark.parametrize("chunk,scorch_dispatch",
+                         [(c, "sparse") for c in range((EINSUM_CASES + CHUNK - 1) // CHUNK)] +
+                         [(c, "auto") for c in range((AUTO_CASES + CHUNK - 1) // CHUNK)], indirect=["scorch_dispatch"])
+def test_fuzz_einsum(chunk, scorch_dispatch):
+    last = EINSUM_CASES if scorch_dispatch == "sparse" else AUTO_CASES
+    for k in range(chunk * CHUNK, min((chunk + 1) * CHUNK, last)):
         eq, ops, dense, formats, dtype = einsum_case(k)
         ref = torch.einsum(eq, *[d.double() for d in dense])
         try:
@@ -171,7 +178,8 @@ def test_fuzz_einsum(chunk):
             torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol)
             assert got.dtype == dtype
         except Exception as e:
-            raise AssertionError(f"einsum case {k} failed: {eq} formats={formats} dtype={dtype}\n"
+            raise AssertionError(f"einsum case {k} failed (SCORCH_DISPATCH={scorch_dispatch}): {eq} "
+                                 f"formats={formats} dtype={dtype}\n"
                                  f"reproduce: SCORCH_FUZZ_SEED={SEED} python -c \"import test_fuzz as f; "
                                  f"print(f.einsum_case({k})[:4])\"\n{type(e).__name__}: {e}") from e
         stats["cases"] += 1
