@@ -1,0 +1,228 @@
+"""The kernel cache under hostile conditions (issue 10): every case runs in a child process with a cache of its
+own, and must end normally (exit status 0, never a signal) with the right answer.
+
+Damaged entries (a truncated library, another kernel's library under a key, a garbled manifest) are rebuilt,
+never loaded; a compile killed mid-way leaves temporaries the next build removes; a hung compiler times out
+with a clear error and releases the lock; processes racing on an empty cache build each kernel once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+# SpMV on a 3x3 CSR matrix; prints the result and what the kernel cache did, as one JSON line.
+CHILD = r"""
+import json, sys, torch, scorch_backend as sb
+dt = getattr(torch, sys.argv[1])
+A = sb.sparse(torch.tensor([[1., 0, 2], [0, 0, 0], [0, 3, 0]], dtype=dt), "csr")
+x = torch.tensor([1., 2, 3], dtype=dt)
+try:
+    y = sb.einsum("ij,j->i", A, x)
+except Exception as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+    sys.exit(0)
+info = sb.kernel_info(sb.plan_einsum("ij,j->i", A, x)["spec"])
+print(json.dumps({"y": y.tolist(), "compiled": info["compiled"], "library": info["library_path"]}))
+"""
+EXPECTED = [7.0, 0.0, 6.0]
+
+
+def child_env(cache: pathlib.Path, **extra: str) -> dict:
+    env = dict(os.environ)
+    for name in ("SCORCH_DEBUG", "SCORCH_COMPILE_TIMEOUT", "SCORCH_SANITIZE", "CXX"):
+        env.pop(name, None)
+    env.update(SCORCH_CACHE_DIR=str(cache), SCORCH_DISPATCH="sparse")
+    env.update(extra)
+    return env
+
+
+def finish(proc: subprocess.CompletedProcess | subprocess.Popen, out: str, err: str) -> dict:
+    assert proc.returncode == 0, (
+        f"child ended with {proc.returncode}"
+        f"{' (signal ' + signal.Signals(-proc.returncode).name + ')' if proc.returncode < 0 else ''}\n{err[-3000:]}")
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    assert lines, f"child printed no result\nstdout: {out}\nstderr: {err[-3000:]}"
+    result = json.loads(lines[-1])
+    result["stderr"] = err
+    return result
+
+
+def run_child(cache: pathlib.Path, dtype: str = "float32", **extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, dtype], env=child_env(cache, **extra), capture_output=True,
+                          text=True, timeout=600)
+    return finish(proc, proc.stdout, proc.stderr)
+
+
+def entries(cache: pathlib.Path) -> dict[str, dict]:
+    """The cache's manifests by key."""
+    return {p.stem: json.loads(p.read_text()) for p in cache.glob("*.json")}
+
+
+def key_of(result: dict) -> str:
+    return pathlib.Path(result["library"]).stem
+
+
+def leftovers(cache: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if ".tmp." in p.name or ".load." in p.name)
+
+
+@pytest.fixture
+def built(tmp_path):
+    """A cache holding the f32 SpMV kernel, built by a child, and that child's result."""
+    cache = tmp_path / "cache"
+    first = run_child(cache)
+    assert first["y"] == EXPECTED and first["compiled"]
+    manifest = entries(cache)[key_of(first)]
+    lib = pathlib.Path(first["library"])
+    assert manifest["library_bytes"] == lib.stat().st_size
+    assert manifest["key"] == key_of(first)
+    return cache, first
+
+
+def test_entry_is_loaded_when_intact(built):
+    cache, first = built
+    again = run_child(cache)
+    assert again["y"] == EXPECTED and not again["compiled"]
+    assert leftovers(cache) == []
+
+
+def test_truncated_library_is_rebuilt(built):
+    # Loading this file with dlopen dies of SIGBUS, in every later process, unless it is checked first.
+    cache, first = built
+    lib = pathlib.Path(first["library"])
+    size = lib.stat().st_size
+    os.truncate(lib, 4096)
+    again = run_child(cache, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert f"not trusted, rebuilt: its library is 4096 bytes, the manifest records {size}" in again["stderr"]
+    assert lib.stat().st_size == size
+    assert not run_child(cache)["compiled"]
+
+
+def test_foreign_library_under_a_key_is_rebuilt(built):
+    # The f64 kernel's valid library under the f32 kernel's key would compute garbage from f32 buffers.
+    cache, first = built
+    other = run_child(cache, "float64")
+    assert other["y"] == EXPECTED and key_of(other) != key_of(first)
+    mine, theirs = pathlib.Path(first["library"]), pathlib.Path(other["library"])
+    mine.write_bytes(theirs.read_bytes())
+    again = run_child(cache, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert "content hash differs" in again["stderr"]
+    # The same with the other kernel's manifest copied along.
+    mine.write_bytes(theirs.read_bytes())
+    (cache / f"{key_of(first)}.json").write_bytes((cache / f"{key_of(other)}.json").read_bytes())
+    again = run_child(cache, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert "for another kernel" in again["stderr"]
+    assert entries(cache)[key_of(first)]["key"] == key_of(first)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "half", "missing", "not json"])
+def test_garbled_or_missing_manifest_is_rebuilt(built, damage):
+    cache, first = built
+    manifest = cache / f"{key_of(first)}.json"
+    good = manifest.read_text()
+    if damage == "missing":
+        manifest.unlink()
+    else:
+        manifest.write_text({"garbage": "\x00\xff garbage", "empty": "", "half": good[: len(good) // 2],
+                             "not json": good.replace('"library_hash": "', '"library_hash": "x')}[damage])
+    again = run_child(cache)
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert manifest.read_text() == good
+
+
+def compiler_script(tmp_path: pathlib.Path, body: str) -> str:
+    """A compiler wrapper: target probes and --version go to c++; a compile runs `body`, then c++."""
+    script = tmp_path / "cxx.sh"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -dM|--version) exec c++ "$@";; esac; done\n'
+                      f'{body}\nexec c++ "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_killed_compile_leaves_orphans_that_are_removed(tmp_path):
+    # A real killed compile: the compiler writes a partial library under its temporary name and hangs; the
+    # process that started it is killed. The next process (same compiler command: same key) cleans up.
+    cache, hang, pids = tmp_path / "cache", tmp_path / "hang", tmp_path / "pids"
+    hang.touch()
+    cxx = compiler_script(tmp_path, f'if [ -e "{hang}" ]; then\n  echo $$ >> "{pids}"\n'
+                                    '  while [ "$1" != "-o" ]; do shift; done; echo partial > "$2"; exec sleep 60\nfi')
+    env = child_env(cache, CXX=cxx)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "float32"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(cache.glob("*.so.tmp.*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert list(cache.glob("*.so.tmp.*")), "the compile never started"
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)  # the compiler has a process group of its own
+            except ProcessLookupError:
+                pass
+    orphans = leftovers(cache)
+    assert any(f".so.tmp.{proc.pid}.so" in name for name in orphans), orphans
+    hang.unlink()
+    again = run_child(cache, CXX=cxx, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert f"removed orphan {key_of(again)}.so.tmp.{proc.pid}.so" in again["stderr"]
+    assert leftovers(cache) == []
+
+
+def test_compile_timeout_is_a_clear_error_and_releases_the_lock(tmp_path):
+    cache, hang = tmp_path / "cache", tmp_path / "hang"
+    hang.touch()
+    cxx = compiler_script(tmp_path, f'if [ -e "{hang}" ]; then sleep 60; fi')
+    failed = run_child(cache, CXX=cxx, SCORCH_COMPILE_TIMEOUT="1")
+    assert failed["error"] == "RuntimeError", failed
+    assert "timed out after 1 s" in failed["message"] and "SCORCH_COMPILE_TIMEOUT" in failed["message"]
+    assert leftovers(cache) == []
+    # Same compiler command, so the same key and lock: a waiting process would get it.
+    hang.unlink()
+    again = run_child(cache, CXX=cxx, SCORCH_COMPILE_TIMEOUT="1000")
+    assert again["y"] == EXPECTED and again["compiled"]
+
+
+@pytest.mark.parametrize("name,value", [("SCORCH_COMPILE_TIMEOUT", "abc"), ("SCORCH_COMPILE_TIMEOUT", "-1"),
+                                        ("SCORCH_SANITIZE", "yes")])
+def test_bad_environment_is_a_clear_error(tmp_path, name, value):
+    failed = run_child(tmp_path / "cache", **{name: value})
+    assert failed["error"] == "ValueError", failed
+    assert f"{name}='{value}'" in failed["message"]
+
+
+def test_sanitized_kernels_in_a_plain_process_are_an_error_not_an_abort(tmp_path):
+    # Loading an ASan kernel into a process without the ASan runtime aborts inside dlopen; it must not be tried.
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("this process runs under AddressSanitizer")
+    failed = run_child(tmp_path / "cache", SCORCH_SANITIZE="1")
+    assert failed["error"] == "ValueError", failed
+    assert "LD_PRELOAD" in failed["message"]
+
+
+def test_processes_racing_on_an_empty_cache_build_once(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, "float32"], env=child_env(cache),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        results.append(finish(p, out, err))
+    assert all(r["y"] == EXPECTED for r in results)
+    assert sum(r["compiled"] for r in results) == 1, [r["compiled"] for r in results]
+    assert len({key_of(r) for r in results}) == 1
+    assert len(list(cache.glob("*.so"))) == len(entries(cache)) == 1
+    assert leftovers(cache) == []
