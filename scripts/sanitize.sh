@@ -36,5 +36,5 @@ libasan=$(${CXX:-c++} -print-file-name=libasan.so)
 [[ -f "$libasan" ]] || { echo "no libasan.so from ${CXX:-c++}: cannot run the Python part" >&2; exit 1; }
 echo "== fuzz subset through Python with LD_PRELOAD=$libasan"
 LD_PRELOAD="$libasan" ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 \
-  SCORCH_FUZZ_CASES=${SCORCH_FUZZ_CASES:-100} SCORCH_DISPATCH=sparse \
+  SCORCH_FUZZ_CASES=${SCORCH_FUZZ_CASES:-100} \
   .venv/bin/python -m pytest tests/python/test_fuzz.py -q -x -p no:cacheprovider
