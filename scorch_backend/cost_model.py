@@ -45,6 +45,7 @@ def _shipped() -> dict:
                 "source": "fallback: built-in constant"}
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_identity() -> str:
     """The CPU's model name and instruction-set flags (so two CPU kinds never share a calibration)."""
     model, flags = "", ""
@@ -166,10 +167,17 @@ def calibration(threads: int | None = None) -> dict:
     shipped calibration.json when measuring fails, and says so in "source"."""
     import torch
 
+    from . import _C
+
     threads = threads or torch.get_num_threads()
+    fast_key = (threads, _C.target_name())  # a decision per call must not hash the machine each time
+    hit = _memo.get(fast_key)
+    if hit is not None:
+        return hit
     key = machine_key(threads)
     with _lock:
         if key["key"] in _memo:
+            _memo[fast_key] = _memo[key["key"]]
             return _memo[key["key"]]
         path = _calibration_path(key["key"])
         result = None
@@ -198,7 +206,7 @@ def calibration(threads: int | None = None) -> dict:
         if config.debug_level() >= 1:
             print(f"[scorch] cost model ({threads} threads): crossover density "
                   f"{result['dense_crossover_density']:.3g}, {result['source']}", file=sys.stderr)
-        _memo[key["key"]] = result
+        _memo[key["key"]] = _memo[fast_key] = result
         return result
 
 
