@@ -31,10 +31,15 @@ ctest --test-dir build/asan --output-on-failure -j1
 if [[ "${1:-}" == "--cpp-only" ]]; then exit 0; fi
 
 # Python: preload the ASan runtime (it must come first) so sanitized kernels can be loaded into the
-# interpreter. Leaks are not checked there: CPython and torch keep memory until exit by design.
-libasan=$(${CXX:-c++} -print-file-name=libasan.so)
-[[ -f "$libasan" ]] || { echo "no libasan.so from ${CXX:-c++}: cannot run the Python part" >&2; exit 1; }
-echo "== fuzz subset through Python with LD_PRELOAD=$libasan"
-LD_PRELOAD="$libasan" ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 \
+# interpreter, and libstdc++ after it: the interpreter does not link libstdc++, and ASan, finding no
+# __cxa_throw to intercept at start-up, would abort at the first C++ exception. Leaks are not checked there
+# (CPython and torch keep memory until exit by design). --capture=sys leaves file descriptor 2 alone, so a
+# sanitizer report is printed, not swallowed by pytest's capture when the process halts.
+cxx=${CXX:-c++}
+libasan=$($cxx -print-file-name=libasan.so)
+libstdcxx=$($cxx -print-file-name=libstdc++.so)
+[[ -f "$libasan" && -f "$libstdcxx" ]] || { echo "no libasan.so / libstdc++.so from $cxx: cannot run the Python part" >&2; exit 1; }
+echo "== fuzz subset through Python with LD_PRELOAD=$libasan $libstdcxx"
+LD_PRELOAD="$libasan $libstdcxx" ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 \
   SCORCH_FUZZ_CASES=${SCORCH_FUZZ_CASES:-100} \
-  .venv/bin/python -m pytest tests/python/test_fuzz.py -q -x -p no:cacheprovider
+  .venv/bin/python -m pytest tests/python/test_fuzz.py -q -x -p no:cacheprovider --capture=sys
