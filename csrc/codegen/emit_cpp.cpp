@@ -72,6 +72,23 @@ int join_streams(Stream* streams, int nthreads, int nd, scorch_kernel_args* args
   return ok;
 }
 
+// Checked loads (kernel_abi.h). A coordinate is used only inside [0, n) and a segment [k, ke) only inside
+// [0, len]; anything else sets the thread's bad flag and is replaced (by 0, or an empty segment), so loops
+// keep their shape and no access leaves its buffer. n > 0 wherever a coordinate is loaded: the entry checks
+// refuse a non-empty crd buffer of a level of extent 0. Branch-free: a compare and a select.
+inline int64_t in_range(int64_t c, int64_t n, int& bad) {
+  const bool ok = (uint64_t)c < (uint64_t)n;
+  bad |= !ok;
+  return ok ? c : 0;
+}
+
+inline void segment(int64_t& k, int64_t& ke, int64_t len, int& bad) {
+  const bool ok = (uint64_t)k <= (uint64_t)ke && (uint64_t)ke <= (uint64_t)len;
+  bad |= !ok;
+  k = ok ? k : 0;
+  ke = ok ? ke : 0;
+}
+
 // First row of thread t's share when rows [0, n) are split so that each thread gets about the same number of
 // nonzeros according to the row pointers pos[0..n].
 inline int64_t balanced_bound(const idx_t* pos, int64_t n, int t, int nt) {

@@ -40,9 +40,30 @@ Stmts unpack_arguments(const KernelSpec& spec) {
       continue;
     }
     const auto& levels = op.format->levels();
-    for (size_t l = 0; l < levels.size(); ++l)
-      for (const auto& name : levels[l].kind->buffer_names())
-        b.push_back(line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p++)));
+    const ir::Expr* first = nullptr;
+    for (const ir::Expr* a : acc)
+      if (a->tensor == static_cast<int>(t) && !first) first = a;
+    // Positions of each level so far: the length of a crd buffer when the caller gives no lengths.
+    std::string count = "1";
+    for (size_t l = 0; l < levels.size(); ++l) {
+      const std::string kind = levels[l].kind->name();
+      for (const auto& name : levels[l].kind->buffer_names()) {
+        b.push_back(line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p)));
+        if (name == "crd") {
+          // t<T>_crd<l>_n: entries of the crd buffer, which every segment of the level is clamped to.
+          const std::string implied = kind == "compressed" ? fmt::format("(int64_t)t{}_pos{}[{}]", t, l, count) : count;
+          b.push_back(line(fmt::format("const int64_t t{0}_crd{1}_n = args->lengths ? args->lengths[{2}] : {3};", t, l, p, implied)));
+          count = fmt::format("t{}_crd{}_n", t, l);
+          // Every coordinate of a level of extent 0 is out of range (and 0 could not stand in for it).
+          if (first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
+            b.push_back(line(fmt::format("if (N{} == 0 && {} > 0) return SCORCH_STATUS_BAD_INDEX;",
+                                         first->vars[levels[l].expr.dim], count)));
+        }
+        ++p;
+      }
+      if (kind == "dense" && first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
+        count = fmt::format("({} * N{})", count, first->vars[levels[l].expr.dim]);
+    }
     b.push_back(line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
   }
   if (spec.output.strided()) {
@@ -60,13 +81,14 @@ Stmts unpack_arguments(const KernelSpec& spec) {
 Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& nest, bool parallel) {
   // Sparse outputs come back through per-thread streams, except a sampled one, written in place.
   const bool sparse_output = !spec.output.strided() && sched.output != OutputMode::sampled;
+  // bad: this thread met an index value out of range (kernel_abi.h); reported after the region.
   Stmts region{line("const int tid = omp_get_thread_num();"), line("const int nt = omp_get_num_threads();"),
-               line("(void)tid; (void)nt;")};
+               line("(void)tid; (void)nt;"), line("int bad = 0;")};
   if (sparse_output) region.push_back(line("Stream& st = streams[tid];"));
   if (spec.output.strided() && sched.private_output) {
     region.push_back(line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
     region.push_back(line("priv[tid] = o;"));
-    region.push_back(line("if (tid != 0 && !o) { args->status = 1; }  // out itself is null when empty"));
+    region.push_back(line("if (tid != 0 && !o) { args->status = SCORCH_STATUS_NO_MEMORY; }  // out itself is null when empty"));
     region.push_back(line("else {"));
   } else if (spec.output.strided()) {
     region.push_back(line("val_t* __restrict o = out;"));
@@ -80,7 +102,7 @@ Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& n
     region.push_back(line(fmt::format("unsigned char* ws_flag = (unsigned char*)calloc({0} ? {0} : 1, 1);", n)));
     region.push_back(line(fmt::format("int64_t* ws_list = (int64_t*)malloc(({0} ? {0} : 1) * sizeof(int64_t));", n)));
     region.push_back(line("int64_t ws_n = 0;"));
-    region.push_back(line("if (!ws_val || !ws_flag || !ws_list) { args->status = 1; } else {"));
+    region.push_back(line("if (!ws_val || !ws_flag || !ws_list) { args->status = SCORCH_STATUS_NO_MEMORY; } else {"));
     region.insert(region.end(), nest.begin(), nest.end());
     region.push_back(line("}"));
     region.push_back(line("free(ws_val); free(ws_flag); free(ws_list);"));
@@ -88,6 +110,7 @@ Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& n
     region.insert(region.end(), nest.begin(), nest.end());
   }
   region.push_back(line("}"));
+  region.push_back(line("if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);"));
 
   Stmts b{line(fmt::format("int nthreads = {};", parallel ? "args->num_threads > 0 ? args->num_threads : 1" : "1"))};
   if (sched.output == OutputMode::sampled)
@@ -96,12 +119,13 @@ Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& n
     b.push_back(line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
   if (sparse_output) {
     b.push_back(line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
-    b.push_back(line("if (!streams) return 1;"));
+    b.push_back(line("if (!streams) return SCORCH_STATUS_NO_MEMORY;"));
   }
   if (sched.private_output) {
     b.push_back(line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
-    b.push_back(line("if (!priv) return 1;"));
+    b.push_back(line("if (!priv) return SCORCH_STATUS_NO_MEMORY;"));
   }
+  b.push_back(line("int bad_index = 0;"));
   b.push_back(loops::parallel("nthreads", region));
   if (sched.private_output) {
     b.push_back(loops::for_range("t", "1", "nthreads",
@@ -111,9 +135,11 @@ Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& n
     b.push_back(line("free(priv);"));
   }
   if (sparse_output) {
-    b.push_back(line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = 1;", spec.stmt.out_vars.size())));
+    b.push_back(line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = SCORCH_STATUS_NO_MEMORY;", spec.stmt.out_vars.size())));
     b.push_back(line("free(streams);"));
   }
+  // A bad index outranks a failed allocation: it is the caller's to report, with the buffer at fault.
+  b.push_back(line("if (bad_index) args->status = SCORCH_STATUS_BAD_INDEX;"));
   b.push_back(line("return args->status;"));
   return b;
 }

@@ -1,6 +1,7 @@
 #include "lower/lower.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "common/error.h"
@@ -89,12 +90,23 @@ class Lowerer {
     int tensor;
     std::vector<int> lvars;  // index variable of each level (level-format operands)
   };
-  // The positions of an access's next level that belong to the coordinates fixed so far: [b, e).
+  // The positions of an access's next level that belong to the coordinates fixed so far: [b, e). Inside a
+  // linear merge an access may be absent at the current coordinate: `present` is then the condition under
+  // which it is there (its segment [b, e) is empty otherwise, and its value must not be read).
   struct State {
     int level = 0;
     std::string b = "0", e = "1";
+    std::string present;  // empty: always present
   };
   using States = std::map<int, State>;
+  // A level-format access that has a level at the current loop variable.
+  struct Part {
+    int id, tensor, level;
+    std::string kind;
+    bool unique;
+  };
+  // Above this many lattice points (an upper bound, see lattice_points_bound) a union is merged linearly.
+  static constexpr int64_t kLatticeLimit = 8;
 
   std::string size_of(int v) const { return fmt::format("N{}", v); }
   std::string var(int v) const { return fmt::format("i{}", v); }
@@ -201,6 +213,21 @@ class Lowerer {
   }
 
   std::string value(const ExprPtr& e, const States& states) const {
+    const Gated g = gated_value(e, states);
+    return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("({} ? {} : (val_t)0)", g.cond, g.value);
+  }
+
+  struct Gated {
+    std::string cond;               // where the value may be nonzero; empty: everywhere
+    std::string value;
+    bool zero_when_absent = false;  // value is already 0 where cond fails (a sum of gated terms)
+  };
+
+  // The value of `e` and the condition under which it is nonzero, for accesses that may be absent (linear
+  // merges): a product is there when all its factors are, a sum when any term is, and an absent term is
+  // never evaluated (so an absent entry times inf is 0, as in the lattice's points). Empty condition: always.
+  // A sum of n terms is n gated terms (its value needs no gate of its own), so the code is linear in n.
+  Gated gated_value(const ExprPtr& e, const States& states) const {
     switch (e->kind) {
       case ExprKind::access: {
         const Storage& s = spec_.operands[e->tensor];
@@ -208,23 +235,46 @@ class Lowerer {
           std::string idx;
           for (size_t d = 0; d < e->vars.size(); ++d)
             idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", var(e->vars[d]), e->tensor, d);
-          return fmt::format("t{}_data[{}]", e->tensor, idx.empty() ? "0" : idx);
+          return {"", fmt::format("t{}_data[{}]", e->tensor, idx.empty() ? "0" : idx)};
         }
         const State& stt = states.at(e->access_id);
         SCORCH_ASSERT(stt.level == static_cast<int>(s.format->levels().size()), "access not fully descended");
-        return fmt::format("t{}_vals[{}]", e->tensor, stt.b);
+        return {stt.present, fmt::format("t{}_vals[{}]", e->tensor, stt.b)};
       }
-      case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
-      case ExprKind::neg: return "(-" + value(e->a, states) + ")";
-      case ExprKind::add: return "(" + value(e->a, states) + " + " + value(e->b, states) + ")";
-      case ExprKind::sub: return "(" + value(e->a, states) + " - " + value(e->b, states) + ")";
-      case ExprKind::mul: return "(" + value(e->a, states) + " * " + value(e->b, states) + ")";
+      case ExprKind::literal: return {"", "((val_t)" + ir::format_literal(e->value) + ")"};
+      case ExprKind::neg: {
+        Gated g = gated_value(e->a, states);
+        g.value = "(-" + g.value + ")";
+        return g;
+      }
+      case ExprKind::mul: {
+        const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
+        const std::string c = a.cond.empty() ? b.cond : b.cond.empty() ? a.cond : "(" + a.cond + ") && (" + b.cond + ")";
+        return {c, "(" + a.value + " * " + b.value + ")"};
+      }
+      case ExprKind::add:
+      case ExprKind::sub: {
+        const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
+        const char* op = e->kind == ExprKind::add ? " + " : " - ";
+        if (a.cond.empty() && b.cond.empty()) return {"", "(" + a.value + op + b.value + ")"};
+        auto wrap = [](const Gated& g) {
+          return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("(({}) ? {} : (val_t)0)", g.cond, g.value);
+        };
+        const std::string c = a.cond.empty() || b.cond.empty() ? "" : a.cond + " || " + b.cond;
+        return {c, "(" + wrap(a) + op + wrap(b) + ")", true};
+      }
     }
-    return "0";
+    return {"", "0"};
   }
 
   Stmts compute(const ExprPtr& e, const States& states) {
-    const std::string v = value(e, states);
+    const Gated g = gated_value(e, states);
+    Stmts s = compute_value(e, states, g.value);
+    if (g.cond.empty()) return s;
+    return {loops::if_chain({g.cond}, {s})};  // nothing to add where every term is absent
+  }
+
+  Stmts compute_value(const ExprPtr& e, const States& states, const std::string& v) {
     switch (current_sink_) {
       case Sink::dense: return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
       case Sink::scalar:
@@ -358,11 +408,6 @@ class Lowerer {
 
     std::vector<const Expr*> accs;
     ir::collect_accesses(e, accs);
-    struct Part {
-      int id, tensor, level;
-      std::string kind;
-      bool unique;
-    };
     std::map<int, Part> parts;  // participating level-format accesses
     for (const Expr* a : accs) {
       const Access& info = access_.at(a->access_id);
@@ -377,6 +422,13 @@ class Lowerer {
       auto it = parts.find(a.access_id);
       return it != parts.end() && it->second.kind != "dense";
     };
+    // A union of many sparse iterators has a lattice of 2^n points: merge them linearly instead.
+    if (lattice_points_bound(e, sparse_here).first > kLatticeLimit && linear_merge_fits(parts)) {
+      std::vector<int> iters;
+      for (const auto& [id, p] : parts)
+        if (p.kind != "dense") iters.push_back(id);
+      return linear_merge(d, e, states, parts, iters, always_present(e, sparse_here));
+    }
     const auto lattice = build_lattice(e, sparse_here);
     const auto& all_iters = lattice.front().iterators;
     bool full = false;
@@ -396,14 +448,15 @@ class Lowerer {
       const Part& p = parts.at(id);
       const State& s = states.at(id);
       if (p.kind == "compressed") {
-        out.push_back(loops::line(fmt::format("int64_t {} = {}[{}];", k(id), buf(p.tensor, p.level, "pos"), s.b)));
-        out.push_back(loops::line(fmt::format("int64_t {} = {}[{}];", ke(id), buf(p.tensor, p.level, "pos"), s.e)));
+        out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s));
       } else {
         out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
         out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
       }
     }
     auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
+    // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
+    auto checked_crd = [&](int id) { return fmt::format("in_range({}, {}, bad)", crd(id), size_of(v)); };
     // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
     auto run_end = [&](int id, Stmts& body) -> std::string {
       const Part& p = parts.at(id);
@@ -424,9 +477,9 @@ class Lowerer {
         if (it != parts.end()) {
           if (it->second.kind == "dense") {
             const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
-            s = State{s.level + 1, pos, pos + " + 1"};
+            s = State{s.level + 1, pos, pos + " + 1", s.present};
           } else {
-            s = State{s.level + 1, k(a->access_id), ends.at(a->access_id)};
+            s = State{s.level + 1, k(a->access_id), ends.at(a->access_id), ""};
           }
         }
         next[a->access_id] = s;
@@ -497,6 +550,8 @@ class Lowerer {
         return out;
       }
       out.push_back(loops::for_range(iv, lo, hi, body, simd));
+      // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
+      for (int id : all_iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", k(id), ke(id))));
       return out;
     }
 
@@ -511,7 +566,7 @@ class Lowerer {
         Stmts body;
         std::map<int, std::string> ends;
         ends[id] = run_end(id, body);
-        body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, crd(id))));
+        body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id))));
         Stmts inner = case_body(P, ends);
         body.insert(body.end(), inner.begin(), inner.end());
         if (pi == 0 && can_parallel && parts.at(id).unique) {
@@ -529,7 +584,7 @@ class Lowerer {
           if (!red.empty()) {
             if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
             any_hoisted_ = red == "acc";
-            Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, crd(id)))};
+            Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id)))};
             Stmts inner2 = case_body(P, ends);
             again.insert(again.end(), inner2.begin(), inner2.end());
             any_hoisted_ = false;
@@ -552,7 +607,7 @@ class Lowerer {
       std::string cond;
       for (int id : P.iterators) {
         cond += (cond.empty() ? "" : " && ") + fmt::format("{} < {}", k(id), ke(id));
-        body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), crd(id))));
+        body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), checked_crd(id))));
       }
       std::string mn = c(P.iterators[0]);
       for (size_t q = 1; q < P.iterators.size(); ++q) mn = fmt::format("std::min<int64_t>({}, {})", mn, c(P.iterators[q]));
@@ -579,6 +634,143 @@ class Lowerer {
       body.push_back(loops::if_chain(conds, branches));
       for (int id : P.iterators) body.push_back(loops::line(fmt::format("if ({} == {}) {} = {};", c(id), iv, k(id), ends[id])));
       out.push_back(loops::while_loop(cond, body));
+    }
+    return out;
+  }
+
+  // The segment [k, ke) of a compressed level under the positions of `s`, clamped to the crd buffer: a pos
+  // entry out of range or decreasing gives an empty segment and sets the thread's bad flag.
+  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s) const {
+    return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}]; segment({0}, {1}, {5}_n, bad);", k, ke,
+                                   buf(tensor, level, "pos"), s.b, s.e, buf(tensor, level, "crd")));
+  }
+
+  // Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has
+  // the point where no sparse iterator is needed; computed without building it.
+  static std::pair<int64_t, bool> lattice_points_bound(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
+    constexpr int64_t cap = int64_t{1} << 40;
+    switch (e->kind) {
+      case ExprKind::access: return {1, !sparse_here(*e)};
+      case ExprKind::literal: return {1, true};
+      case ExprKind::neg: return lattice_points_bound(e->a, sparse_here);
+      case ExprKind::mul:
+      case ExprKind::add:
+      case ExprKind::sub: {
+        auto [a, fa] = lattice_points_bound(e->a, sparse_here);
+        auto [b, fb] = lattice_points_bound(e->b, sparse_here);
+        int64_t n = std::min(cap, a * b);
+        if (e->kind == ExprKind::mul) return {n, fa && fb};
+        if (!fb) n = std::min(cap, n + a);
+        if (!fa) n = std::min(cap, n + b);
+        return {n, fa || fb};
+      }
+    }
+    return {1, true};
+  }
+
+  // Whether some part of `e` is nonzero with no sparse iterator at the variable (a dense loop is needed).
+  static bool always_present(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
+    switch (e->kind) {
+      case ExprKind::access: return !sparse_here(*e);
+      case ExprKind::literal: return true;
+      case ExprKind::neg: return always_present(e->a, sparse_here);
+      case ExprKind::mul: return always_present(e->a, sparse_here) && always_present(e->b, sparse_here);
+      case ExprKind::add:
+      case ExprKind::sub: return always_present(e->a, sparse_here) || always_present(e->b, sparse_here);
+    }
+    return true;
+  }
+
+  // The linear merge keeps absent accesses in the nest below with empty segments; a dense level below a
+  // sparse one would locate into an absent parent, so those keep the lattice.
+  bool linear_merge_fits(const std::map<int, Part>& parts) const {
+    for (const auto& [id, p] : parts) {
+      if (p.kind == "dense") continue;
+      const auto& levels = format_of(id).levels();
+      for (size_t l = p.level + 1; l < levels.size(); ++l)
+        if (levels[l].kind->name() == "dense") return false;
+    }
+    return true;
+  }
+
+  // Co-iteration of any number of sparse iterators in code linear in their number (the lattice of a union
+  // of n operands has 2^n points, each a loop or a branch). One loop visits every coordinate where some
+  // iterator has an entry (or every coordinate, when some term needs none): the coordinate is the least
+  // among the live iterators, those holding it are marked present, and the whole expression is computed
+  // once with the absent accesses gated off (gated_value) and with empty segments below them. It costs a
+  // compare per iterator per coordinate where the lattice's loops shed exhausted iterators, so it is used
+  // only past kLatticeLimit points.
+  Stmts linear_merge(int d, const ExprPtr& e, const States& states, const std::map<int, Part>& parts,
+                     const std::vector<int>& iters, bool full) {
+    const int v = sched_.order[d];
+    const std::string iv = var(v), n = size_of(v);
+    auto name = [&](const char* pre, int id) { return fmt::format("{}{}l{}", pre, id, parts.at(id).level); };
+    auto crd_buf = [&](int id) { return buf(parts.at(id).tensor, parts.at(id).level, "crd"); };
+    Stmts out;
+    for (int id : iters) {
+      const Part& p = parts.at(id);
+      const State& s = states.at(id);
+      if (p.kind == "compressed") {
+        out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
+      } else {
+        out.push_back(loops::line(fmt::format("int64_t {} = {}, {} = {};", name("k", id), s.b, name("ke", id), s.e)));
+      }
+    }
+    Stmts body;
+    if (full) {
+      for (int id : iters)
+        body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3}[{1}] == {4};", name("m", id),
+                                               name("k", id), name("ke", id), crd_buf(id), iv)));
+    } else {
+      for (int id : iters)
+        body.push_back(loops::line(fmt::format("const int64_t {0} = {1} < {2} ? in_range({3}[{1}], {4}, bad) : {4};",
+                                               name("c", id), name("k", id), name("ke", id), crd_buf(id), n)));
+      body.push_back(loops::line(fmt::format("int64_t {} = {};", iv, n)));
+      for (int id : iters) body.push_back(loops::line(fmt::format("{0} = {1} < {0} ? {1} : {0};", iv, name("c", id))));
+      for (int id : iters) body.push_back(loops::line(fmt::format("const bool {} = {} == {};", name("m", id), name("c", id), iv)));
+    }
+    std::map<int, std::string> ends;
+    for (int id : iters) {
+      const std::string k = name("k", id), m = name("m", id);
+      if (parts.at(id).unique) {
+        ends[id] = fmt::format("({} + {})", k, m);
+      } else {
+        // The run of equal coordinates; empty when absent.
+        body.push_back(loops::line(fmt::format("int64_t {0} = {1} + {2}; if ({2}) {{ while ({0} < {3} && {4}[{0}] == {4}[{1}]) ++{0}; }}",
+                                               name("kn", id), k, m, name("ke", id), crd_buf(id))));
+        ends[id] = name("kn", id);
+      }
+    }
+    std::vector<const Expr*> keep;
+    ir::collect_accesses(e, keep);
+    States next;
+    for (const Expr* a : keep) {
+      State s = states.at(a->access_id);
+      auto it = parts.find(a->access_id);
+      if (it != parts.end()) {
+        if (it->second.kind == "dense") {
+          const std::string pos = fmt::format("({} * {} + {})", s.b, n, iv);
+          s = State{s.level + 1, pos, pos + " + 1", s.present};
+        } else {
+          s = State{s.level + 1, name("k", a->access_id), ends.at(a->access_id), name("m", a->access_id)};
+        }
+      }
+      next[a->access_id] = s;
+    }
+    Stmts inner = wrap_emission(d, next, [&] { return lower_depth(d + 1, e, next); });
+    body.insert(body.end(), inner.begin(), inner.end());
+    for (int id : iters) body.push_back(loops::line(fmt::format("{} = {};", name("k", id), ends[id])));
+    if (d == 0 && sched_.parallel)
+      parallel_why_ = fmt::format("outer loop {} merges {} sparse operands: serial", st_.var_names[v], iters.size());
+    const std::string why = fmt::format("loop {} merges {} sparse iterators linearly", st_.var_names[v], iters.size());
+    if (std::find(reasons_.begin(), reasons_.end(), why) == reasons_.end()) reasons_.push_back(why);
+    if (full) {
+      out.push_back(loops::for_range(iv, "0", n, body));
+      for (int id : iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", name("k", id), name("ke", id))));
+    } else {
+      std::string live;
+      for (int id : iters) live += fmt::format("{}{} < {}", live.empty() ? "" : " || ", name("k", id), name("ke", id));
+      out.push_back(loops::while_loop(live, body));
     }
     return out;
   }
@@ -618,7 +810,7 @@ class Lowerer {
       if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
           info.lvars[s.level] == v) {
         const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), var(v));
-        s = State{s.level + 1, pos, pos + " + 1"};
+        s = State{s.level + 1, pos, pos + " + 1", s.present};
       }
       next[a->access_id] = s;
     }

@@ -61,11 +61,16 @@ bool pack_sorted_rows(const Format& f, const std::vector<int64_t>& shape, const 
   I* p = pos.data_ptr<I>();
   I* c = crd.data_ptr<I>();
   const int64_t* last = coords + levels.back().expr.dim * nnz;
+  const int64_t cols = shape[levels.back().expr.dim];
   int64_t prev_row = -1, prev_col = -1;
   for (int64_t q = 0; q < nnz; ++q) {
     int64_t row = 0;
-    for (size_t l = 0; l + 1 < levels.size(); ++l)
-      row = row * shape[levels[l].expr.dim] + coords[levels[l].expr.dim * nnz + q];
+    for (size_t l = 0; l + 1 < levels.size(); ++l) {
+      const int64_t c = coords[levels[l].expr.dim * nnz + q], n = shape[levels[l].expr.dim];
+      if (c < 0 || c >= n) return false;  // the general packing reports it
+      row = row * n + c;
+    }
+    if (last[q] < 0 || last[q] >= cols) return false;
     if (row < prev_row || (row == prev_row && last[q] <= prev_col)) return false;
     prev_row = row;
     prev_col = last[q];
@@ -76,6 +81,51 @@ bool pack_sorted_rows(const Format& f, const std::vector<int64_t>& shape, const 
   pos_out = pos;
   crd_out = crd;
   return true;
+}
+
+// The first index value out of range in an operand's buffers (the kernel found one): a coordinate outside
+// its level's extent, or a pos entry outside its crd buffer or decreasing. Falls back to the full validation
+// (which also catches unsorted coordinates, which a merge notices too); empty when all is well.
+std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape, const std::vector<at::Tensor>& bufs,
+                             int64_t value_count) {
+  const auto spans = spans_of(bufs);
+  const auto sizes = f.level_sizes(shape);
+  const auto names = f.buffer_names();
+  int64_t parents = 1;
+  size_t at = 0;
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    const std::string kind = f.levels()[l].kind->name();
+    const int64_t n = sizes[l];
+    if (kind == "dense") {
+      parents *= n;
+    } else if (kind == "compressed") {
+      const IndexSpan& pos = spans[at];
+      const IndexSpan& crd = spans[at + 1];
+      for (int64_t p = 0; p <= parents && p < pos.size; ++p) {
+        if (pos[p] < 0 || pos[p] > crd.size)
+          return fmt::format("index buffer {} holds {} at position {}, outside [0, {}] (the length of {})", names[at],
+                             pos[p], p, crd.size, names[at + 1]);
+        if (p > 0 && pos[p] < pos[p - 1])
+          return fmt::format("index buffer {} decreases: {} at position {} after {}", names[at], pos[p], p, pos[p - 1]);
+      }
+      for (int64_t k = 0; k < crd.size; ++k)
+        if (crd[k] < 0 || crd[k] >= n)
+          return fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[at + 1], crd[k], k, n);
+      parents = crd.size;
+    } else if (kind == "singleton") {
+      const IndexSpan& crd = spans[at];
+      for (int64_t k = 0; k < crd.size; ++k)
+        if (crd[k] < 0 || crd[k] >= n)
+          return fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[at], crd[k], k, n);
+    }
+    at += f.levels()[l].kind->buffer_names().size();
+  }
+  try {
+    validate(f, shape, spans, value_count);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Returns (values, index buffers): the values of a sparse result (or the dense result, with no buffers) first.
@@ -108,6 +158,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     }
 
     std::vector<void*> ptrs;
+    std::vector<int64_t> lengths;  // entries of each pointer's buffer: kernels clamp every index to them
     std::vector<int64_t> strides;
     std::vector<at::Tensor> keep;  // contiguous copies stay alive during the call
     std::vector<std::vector<at::Tensor>> operand_buffers(spec.operands.size());
@@ -124,6 +175,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
                      "operand {} has shape {}, the statement needs {}", t, c10::str(x.sizes()), fmt::join(shapes[t], ", "));
         keep.push_back(x.contiguous());  // kernels assume row-major strided operands
         ptrs.push_back(keep.back().data_ptr());
+        lengths.push_back(keep.back().numel());
         for (auto st : keep.back().strides()) strides.push_back(st);
         continue;
       }
@@ -141,15 +193,21 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
                         c10::toString(v.scalar_type()));
       SCORCH_CHECK(v.dim() == 1 && v.device().is_cpu(), "operand {}: values must be a 1-D CPU tensor", t);
       const auto spans = spans_of(bufs);
-      check_lengths(*s.format, shapes[t], spans, v.size(0));
+      try {
+        check_lengths(*s.format, shapes[t], spans, v.size(0));
+      } catch (const Error& err) {
+        throw_error(err.kind(), fmt::format("operand {}: {}", t, err.what()));
+      }
       for (auto& b : bufs) {
         ptrs.push_back(b.data_ptr());
+        lengths.push_back(b.numel());
         keep.push_back(b);
       }
       operand_buffers[t] = bufs;
       operand_nnz[t] = v.size(0);
       keep.push_back(v.contiguous());
       ptrs.push_back(keep.back().data_ptr());
+      lengths.push_back(v.size(0));
     }
 
     std::vector<int64_t> out_shape;
@@ -157,7 +215,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     const auto opts = at::TensorOptions().dtype(vt);
     at::Tensor dense;
     scorch_kernel_args args{ptrs.data(), sizes.data(), strides.data(), nullptr, 0, nullptr, nullptr,
-                            static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0};
+                            static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, lengths.data()};
     const int sampled = e.kernel->sampled_operand;
     if (spec.output.strided()) {
       dense = at::zeros(out_shape, opts);
@@ -169,9 +227,20 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     {
       RECORD_FUNCTION(e.profile_name.c_str(), std::vector<c10::IValue>());
       const int rc = e.kernel->fn(&args);
-      if (rc != 0) {
+      if (rc != SCORCH_STATUS_OK) {
         e.kernel->free_fn(args.out_coords);
         e.kernel->free_fn(args.out_vals);
+        if (rc == SCORCH_STATUS_BAD_INDEX) {
+          // Index buffers changed since they were validated (or never were): name the first bad value.
+          for (size_t t = 0; t < spec.operands.size(); ++t) {
+            if (spec.operands[t].strided()) continue;
+            const std::string why = bad_index_report(*spec.operands[t].format, shapes[t], operand_buffers[t], operand_nnz[t]);
+            SCORCH_CHECK(why.empty(), "operand {}: {}", t, why);
+          }
+          throw_error(ErrorKind::value, fmt::format("scorch kernel '{}' met an index value out of range in its "
+                                                    "operands (were the index buffers written during the call?)",
+                                                    spec.stmt.str()));
+        }
         throw_error(ErrorKind::runtime, fmt::format("scorch kernel '{}' failed (out of memory?)", spec.stmt.str()));
       }
     }

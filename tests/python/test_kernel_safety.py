@@ -1,0 +1,219 @@
+"""Kernels never read outside their buffers, whatever the buffers hold.
+
+Index buffers written behind the version counter (through numpy or .data), built with validate=False, or
+passed straight to torch.ops.scorch.kernel: the generated code checks every coordinate it loads against its
+extent and clamps every pos segment to its crd buffer, and the op names the bad buffer in a ValueError. Each
+case that used to take the process down runs in a child process, which must exit normally having printed the
+error.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import scorch_backend as sb
+
+PRELUDE = """
+import os, torch, scorch_backend as sb
+torch.manual_seed(0)
+def report(f):
+    try:
+        r = f()
+    except ValueError as e:
+        print("ValueError:", e)
+    else:
+        print("RESULT", None if r is None else tuple(r.shape))
+"""
+
+
+def run_child(body: str) -> str:
+    env = dict(os.environ, SCORCH_DISPATCH="sparse")
+    p = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert p.returncode >= 0, f"killed by signal {-p.returncode}\n{p.stdout}\n{p.stderr}"
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def errors_of(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(("ValueError:", "RESULT"))]
+
+
+TAMPER = {
+    # name: (format, buffer, position, value, expected words in the message)
+    "crd_huge": ("csr", "crd1", 5, 10**8, ["operand 0", "crd1", "100000000", "outside [0, 600)"]),
+    "crd_negative": ("csr", "crd1", 5, -1, ["operand 0", "crd1", "-1"]),
+    "pos_huge": ("csr", "pos1", 7, 10**6, ["operand 0", "pos1", "1000000"]),
+    "pos_decreasing": ("csr", "pos1", 7, 2, ["operand 0", "pos1", "decreases"]),
+    "pos_negative": ("csr", "pos1", 3, -5, ["operand 0", "pos1", "-5"]),
+    "coo_singleton": ("coo", "crd1", 5, 10**8, ["operand 0", "crd1", "100000000"]),
+    "coo_top": ("coo", "crd0", 5, 10**8, ["operand 0", "crd0", "100000000"]),
+    "dcsr_rows": ("dcsr", "crd0", 3, 10**8, ["operand 0", "crd0", "100000000"]),
+    "dcsr_pos0": ("dcsr", "pos0", 1, 10**6, ["operand 0", "1000000"]),
+}
+
+KERNELS = {
+    "spmv": 'sb.einsum("ij,j->i", A, torch.randn(600))',
+    "spmm": 'sb.einsum("ij,jk->ik", A, torch.randn(600, 24))',
+    "spgemm": 'sb.einsum("ij,kj->ik", A, B)',
+    "sddmm": 'sb.einsum("ij,ik,jk->ij", A, torch.randn(400, 8), torch.randn(600, 8))',
+    "add": 'sb.compute("C(i,j) = A(i,j) + B(i,j)", A=A, B=B)',
+    "sum5": 'sb.compute("C(i,j) = A(i,j) + B(i,j) - B(i,j) + 2 * A(i,j) + B(i,j)", A=A, B=B)',
+    "rowsum": 'sb.einsum("ij->i", A)',
+    "dense_out_add": 'sb.compute("C(i,j) = A(i,j) + D(i,j)", A=A, D=torch.randn(400, 600))',
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(TAMPER))
+def test_buffers_written_behind_the_version_counter(tamper):
+    fmt, name, at, value, words = TAMPER[tamper]
+    # Each kernel runs first on good buffers, then on the same tensor written through numpy (the version
+    # counter does not move, so nothing above the kernel notices), then once more after the write is undone.
+    body = f"""
+    A = sb.sparse(torch.randn(400, 600).relu() * (torch.rand(400, 600) < 0.1), {fmt!r})
+    B = sb.sparse(torch.randn(400, 600).relu() * (torch.rand(400, 600) < 0.1), {fmt!r})
+    kernels = {KERNELS!r}
+    for k, src in kernels.items():
+        report(lambda: eval(src))
+    buf = A.level_buffers[{name!r}].numpy()
+    old = int(buf[{at}])
+    buf[{at}] = {value}
+    for k, src in kernels.items():
+        report(lambda: eval(src))
+    buf[{at}] = old
+    for k, src in kernels.items():
+        report(lambda: eval(src))
+    """
+    lines = errors_of(run_child(body))
+    n = len(KERNELS)
+    assert len(lines) == 3 * n, lines
+    assert all(line.startswith("RESULT") for line in lines[:n]), lines[:n]
+    for line in lines[n:2 * n]:
+        assert line.startswith("ValueError:"), lines[n:2 * n]
+        for w in words:
+            assert w in line, (w, line)
+    assert lines[2 * n:] == lines[:n]
+
+
+def test_unvalidated_construction_raises_everywhere():
+    body = """
+    pos = torch.tensor([0, 1, 2], dtype=torch.int32)
+    crd = torch.tensor([0, 10**8], dtype=torch.int32)
+    S = sb.SparseTensor("csr", (2, 3), [pos, crd], torch.ones(2), validate=False)
+    report(lambda: sb.einsum("ij,j->i", S, torch.ones(3)))
+    report(lambda: sb.einsum("ij,jk->ik", S, torch.ones(3, 5)))
+    report(lambda: sb.einsum("ij,ij->ij", S, S))
+    report(lambda: sb.einsum("ij->j", S))
+    report(lambda: S.to_dense())
+    report(lambda: S.to_format("csc").to_dense())
+    report(lambda: S.to_format("coo").to_dense())
+    # A pos pointing past the crd buffer, and one running backwards.
+    P = sb.SparseTensor("csr", (2, 3), [torch.tensor([0, 5, 2], dtype=torch.int32), crd.clone()], torch.ones(2),
+                        validate=False)
+    report(lambda: sb.einsum("ij,j->i", P, torch.ones(3)))
+    report(lambda: P.to_dense())
+    """
+    lines = errors_of(run_child(body))
+    assert len(lines) == 9, lines
+    for line in lines:
+        assert line.startswith("ValueError:"), line
+    for line in lines[:4]:
+        assert "operand 0" in line and "crd1" in line and "100000000" in line, line
+
+
+def test_kernel_op_called_directly():
+    body = """
+    spec = "out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; i32"
+    pos = torch.tensor([0, 2, 3], dtype=torch.int32)
+    vals = torch.ones(3)
+    x = torch.ones(4)
+    for crd in ([0, 3, 1], [0, 10**8, 1], [0, -7, 1], [2**31 - 1, 0, 0]):
+        report(lambda: torch.ops.scorch.kernel(spec, [pos, torch.tensor(crd, dtype=torch.int32), vals, x], [2, 4], 2)[0])
+    for p in ([0, 4, 3], [0, 1, 3], [0, -1, 3]):
+        report(lambda: torch.ops.scorch.kernel(spec, [torch.tensor(p, dtype=torch.int32),
+                                                      torch.tensor([0, 1, 2], dtype=torch.int32), vals, x], [2, 4], 2)[0])
+    # A level of extent 0 holding a coordinate: no coordinate can stand in for it.
+    report(lambda: torch.ops.scorch.kernel(spec, [pos, torch.tensor([0, 0, 0], dtype=torch.int32), vals,
+                                                  torch.ones(0)], [2, 0], 1)[0])
+    # int64 indices, a coordinate beyond int32.
+    spec64 = "out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; i64"
+    report(lambda: torch.ops.scorch.kernel(spec64, [pos.long(), torch.tensor([0, 2**40, 1]), vals, x], [2, 4], 2)[0])
+    """
+    lines = errors_of(run_child(body))
+    assert len(lines) == 9, lines
+    assert lines[0] == "RESULT (2,)"
+    assert lines[5] == "RESULT (2,)"  # a valid pos
+    for i in (1, 2, 3, 4, 6, 7, 8):
+        assert lines[i].startswith("ValueError: operand 0: index buffer"), lines[i]
+    assert "crd1 holds coordinate 100000000 at position 1, outside [0, 4)" in lines[1]
+    assert "pos1" in lines[4] and "pos1" in lines[6]
+    assert "outside [0, 0)" in lines[7]
+    assert str(2**40) in lines[8]
+
+
+def test_format_ops_raise_on_bad_buffers():
+    body = """
+    pos = torch.tensor([0, 1, 2], dtype=torch.int32)
+    for crd in ([0, 10**8], [0, -1]):
+        c = torch.tensor(crd, dtype=torch.int32)
+        report(lambda: torch.ops.scorch.to_dense([pos, c], torch.ones(2), [2, 3], "csr"))
+        report(lambda: torch.ops.scorch.unpack([pos, c], torch.ones(2), [2, 3], "csr"))
+        report(lambda: torch.ops.scorch.validate([pos, c], torch.ones(2), [2, 3], "csr"))
+    for p in ([0, 7, 2], [0, 2, 1]):
+        report(lambda: torch.ops.scorch.to_dense([torch.tensor(p, dtype=torch.int32),
+                                                  torch.tensor([0, 1], dtype=torch.int32)], torch.ones(2), [2, 3], "csr"))
+    report(lambda: torch.ops.scorch.pack(torch.tensor([[0, 1], [0, 10**8]]), torch.ones(2), [2, 3], "csr", torch.int32)[1])
+    report(lambda: torch.ops.scorch.to_dense([torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([5, 0])],
+                                             torch.ones(2), [2, 3], "coo"))
+    """
+    lines = errors_of(run_child(body))
+    assert len(lines) == 10, lines
+    assert all(line.startswith("ValueError:") for line in lines), lines
+
+
+def test_unsorted_coordinates_in_a_merge_are_reported():
+    # In range but unsorted: a merge would skip entries; the kernel notices and the validator says why.
+    pos = torch.tensor([0, 2, 2, 3, 4], dtype=torch.int32)
+    crd = torch.tensor([2, 0, 2, 3], dtype=torch.int32)
+    S = sb.SparseTensor("csr", (4, 4), [pos, crd], torch.ones(4), validate=False)
+    D = torch.randn(4, 4)
+    with pytest.raises(ValueError, match="operand 0"):
+        sb.compute("C(i,j) = S(i,j) + D(i,j)", S=S, D=D)
+
+
+def test_checked_kernels_still_compute_correctly():
+    torch.manual_seed(1)
+    dense = torch.randn(50, 70) * (torch.rand(50, 70) < 0.2)
+    x = torch.randn(70)
+    B = torch.randn(70, 9)
+    for fmt in ("csr", "coo", "dcsr", "csc"):
+        A = sb.sparse(dense, fmt)
+        torch.testing.assert_close(sb.einsum("ij,j->i", A, x), dense @ x, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", A, B), dense @ B, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(sb.compute("C(i,j) = A(i,j) + A(i,j)", A=A).to_dense(), 2 * dense)
+
+
+@pytest.mark.parametrize("target", ["scalar", "x86-64-v2", "x86-64-v3"])
+def test_checks_hold_on_every_target(target):
+    import platform
+    if platform.machine() != "x86_64" and target != "scalar":
+        pytest.skip("x86-64 targets")
+    body = """
+    A = sb.sparse(torch.randn(400, 600).relu() * (torch.rand(400, 600) < 0.1), "csr")
+    B = torch.randn(600, 40)
+    ok = torch.allclose(sb.einsum("ij,jk->ik", A, B), A.to_dense() @ B, rtol=1e-4, atol=1e-3)
+    print("RESULT", ok)
+    A.level_buffers["crd1"].numpy()[3] = 600
+    report(lambda: sb.einsum("ij,jk->ik", A, B))
+    """
+    env_target = dict(os.environ, SCORCH_TARGET=target)
+    p = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
+                       env=dict(env_target, SCORCH_DISPATCH="sparse"), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = errors_of(p.stdout)
+    assert lines[0] == "RESULT True", lines
+    assert "crd1 holds coordinate 600" in lines[1], lines
