@@ -113,7 +113,8 @@ def _to_dense_backward(ctx, grad):
     *buffers, values = ctx.saved_tensors
     coords = torch.ops.scorch.unpack(buffers, values, ctx.size, ctx.format)
     g = grad[tuple(coords)] if ctx.size else grad.reshape(1)
-    return [None] * len(buffers), g.to(values.dtype), None, None
+    # torch matches the gradients' structure with the inputs': an empty size (0-dimensional) is an empty list
+    return [None] * len(buffers), g.to(values.dtype), None if ctx.size else [], None
 
 
 # Densifying is differentiable too: the gradient of the values is the dense gradient at their coordinates.

@@ -115,3 +115,84 @@ def test_tampered_buffers_are_caught_before_a_kernel_runs():
     B = sb.sparse(torch.eye(4), "csr")
     B.level_buffers["crd1"][1] = 0  # in place: row 1 now holds column 0 ... still valid, and still runs
     assert torch.equal(sb.einsum("ij,j->i", B, torch.arange(4.0)), torch.tensor([0.0, 0.0, 2.0, 3.0]))
+
+
+# --- environment variables (scorch_backend/config.py): strict, with the variable and its accepted values named
+@pytest.mark.parametrize("name,value,accepted", [
+    ("SCORCH_DEBUG", "yes", "non-negative integer"), ("SCORCH_DEBUG", "-1", "non-negative integer"),
+    ("SCORCH_DEBUG", "1.5", "non-negative integer"),
+    ("SCORCH_DISPATCH", "Sparse", "auto, sparse, dense"), ("SCORCH_DISPATCH", "kernel", "auto, sparse, dense"),
+    ("SCORCH_DENSE_CROSSOVER", "abc", "greater than 0 and at most 1"),
+    ("SCORCH_DENSE_CROSSOVER", "nan", "greater than 0 and at most 1"),
+    ("SCORCH_DENSE_CROSSOVER", "0", "greater than 0 and at most 1"),
+    ("SCORCH_DENSE_CROSSOVER", "1.5", "greater than 0 and at most 1"),
+])
+def test_malformed_environment_variables_are_named(monkeypatch, name, value, accepted):
+    from scorch_backend import config
+
+    monkeypatch.setenv(name, value)
+    read = {"SCORCH_DEBUG": config.debug_level, "SCORCH_DISPATCH": config.dispatch_mode,
+            "SCORCH_DENSE_CROSSOVER": config.dense_crossover_override}[name]
+    with pytest.raises(ValueError, match=f"{name}={value!r}.*{accepted}"):
+        read()
+    if name != "SCORCH_DENSE_CROSSOVER" or value != "1.5":  # the einsum front end reads it too
+        if name == "SCORCH_DENSE_CROSSOVER":
+            monkeypatch.setenv("SCORCH_DISPATCH", "auto")  # the crossover is read only when the cost model decides
+        with pytest.raises(ValueError, match=name):
+            sb.einsum("ij,jk->ik", sb.sparse(torch.eye(90), "csr"), torch.ones(90, 90))
+
+
+def test_environment_variables_parse(monkeypatch):
+    from scorch_backend import config
+
+    for name in ("SCORCH_DEBUG", "SCORCH_DISPATCH", "SCORCH_DENSE_CROSSOVER", "SCORCH_DATA"):
+        monkeypatch.delenv(name, raising=False)
+    assert (config.debug_level(), config.dispatch_mode(), config.dense_crossover_override(),
+            config.data_dir_override()) == (0, "auto", None, None)
+    monkeypatch.setenv("SCORCH_DEBUG", " 2 ")
+    monkeypatch.setenv("SCORCH_DISPATCH", "dense")
+    monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.25")
+    monkeypatch.setenv("SCORCH_DATA", "/somewhere")
+    assert (config.debug_level(), config.dispatch_mode(), config.dense_crossover_override(),
+            config.data_dir_override()) == (2, "dense", 0.25, "/somewhere")
+    monkeypatch.setenv("SCORCH_DEBUG", "")
+    monkeypatch.setenv("SCORCH_DISPATCH", "")
+    assert (config.debug_level(), config.dispatch_mode()) == (0, "auto")
+
+
+# --- expressions: bounded depth and size, finite constants
+@pytest.mark.parametrize("text,message", [
+    ("y(i) = " + "(" * 1001 + "x(i)" + ")" * 1001, "nested too deeply"),
+    ("y(i) = " + "-" * 1001 + "x(i)", "nested too deeply"),
+    ("y(i) = " + " + ".join(["x(i)"] * 1001), "nested too deeply"),
+    ("y(i) = " + " * ".join(["x(i)"] * 1001), "nested too deeply"),
+    ("y(i) = 1e999 * x(i)", "'1e999' is out of range: constants must be finite"),
+    ("y(i) = x(i) - 2.5e308", "out of range"),
+])
+def test_expression_limits(text, message):
+    with pytest.raises(ValueError, match=message) as e:
+        sb.compute(text, x=torch.ones(3))
+    assert len(str(e.value)) < 600  # a long source is shown as a window around the caret
+    assert "^" in str(e.value)
+
+
+def test_expressions_at_the_limit_still_run():
+    x = torch.arange(3.0)
+    torch.testing.assert_close(sb.compute("y(i) = " + "(" * 999 + "x(i)" + ")" * 999, x=x), x)
+    torch.testing.assert_close(sb.compute("y(i) = " + "-" * 998 + "x(i)", x=x), x)
+    torch.testing.assert_close(sb.compute("y(i) = " + " + ".join(["x(i)"] * 1000), x=x), 1000 * x)
+    torch.testing.assert_close(sb.compute("y(i) = 1e-999 * x(i) + 1.5e308 * x(i)", x=x.double()), 1.5e308 * x.double())
+
+
+def test_huge_sparse_dimension_gets_a_compressed_output_level():
+    n = 2**31
+    A = sb.from_coordinates(torch.tensor([[5, n - 3], [1, 2]]), torch.tensor([2.0, 3.0]), (n, 4), "dcsr")
+    B = sb.sparse(torch.eye(4), "csr")
+    plan = sb.plan_einsum("ij,jk->ik", A, B)
+    assert sb.Format(plan["out_format"], 2).name == "dcsr", plan
+    assert any("dense level would hold far more positions" in r for r in plan["reasons"]), plan["reasons"]
+    # Sizes where a dense row level is cheap keep CSR.
+    small = sb.sparse(torch.eye(300)[:, :4].contiguous(), "dcsr")
+    assert sb.Format(sb.plan_einsum("ij,jk->ik", small, B)["out_format"], 2).name == "csr"
+    # The operands' own format is kept where it has the output's indices.
+    assert sb.Format(sb.plan_einsum("ij,ij->ij", A, A)["out_format"], 2).name == "dcsr"

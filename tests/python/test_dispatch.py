@@ -80,3 +80,59 @@ def test_torch_einsum_and_matmul():
         torch.testing.assert_close(torch.einsum("ij,jk", [S, D]), A @ D)
         torch.testing.assert_close(torch.matmul(S, D), A @ D)
         torch.testing.assert_close(dense(S.to_dense()), A)
+
+
+# --- the contract does not depend on dispatch (issue 10, item 7): unstored entries are never multiplied, as in
+# torch.sparse, so inf or NaN in another operand meets no implicit zero. The dense path would make 0 * inf NaN;
+# it is not taken when an operand holds a non-finite value.
+def _count_dense_runs(monkeypatch):
+    import scorch_backend.frontend as F
+
+    calls = []
+    real = F._run_dense
+    monkeypatch.setattr(F, "_run_dense", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["auto", "dense", "sparse"])
+def test_non_finite_dense_operand_meets_no_unstored_zero(monkeypatch, mode):
+    monkeypatch.setenv("SCORCH_DISPATCH", mode)
+    runs = _count_dense_runs(monkeypatch)
+    A = sb.sparse(torch.tensor([[1.0, 0, 0], [1, 1, 0]]), "csr")  # the third column is empty
+    x = torch.tensor([1.0, 1.0, float("inf")])
+    ref = torch.sparse.mm(A.to_torch(torch.sparse_csr), x[:, None]).ravel()
+    torch.testing.assert_close(sb.einsum("ij,j->i", A, x), ref)
+    torch.testing.assert_close(ref, torch.tensor([1.0, 2.0]))
+    X = torch.ones(3, 2)
+    X[2, 0] = float("nan")
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", A, X), torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+    assert not runs
+    # Finite data of the same size still takes the dense path the cost model chose.
+    torch.testing.assert_close(sb.einsum("ij,j->i", A, torch.ones(3)), torch.tensor([1.0, 2.0]))
+    assert len(runs) == (0 if mode == "sparse" else 1)
+
+
+@pytest.mark.parametrize("mode", ["auto", "sparse"])
+def test_non_finite_stored_value_meets_no_unstored_zero(monkeypatch, mode):
+    monkeypatch.setenv("SCORCH_DISPATCH", mode)
+    A = sb.sparse(torch.tensor([[float("inf"), 0], [1, 2]], dtype=torch.float64), "csr")
+    B = sb.sparse(torch.tensor([[0.0, 3], [4, 0]], dtype=torch.float64), "coo")
+    ref = (A.to_torch(torch.sparse_coo) * B.to_torch(torch.sparse_coo)).to_dense()
+    torch.testing.assert_close(sb.einsum("ij,ij->ij", A, B).to_dense(), ref)
+    ref = torch.sparse.mm(A.to_torch(torch.sparse_coo), B.to_torch(torch.sparse_coo)).to_dense()
+    torch.testing.assert_close(ref, torch.tensor([[0.0, float("inf")], [8.0, 3.0]], dtype=torch.float64))
+    torch.testing.assert_close(torch.mm(A, B).to_dense(), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_finiteness_check_catches_every_non_finite_value(dtype):
+    from scorch_backend.frontend import _all_finite, _operand
+
+    for bad in (float("inf"), -float("inf"), float("nan")):
+        x = torch.ones(1000, dtype=dtype)
+        assert _all_finite([_operand(x, "x")])
+        x[777] = bad
+        assert not _all_finite([_operand(x, "x")])
+        S = sb.sparse(torch.eye(40, dtype=dtype), "csr")
+        S.stored_values[13] = bad
+        assert not _all_finite([_operand(torch.ones(40, dtype=dtype), "y"), _operand(S, "S")])
