@@ -125,6 +125,11 @@ pos, crd = torch.tensor([0, 2, 1], dtype=torch.int32), torch.tensor([0, 1], dtyp
 A = sb.SparseTensor("csr", (2, 3), [pos, crd], torch.ones(2), validate=False)
 sb.einsum("ij,j->i", A, torch.ones(3))
 """, CORRUPT),
+    "unvalidated_pos_not_monotone": case("""
+pos, crd = torch.tensor([0, 3, 1, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
+A = sb.SparseTensor("csr", (3, 3), [pos, crd], torch.ones(3), validate=False)
+sb.einsum("ij,jk->ik", A, torch.ones(3, 2))
+""", CORRUPT),
     "unvalidated_to_dense": case("""
 pos, crd = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 10**8], dtype=torch.int32)
 sb.SparseTensor("csr", (2, 3), [pos, crd], torch.ones(2), validate=False).to_dense()
