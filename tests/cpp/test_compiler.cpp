@@ -505,5 +505,113 @@ TEST_F(Jit, SanitizedKernelsHaveTheirOwnEntries) {
   EXPECT_EQ(run_scale(*sanitized, 1), 20);
 }
 
+// --- Checked loads and linear merges (issue 10, items 1, 2 and 4).
+
+// SpMV y = A x on raw CSR arrays with buffer lengths; returns the kernel's status.
+int run_checked_spmv(const std::vector<int32_t>& pos, const std::vector<int32_t>& crd, int64_t cols, double* y,
+                     int threads) {
+  auto k = get_kernel("out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f64; i32");
+  const std::vector<double> vals(crd.size(), 1.0), x(static_cast<size_t>(cols), 1.0);
+  void* inputs[] = {(void*)pos.data(), (void*)crd.data(), (void*)vals.data(), (void*)x.data()};
+  const int64_t lengths[] = {static_cast<int64_t>(pos.size()), static_cast<int64_t>(crd.size()),
+                             static_cast<int64_t>(vals.size()), cols};
+  const int64_t sizes[] = {static_cast<int64_t>(pos.size()) - 1, cols}, strides[] = {1};
+  scorch_kernel_args args{inputs, sizes, strides, y, 0, nullptr, nullptr, threads, 0, lengths};
+  return k->fn(&args);
+}
+
+TEST_F(Jit, OutOfRangeIndicesGiveAStatusNotACrash) {
+  double y[2] = {0, 0};
+  EXPECT_EQ(run_checked_spmv({0, 2, 3}, {0, 2, 1}, 3, y, 2), SCORCH_STATUS_OK);
+  EXPECT_EQ(y[0], 2);
+  EXPECT_EQ(y[1], 1);
+  for (int32_t bad : {3, -1, 100000000, INT32_MIN})
+    EXPECT_EQ(run_checked_spmv({0, 2, 3}, {0, bad, 1}, 3, y, 2), SCORCH_STATUS_BAD_INDEX) << bad;
+  // pos entries past the crd buffer, negative, or decreasing.
+  for (const auto& pos : std::vector<std::vector<int32_t>>{{0, 4, 3}, {0, -2, 3}, {0, 1000000000, 3}})
+    EXPECT_EQ(run_checked_spmv(pos, {0, 2, 1}, 3, y, 2), SCORCH_STATUS_BAD_INDEX) << pos[1];
+  // No column at all, yet a stored coordinate.
+  EXPECT_EQ(run_checked_spmv({0, 1, 1}, {0}, 0, y, 1), SCORCH_STATUS_BAD_INDEX);
+}
+
+TEST_F(Jit, MergesNoticeCoordinatesTheyCannotMatch) {
+  // y = a + d with a dense d: the dense loop matches a's coordinates in order; an unsorted or out-of-range
+  // one is left over, and reported.
+  auto k = get_kernel("out(i0) = t0(i0) + t1(i0); t0=compressed(0); t1=strided; out=strided; f32; i64");
+  auto run = [&](std::vector<int64_t> crd) {
+    const int64_t pos[] = {0, static_cast<int64_t>(crd.size())};
+    const std::vector<float> av(crd.size(), 1.f), d(4, 0.f);
+    std::vector<float> y(4, 0.f);
+    void* inputs[] = {(void*)pos, (void*)crd.data(), (void*)av.data(), (void*)d.data()};
+    const int64_t lengths[] = {2, static_cast<int64_t>(crd.size()), static_cast<int64_t>(av.size()), 4};
+    const int64_t sizes[] = {4};
+    scorch_kernel_args args{inputs, sizes, nullptr, y.data(), 0, nullptr, nullptr, 1, 0, lengths};
+    return k->fn(&args);
+  };
+  EXPECT_EQ(run({0, 3}), SCORCH_STATUS_OK);
+  EXPECT_EQ(run({3, 0}), SCORCH_STATUS_BAD_INDEX);
+  EXPECT_EQ(run({0, 9}), SCORCH_STATUS_BAD_INDEX);
+}
+
+std::string many_term_spec(int n, const std::string& fmt) {
+  std::string rhs, ops;
+  for (int q = 0; q < n; ++q) {
+    rhs += fmt::format("{}t{}(i0,i1)", q ? " + " : "", q);
+    ops += fmt::format("t{}={}; ", q, fmt);
+  }
+  return fmt::format("out(i0,i1) = {}; {}out={}; f32; i32", rhs, ops, fmt);
+}
+
+TEST(Codegen, SumsOfManySparseOperandsAreLinear) {
+  for (const std::string fmt : {"csr", "coo", "dcsr"}) {
+    const size_t s8 = kernel_source(many_term_spec(8, fmt)).size();
+    const size_t s16 = kernel_source(many_term_spec(16, fmt)).size();
+    const size_t s32 = kernel_source(many_term_spec(32, fmt)).size();
+    const size_t s64 = kernel_source(many_term_spec(64, fmt)).size();
+    EXPECT_LT(s64, 8 * s8) << fmt;                          // 2^n lattice points would be far beyond
+    EXPECT_LT(s64 - s32, 5 * (s16 - s8)) << fmt;            // equal steps, about equal growth
+  }
+  // A union of three stays a lattice; four or more are merged in one loop.
+  EXPECT_EQ(kernel_source(many_term_spec(3, "csr")).find("? in_range("), std::string::npos);
+  const std::string src = kernel_source(many_term_spec(64, "csr"));
+  EXPECT_NE(src.find("k63l1 < ke63l1 ? in_range(t63_crd1[k63l1], N1, bad) : N1;"), std::string::npos);
+}
+
+TEST_F(Jit, SumOf64CompressedVectors) {
+  // v_q has entries at q, q + 64, q + 128 (value q + 1) and at 7 (value 1): the sum is known in closed form.
+  const int n = 64;
+  std::string rhs, ops;
+  for (int q = 0; q < n; ++q) {
+    rhs += fmt::format("{}t{}(i0)", q ? " + " : "", q);
+    ops += fmt::format("t{}=compressed(0); ", q);
+  }
+  auto k = get_kernel(fmt::format("out(i0) = {}; {}out=strided; f64; i64", rhs, ops));
+  std::vector<std::vector<int64_t>> pos(n), crd(n);
+  std::vector<std::vector<double>> vals(n);
+  std::vector<void*> inputs;
+  std::vector<int64_t> lengths;
+  for (int q = 0; q < n; ++q) {
+    std::vector<int64_t> c{q, q + 64, q + 128};
+    if (q != 7) c.push_back(7);
+    std::sort(c.begin(), c.end());
+    crd[q] = c;
+    pos[q] = {0, static_cast<int64_t>(c.size())};
+    for (int64_t x : c) vals[q].push_back(x == 7 && q != 7 ? 1.0 : q + 1.0);
+    for (void* p : {(void*)pos[q].data(), (void*)crd[q].data(), (void*)vals[q].data()}) inputs.push_back(p);
+    for (int64_t len : {int64_t{2}, static_cast<int64_t>(c.size()), static_cast<int64_t>(c.size())}) lengths.push_back(len);
+  }
+  std::vector<double> y(192, 0.0);
+  const int64_t sizes[] = {192};
+  scorch_kernel_args args{inputs.data(), sizes, nullptr, y.data(), 0, nullptr, nullptr, 1, 0, lengths.data()};
+  ASSERT_EQ(k->fn(&args), SCORCH_STATUS_OK);
+  for (int i = 0; i < 192; ++i) {
+    const double expect = (i % 64) + 1.0 + (i == 7 ? 63.0 : 0.0);
+    EXPECT_EQ(y[i], expect) << i;
+  }
+  // An out-of-range coordinate in the last operand is caught inside the linear merge too.
+  crd[63][2] = 1000;
+  ASSERT_EQ(k->fn(&args), SCORCH_STATUS_BAD_INDEX);
+}
+
 }  // namespace
 }  // namespace scorch
