@@ -30,7 +30,7 @@ def pruned_mlp(seed=0):
 
 
 @pytest.mark.parametrize("options", [None, {"frozen_weights": True}])
-def test_training_steps_update_weights_and_compiled_model_follows(options):
+def test_training_steps_update_weights_and_compiled_model_follows(options, scorch_dispatch):
     # frozen_weights skips only the fingerprint: optimizer steps move version counters and are always seen
     eager = pruned_mlp()
     compiled_model = copy.deepcopy(eager)
@@ -48,7 +48,8 @@ def test_training_steps_update_weights_and_compiled_model_follows(options):
             opt.step()  # in place: the weights' version counters move, so the next call recompresses
         for (n, a), b in zip(eager.named_parameters(), compiled_model.parameters()):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"step {step}: {n}")
-    assert R.stats["compressions"] > before  # weights were compressed again after the updates
+    if scorch_dispatch == "sparse":  # under "auto" this small model's regions may all be left dense
+        assert R.stats["compressions"] > before  # weights were compressed again after the updates
     with torch.no_grad():
         x = torch.randn(7, 48, generator=g)
         torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
@@ -64,7 +65,8 @@ def test_pruning_after_compiling_is_seen():
         torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_options_fallback_eager_and_threshold():
+@pytest.mark.parametrize("scorch_dispatch", ["sparse"], indirect=True)  # counts the regions the forced path makes
+def test_options_fallback_eager_and_threshold(scorch_dispatch):
     model = pruned_mlp()
     check_model(model, (torch.randn(5, 48, requires_grad=True),), options={"fallback": "eager"}, train=True)
     rep = sb.explain(pruned_mlp(), torch.randn(4, 48), options={"sparse_threshold": 0.01}, repeat=1)
