@@ -137,10 +137,12 @@ extern "C" int compare_spmm(const char* kernel_lib, int64_t m, int64_t k, int64_
   const void* inputs[] = {pos, crd, val, B};
   const int64_t sizes[] = {m, n, k};
   const int64_t strides[] = {n, 1};
+  // Buffer lengths as scorch::kernel passes them, so the kernel checks its index loads as it does in use.
+  const int64_t lengths[] = {m + 1, pos[m], pos[m], k * n};
   auto run_generated = [&] {
     std::fill(c_gen.begin(), c_gen.end(), 0.0f);  // the caller zero-fills, as scorch::kernel does
     scorch::scorch_kernel_args args{const_cast<void* const*>(inputs), sizes, strides, c_gen.data(), 0,
-                                    nullptr, nullptr, threads, 0};
+                                    nullptr, nullptr, threads, 0, lengths};
     return fn(&args);
   };
   if (run_generated() != 0) return 3;

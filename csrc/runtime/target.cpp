@@ -70,6 +70,12 @@ Target resolve_uncached(const std::string& name) {
   for (const char* a : {"-dM", "-E", "-x", "c++", "/dev/null"}) argv.push_back(a);
   std::string out;
   const int rc = run_program(argv, out, 60);
+  if (rc != 0 && t.flags.size() <= 1 && (name == "native" || name == "generic" || name == "scalar")) {
+    // Not a bad name: the compiler itself does not work (CXX points nowhere, is not a C++ compiler, ...).
+    throw_error(ErrorKind::runtime,
+                fmt::format("scorch: compiling a kernel failed: the compiler ({}) does not run for target '{}' "
+                            "(exit {}): {}", fmt::join(argv, " "), name, rc, out.substr(0, 400)));
+  }
   SCORCH_CHECK(rc == 0, "the compiler does not accept Scorch target '{}' ({}): {}", name, fmt::join(argv, " "),
                out.substr(0, 400));
   // Every predefined macro, sorted: the fingerprint covers anything that can change the generated code.

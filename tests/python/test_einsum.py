@@ -257,7 +257,12 @@ def test_compiler_failure_raises_runtime_error(tmp_path):
             "    sb.einsum('ij,j->i', S, torch.ones(3))\n"
             "except RuntimeError as e:\n"
             "    print('caught', e)\n")
+    # A compiler that does not run at all: named, as a RuntimeError.
     env = dict(os.environ, CXX="false", SCORCH_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "caught scorch: compiling a kernel failed" in r.stdout and "false" in r.stdout, r.stdout + r.stderr
+    # A compiler that runs and fails on the kernel (here at the link): the source is named too.
+    env = dict(os.environ, CXX="c++ -Wl,--scorch-no-such-option", SCORCH_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "caught scorch: compiling a kernel failed" in r.stdout and "source:" in r.stdout, r.stdout + r.stderr
 
