@@ -1,917 +1,329 @@
 #include "lower/lower.h"
 
-#include <algorithm>
-#include <functional>
-#include <map>
-
-#include "common/error.h"
-#include "lower/kernel_frame.h"
-#include "lower/merge_lattice.h"
+#include "lower/lowerer.h"
 
 namespace scorch {
+namespace lowering {
 
-using ir::Expr;
-using ir::ExprKind;
-using ir::ExprPtr;
-using loops::Stmts;
-
-namespace {
-
-// Where the value computed in the innermost loop goes.
-enum class Sink { dense, scalar, workspace, stream, local, tile, vtile };
-
-class Lowerer {
- public:
-  Lowerer(const KernelSpec& spec, const Schedule& sched, const VectorShape& machine)
-      : spec_(spec), sched_(sched), st_(spec.stmt), machine_(machine) {
-    std::vector<const Expr*> acc;
-    ir::collect_accesses(st_.rhs, acc);
-    for (const Expr* a : acc) {
-      Access info{a, a->tensor, {}};
-      const Storage& s = spec.operands[a->tensor];
-      if (!s.strided()) {
-        info.lvars = level_vars(*s.format, a->vars);
-        for (const auto& l : s.format->levels()) {
-          const std::string k = l.kind->name();
-          SCORCH_CHECK(k == "dense" || k == "compressed" || k == "singleton",
-                       "the compiler handles dense, compressed and singleton levels; convert '{}' first", k);
-          SCORCH_CHECK(l.expr.part == LevelExpr::Part::whole, "blocked levels are not compiled; convert first");
-          SCORCH_CHECK(l.kind->properties().ordered, "unordered levels are not compiled; convert first");
-        }
-      }
-      access_[a->access_id] = info;
-    }
-    choose_tile();
-  }
-
-  // Tile the innermost loop when it runs over an output index that only strided operands use, right inside
-  // a reduction (SpMM's j inside k): the tile of output columns then stays in registers.
-  void choose_tile() {
-    const int n = static_cast<int>(sched_.order.size());
-    if (!spec_.output.strided() || n < 2) return;
-    const int j = sched_.order[n - 1], k = sched_.order[n - 2];
-    if (!std::count(st_.out_vars.begin(), st_.out_vars.end(), j) || std::count(st_.out_vars.begin(), st_.out_vars.end(), k))
-      return;
-    for (const auto& [id, a] : access_)
-      if (std::count(a.lvars.begin(), a.lvars.end(), j)) return;  // j walks a level: not a plain dense loop
-    tile_depth_ = n - 2;
-    tile_var_ = j;
-    // Vector registers when the target has them and every access along j has it as its last, contiguous index.
-    vector_tile_ = machine_.vector_bytes > 0 && machine_.tile_vectors > 0;
-    for (const auto& [id, a] : access_) {
-      const auto& vars = a.e->vars;
-      if (std::count(vars.begin(), vars.end(), j) > 1 || (std::count(vars.begin(), vars.end(), j) && vars.back() != j))
-        vector_tile_ = false;
-    }
-  }
-
-  LoweredKernel run() {
-    LoweredKernel out;
-    out.sparse_output = !spec_.output.strided();
-    Stmts& b = out.body;
-    b = unpack_arguments(spec_);
-
-    // The loop nest, inside the thread region.
-    States states;
-    for (const auto& [id, a] : access_) states[id] = State{};
-    current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
-    Stmts nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
-
-    if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
-    Stmts frame = thread_frame(spec_, sched_, nest, parallel_);
-    b.insert(b.end(), frame.begin(), frame.end());
-    out.reasons = reasons_;
+Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
+  const int n = static_cast<int>(sched_.order.size());
+  if (d == n) return compute(e, states);
+  if (local_accumulation_at(d)) {
+    current_sink_ = Sink::local;
+    Stmts out{loops::line("val_t lacc = 0;")};
+    Stmts inner = lower_depth(d, e, states);
+    out.insert(out.end(), inner.begin(), inner.end());
+    out.push_back(loops::line(fmt::format("o[{}] += lacc;", dense_out_index())));
+    current_sink_ = Sink::dense;
     return out;
   }
-
- private:
-  struct Access {
-    const Expr* e;
-    int tensor;
-    std::vector<int> lvars;  // index variable of each level (level-format operands)
-  };
-  // The positions of an access's next level that belong to the coordinates fixed so far: [b, e). Inside a
-  // linear merge an access may be absent at the current coordinate: `present` is then the condition under
-  // which it is there (its segment [b, e) is empty otherwise, and its value must not be read).
-  struct State {
-    int level = 0;
-    std::string b = "0", e = "1";
-    std::string present;  // empty: always present
-  };
-  using States = std::map<int, State>;
-  // A level-format access that has a level at the current loop variable.
-  struct Part {
-    int id, tensor, level;
-    std::string kind;
-    bool unique;
-  };
-  // Above this many lattice points (an upper bound, see lattice_points_bound) a union is merged linearly.
-  static constexpr int64_t kLatticeLimit = 8;
-
-  std::string size_of(int v) const { return fmt::format("N{}", v); }
-  std::string var(int v) const { return fmt::format("i{}", v); }
-  const Format& format_of(int access_id) const { return *spec_.operands[access_.at(access_id).tensor].format; }
-  std::string buf(int tensor, int level, const char* name) const { return fmt::format("t{}_{}{}", tensor, name, level); }
-
-  // At the emission depth of append/workspace outputs, the body gets an accumulator (or a workspace) and
-  // the statements that emit what it collected; elsewhere the body is returned as it is.
-  template <typename F>
-  Stmts wrap_emission(int depth, const States& inside, F&& inner) {
-    const bool here = depth == sched_.emit_depth &&
-                      (sched_.output == OutputMode::append || sched_.output == OutputMode::workspace ||
-                       sched_.output == OutputMode::sampled);
-    if (!here) return inner();
+  if (d == tile_depth_ && current_sink_ == Sink::dense) {
+    // The innermost output loop is split into tiles of columns accumulated in registers across the
+    // reduction loop above it: full tiles in vector registers, then what is left in passes of half as many
+    // vectors each (so any width is covered by one pass per power of two, each reading the sparse row once),
+    // then the columns short of a vector in a small array.
+    const std::string nj = size_of(tile_var_);
+    const int tile = tile_columns();
     Stmts out;
-    const Sink saved = current_sink_;
-    if (sched_.output == OutputMode::sampled) {
-      // The sampling operand's position: every level walked, its state points at its value.
-      std::string pos;
-      for (const auto& [id, a] : access_)
-        if (a.tensor == sched_.sampled_tensor && inside.count(id)) pos = inside.at(id).b;
-      SCORCH_ASSERT(!pos.empty(), "sampled output: the sampling operand is not walked at the emission depth");
-      current_sink_ = Sink::scalar;
-      out.push_back(loops::line("val_t acc = 0; bool any = false; (void)any;"));
-      Stmts body = inner();
-      out.insert(out.end(), body.begin(), body.end());
-      out.push_back(loops::line(fmt::format("sampled_out[{}] = acc;", pos)));
-    } else if (sched_.output == OutputMode::append) {
-      current_sink_ = Sink::scalar;
-      out.push_back(loops::line("val_t acc = 0; bool any = false;"));
-      Stmts body = inner();
-      out.insert(out.end(), body.begin(), body.end());
-      out.push_back(loops::line(fmt::format("if (any) {{ const int64_t c[] = {{{}}}; push(st, c, {}, acc); }}",
-                                            out_coords(), st_.out_vars.size())));
-    } else {
-      current_sink_ = Sink::workspace;
-      Stmts body = inner();
-      out.insert(out.end(), body.begin(), body.end());
-      std::string coords;
-      for (size_t d = 0; d < st_.out_vars.size(); ++d)
-        coords += (d ? ", " : "") + (st_.out_vars[d] == sched_.workspace_var ? std::string("w") : var(st_.out_vars[d]));
-      out.push_back(loops::line("std::sort(ws_list, ws_list + ws_n);"));
-      out.push_back(loops::for_range("q", "0", "ws_n", {
-          loops::line("const int64_t w = ws_list[q];"),
-          loops::line(fmt::format("const int64_t c[] = {{{}}};", coords)),
-          loops::line(fmt::format("push(st, c, {}, ws_val[w]);", st_.out_vars.size())),
-          loops::line("ws_val[w] = 0; ws_flag[w] = 0;")}));
-      out.push_back(loops::line("ws_n = 0;"));
-    }
-    current_sink_ = saved;
-    return out;
-  }
-
-  std::string out_coords() const {
-    std::string s;
-    for (size_t d = 0; d < st_.out_vars.size(); ++d) s += (d ? ", " : "") + var(st_.out_vars[d]);
-    return s;
-  }
-
-  // Lanes of one vector register of the target (1 when it has none).
-  int vector_width() const { return machine_.vector_bytes > 0 ? machine_.vector_bytes / (spec_.f64 ? 8 : 4) : 1; }
-  // Columns of the dense output a full register tile keeps live: the target's accumulators times its lanes.
-  int tile_columns() const {
-    return vector_tile_ ? machine_.tile_vectors * vector_width() : std::max(16, machine_.tile_vectors * vector_width());
-  }
-
-  // The value of `e` for the vector of consecutive values of index `v` starting at `base`: accesses along v
-  // (it must be their last, contiguous index) load a vector, the rest are scalars that broadcast.
-  // `offset` (a constant number of elements) is added to the address outside the index arithmetic: v is the
-  // last, contiguous index of every access along it, so the vectors of a tile share one row address and
-  // differ by a displacement (no register per vector for the index).
-  std::string vector_value(const ExprPtr& e, const States& states, int v, const std::string& base, int offset = 0) const {
-    switch (e->kind) {
-      case ExprKind::access: {
-        std::string idx;
-        const bool along = std::count(e->vars.begin(), e->vars.end(), v) > 0;
-        if (!along) return value(e, states);
-        for (size_t d = 0; d < e->vars.size(); ++d) {
-          const std::string x = e->vars[d] == v ? "(" + base + ")" : var(e->vars[d]);
-          idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", x, e->tensor, d);
-        }
-        if (offset == 0) return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
-        return fmt::format("vload(&t{}_data[{}] + {})", e->tensor, idx, offset);
-      }
-      case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
-      case ExprKind::neg: return "(-" + vector_value(e->a, states, v, base, offset) + ")";
-      case ExprKind::add: return "(" + vector_value(e->a, states, v, base, offset) + " + " + vector_value(e->b, states, v, base, offset) + ")";
-      case ExprKind::sub: return "(" + vector_value(e->a, states, v, base, offset) + " - " + vector_value(e->b, states, v, base, offset) + ")";
-      case ExprKind::mul: return "(" + vector_value(e->a, states, v, base, offset) + " * " + vector_value(e->b, states, v, base, offset) + ")";
-    }
-    return "0";
-  }
-
-  // Every access along v has it as its last index, once, and is strided (contiguous loads).
-  bool contiguous_along(const ExprPtr& e, int v) const {
-    std::vector<const Expr*> acc;
-    ir::collect_accesses(e, acc);
-    for (const Expr* a : acc) {
-      const auto n = std::count(a->vars.begin(), a->vars.end(), v);
-      if (n == 0) continue;
-      if (n > 1 || a->vars.back() != v || !spec_.operands[a->tensor].strided()) return false;
-    }
-    return true;
-  }
-
-  std::string value(const ExprPtr& e, const States& states) const {
-    const Gated g = gated_value(e, states);
-    return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("({} ? {} : (val_t)0)", g.cond, g.value);
-  }
-
-  struct Gated {
-    std::string cond;               // where the value may be nonzero; empty: everywhere
-    std::string value;
-    bool zero_when_absent = false;  // value is already 0 where cond fails (a sum of gated terms)
-  };
-
-  // The value of `e` and the condition under which it is nonzero, for accesses that may be absent (linear
-  // merges): a product is there when all its factors are, a sum when any term is, and an absent term is
-  // never evaluated (so an absent entry times inf is 0, as in the lattice's points). Empty condition: always.
-  // A sum of n terms is n gated terms (its value needs no gate of its own), so the code is linear in n.
-  Gated gated_value(const ExprPtr& e, const States& states) const {
-    switch (e->kind) {
-      case ExprKind::access: {
-        const Storage& s = spec_.operands[e->tensor];
-        if (s.strided()) {
-          std::string idx;
-          for (size_t d = 0; d < e->vars.size(); ++d)
-            idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", var(e->vars[d]), e->tensor, d);
-          return {"", fmt::format("t{}_data[{}]", e->tensor, idx.empty() ? "0" : idx)};
-        }
-        const State& stt = states.at(e->access_id);
-        SCORCH_ASSERT(stt.level == static_cast<int>(s.format->levels().size()), "access not fully descended");
-        return {stt.present, fmt::format("t{}_vals[{}]", e->tensor, stt.b)};
-      }
-      case ExprKind::literal: return {"", "((val_t)" + ir::format_literal(e->value) + ")"};
-      case ExprKind::neg: {
-        Gated g = gated_value(e->a, states);
-        g.value = "(-" + g.value + ")";
-        return g;
-      }
-      case ExprKind::mul: {
-        const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
-        const std::string c = a.cond.empty() ? b.cond : b.cond.empty() ? a.cond : "(" + a.cond + ") && (" + b.cond + ")";
-        return {c, "(" + a.value + " * " + b.value + ")"};
-      }
-      case ExprKind::add:
-      case ExprKind::sub: {
-        const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
-        const char* op = e->kind == ExprKind::add ? " + " : " - ";
-        if (a.cond.empty() && b.cond.empty()) return {"", "(" + a.value + op + b.value + ")"};
-        auto wrap = [](const Gated& g) {
-          return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("(({}) ? {} : (val_t)0)", g.cond, g.value);
-        };
-        const std::string c = a.cond.empty() || b.cond.empty() ? "" : a.cond + " || " + b.cond;
-        return {c, "(" + wrap(a) + op + wrap(b) + ")", true};
-      }
-    }
-    return {"", "0"};
-  }
-
-  Stmts compute(const ExprPtr& e, const States& states) {
-    const Gated g = gated_value(e, states);
-    Stmts s = compute_value(e, states, g.value);
-    if (g.cond.empty()) return s;
-    return {loops::if_chain({g.cond}, {s})};  // nothing to add where every term is absent
-  }
-
-  Stmts compute_value(const ExprPtr& e, const States& states, const std::string& v) {
-    switch (current_sink_) {
-      case Sink::dense: return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
-      case Sink::scalar:
-        if (any_hoisted_) return {loops::line(fmt::format("acc += {};", v))};
-        return {loops::line(fmt::format("acc += {}; any = true;", v))};
-      case Sink::local: return {loops::line(fmt::format("lacc += {};", v))};
-      case Sink::tile: return {loops::line(fmt::format("tacc[jj] += {};", v))};
-      case Sink::vtile: {
-        Stmts out;
-        for (int q = 0; q < tile_vectors_; ++q)
-          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, "jo", q * vector_width()))));
-        return out;
-      }
-      case Sink::workspace:
-        return {loops::line(fmt::format("{{ const int64_t w = {}; if (!ws_flag[w]) {{ ws_flag[w] = 1; ws_list[ws_n++] = w; }} ws_val[w] += {}; }}",
-                                        var(sched_.workspace_var), v))};
-      case Sink::stream:
-        return {loops::line(fmt::format("{{ const int64_t c[] = {{{}}}; push(st, c, {}, {}); }}", out_coords(),
-                                        st_.out_vars.size(), v))};
-    }
-    return {};
-  }
-
-  // The loops for order[d..]; `states` holds the accesses still in `e`.
-  std::string dense_out_index(const std::string& tile_var = "") const {
-    std::string lin;
-    for (size_t d = 0; d < st_.out_vars.size(); ++d) {
-      const int v = st_.out_vars[d];
-      const std::string x = v == tile_var_ && !tile_var.empty() ? tile_var : var(v);
-      lin += fmt::format("{}{} * os{}", d ? " + " : "", x, d);
-    }
-    return lin.empty() ? "0" : lin;
-  }
-
-  // The scalar an innermost loop at depth d sums into, when its iterations only add to it.
-  std::string innermost_accumulator(int d) const {
-    if (d != static_cast<int>(sched_.order.size()) - 1) return "";
-    if (current_sink_ == Sink::local) return "lacc";
-    if (current_sink_ == Sink::scalar) return "acc";
-    return "";
-  }
-
-  // Dense output, and the loops from depth d inward are all reductions: sum into a register, store once.
-  bool local_accumulation_at(int d) const {
-    const int n = static_cast<int>(sched_.order.size());
-    if (current_sink_ != Sink::dense || d == 0 || d >= n) return false;
-    for (int q = d; q < n; ++q)
-      if (std::count(st_.out_vars.begin(), st_.out_vars.end(), sched_.order[q])) return false;
-    for (int q = d - 1; q >= 0; --q)  // only at the outermost such depth
-      if (!std::count(st_.out_vars.begin(), st_.out_vars.end(), sched_.order[q])) return false;
-    return true;
-  }
-
-  Stmts lower_depth(int d, const ExprPtr& e, const States& states) {
-    const int n = static_cast<int>(sched_.order.size());
-    if (d == n) return compute(e, states);
-    if (local_accumulation_at(d)) {
-      current_sink_ = Sink::local;
-      Stmts out{loops::line("val_t lacc = 0;")};
-      Stmts inner = lower_depth(d, e, states);
-      out.insert(out.end(), inner.begin(), inner.end());
-      out.push_back(loops::line(fmt::format("o[{}] += lacc;", dense_out_index())));
-      current_sink_ = Sink::dense;
-      return out;
-    }
-    if (d == tile_depth_ && current_sink_ == Sink::dense) {
-      // The innermost output loop is split into tiles of columns accumulated in registers across the
-      // reduction loop above it: full tiles in vector registers, then what is left in passes of half as many
-      // vectors each (so any width is covered by one pass per power of two, each reading the sparse row once),
-      // then the columns short of a vector in a small array.
-      const std::string nj = size_of(tile_var_);
-      const int tile = tile_columns();
-      Stmts out;
-      const int w = vector_width();
-      std::string rest = "0";  // where the columns not covered by vector code start
-      if (vector_tile_) {
-        auto vector_pass = [&](int vectors, Stmts body_prefix, const std::string& loop_head) {
-          current_sink_ = Sink::vtile;
-          tile_vectors_ = vectors;
-          Stmts body = std::move(body_prefix);
-          std::string decl = "vec_t va0 = {}";
-          for (int q = 1; q < vectors; ++q) decl += fmt::format(", va{} = {{}}", q);
-          body.push_back(loops::line(decl + ";"));
-          Stmts inner = lower_depth(d, e, states);
-          body.insert(body.end(), inner.begin(), inner.end());
-          for (int q = 0; q < vectors; ++q)
-            body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
-                "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
-          out.push_back(loops::line(loop_head));
-          out.insert(out.end(), body.begin(), body.end());
-          out.push_back(loops::line("}"));
-        };
-        const int vectors = machine_.tile_vectors;
-        vector_pass(vectors, {}, fmt::format("for (int64_t jo = 0; jo + {} <= {}; jo += {}) {{", tile, nj, tile));
-        // The rest, fewer than a full tile: one pass of 2^p vectors for each bit p of the vectors left.
-        out.push_back(loops::line(fmt::format("int64_t jdone = ({} / {}) * {};", nj, tile, tile)));
-        int top = 1;
-        while (top * 2 < vectors) top *= 2;
-        for (int q = top; q >= 1; q /= 2) {
-          Stmts prefix{loops::line("const int64_t jo = jdone;"), loops::line(fmt::format("jdone += {};", q * w))};
-          vector_pass(q, prefix, fmt::format("if (jdone + {} <= {}) {{", q * w, nj));
-        }
-        rest = fmt::format("({} / {}) * {}", nj, w, w);
-      }
-      // The columns left (fewer than a vector, or all of them when loads along j are not contiguous), in
-      // tiles kept in a small array.
-      current_sink_ = Sink::tile;
-      scalar_tile_ = tile;
-      Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, tile)),
-                 loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", tile, nj)),
-                 loops::line(fmt::format("val_t tacc[{}] = {{}};", tile))};
-      Stmts inner = lower_depth(d, e, states);
-      body.insert(body.end(), inner.begin(), inner.end());
-      body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
-      current_sink_ = Sink::dense;
-      out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, tile - 1, tile), body));
-      return out;
-    }
-    const int v = sched_.order[d];
-    const std::string iv = var(v);
-    if (current_sink_ == Sink::vtile && v == tile_var_) return lower_depth(d + 1, e, states);
-    if (current_sink_ == Sink::tile && v == tile_var_) {
-      // Inside a tile: a full tile has a constant trip count (kept in registers), the last one may be short.
-      Stmts full{loops::line(fmt::format("const int64_t {} = jo + jj;", iv))};
-      Stmts inner = lower_depth(d + 1, e, states);
-      full.insert(full.end(), inner.begin(), inner.end());
-      return {loops::if_chain({fmt::format("jn == {}", scalar_tile_), ""},
-                              {{loops::for_range("jj", "0", std::to_string(scalar_tile_), full, true)},
-                               {loops::for_range("jj", "0", "jn", full)}})};
-    }
-
-    std::vector<const Expr*> accs;
-    ir::collect_accesses(e, accs);
-    std::map<int, Part> parts;  // participating level-format accesses
-    for (const Expr* a : accs) {
-      const Access& info = access_.at(a->access_id);
-      if (spec_.operands[info.tensor].strided()) continue;
-      const State& s = states.at(a->access_id);
-      if (s.level < static_cast<int>(info.lvars.size()) && info.lvars[s.level] == v) {
-        const auto& lvl = format_of(a->access_id).levels()[s.level];
-        parts[a->access_id] = {a->access_id, info.tensor, s.level, lvl.kind->name(), lvl.kind->properties().unique};
-      }
-    }
-    auto sparse_here = [&](const Expr& a) {
-      auto it = parts.find(a.access_id);
-      return it != parts.end() && it->second.kind != "dense";
-    };
-    // A union of many sparse iterators has a lattice of 2^n points: merge them linearly instead.
-    if (lattice_points_bound(e, sparse_here).first > kLatticeLimit && linear_merge_fits(parts)) {
-      std::vector<int> iters;
-      for (const auto& [id, p] : parts)
-        if (p.kind != "dense") iters.push_back(id);
-      return linear_merge(d, e, states, parts, iters, always_present(e, sparse_here));
-    }
-    const auto lattice = build_lattice(e, sparse_here);
-    const auto& all_iters = lattice.front().iterators;
-    bool full = false;
-    for (const auto& p : lattice) full |= p.iterators.empty();
-
-    // Iterator names carry the level: deeper levels of the same access get their own.
-    auto tag = [&](int id) { return fmt::format("{}l{}", id, parts.at(id).level); };
-    auto k = [&](int id) { return "k" + tag(id); };
-    auto ke = [&](int id) { return "ke" + tag(id); };
-    auto kn = [&](int id) { return "kn" + tag(id); };
-    auto m = [&](int id) { return "m" + tag(id); };
-    auto c = [&](int id) { return "c" + tag(id); };
-
-    Stmts out;
-    // Start every sparse iterator at its parent's segment.
-    for (int id : all_iters) {
-      const Part& p = parts.at(id);
-      const State& s = states.at(id);
-      if (p.kind == "compressed") {
-        out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s));
-      } else {
-        out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
-        out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
-      }
-    }
-    auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
-    // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
-    auto checked_crd = [&](int id) { return fmt::format("in_range({}, {}, bad)", crd(id), size_of(v)); };
-    // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
-    auto run_end = [&](int id, Stmts& body) -> std::string {
-      const Part& p = parts.at(id);
-      if (p.unique) return k(id) + " + 1";
-      body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; while ({0} < {2} && {3}[{0}] == {3}[{1}]) ++{0};",
-                                             kn(id), k(id), ke(id), buf(p.tensor, p.level, "crd"))));
-      return kn(id);
-    };
-
-    // The body of one lattice point: child segments for the participating accesses, then the next loop.
-    auto case_body = [&](const LatticePoint& pt, const std::map<int, std::string>& ends) {
-      std::vector<const Expr*> keep;
-      ir::collect_accesses(pt.expr, keep);
-      States next;
-      for (const Expr* a : keep) {
-        State s = states.at(a->access_id);
-        auto it = parts.find(a->access_id);
-        if (it != parts.end()) {
-          if (it->second.kind == "dense") {
-            const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
-            s = State{s.level + 1, pos, pos + " + 1", s.present};
-          } else {
-            s = State{s.level + 1, k(a->access_id), ends.at(a->access_id), ""};
-          }
-        }
-        next[a->access_id] = s;
-      }
-      return wrap_emission(d, next, [&] { return lower_depth(d + 1, pt.expr, next); });
-    };
-
-    const bool can_parallel = d == 0 && sched_.parallel;
-    if (full) {
-      // Dense loop over the whole extent; sparse iterators advance when they hold the coordinate.
-      Stmts body;
-      std::map<int, std::string> ends;
-      for (int id : all_iters) {
-        body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3} == {4};", m(id), k(id), ke(id), crd(id), iv)));
-        const Part& p = parts.at(id);
-        if (p.unique) {
-          ends[id] = k(id) + " + 1";
-        } else {
-          body.push_back(loops::line(fmt::format("int64_t {0} = {1}; if ({2}) {{ {0} = {1} + 1; while ({0} < {3} && {4}[{0}] == {5}) ++{0}; }}",
-                                                 kn(id), k(id), m(id), ke(id), buf(p.tensor, p.level, "crd"), iv)));
-          ends[id] = kn(id);
-        }
-      }
-      std::vector<std::string> conds;
-      std::vector<Stmts> branches;
-      for (const auto& pt : lattice) {
-        std::string cond;
-        for (int id : pt.iterators) cond += (cond.empty() ? "" : " && ") + m(id);
-        conds.push_back(cond);
-        branches.push_back(case_body(pt, ends));
-        if (cond.empty()) break;
-      }
-      body.push_back(loops::if_chain(conds, branches));
-      for (int id : all_iters) body.push_back(loops::line(fmt::format("if ({}) {} = {};", m(id), k(id), ends[id])));
-      std::string lo = "0", hi = size_of(v);
-      if (can_parallel && all_iters.empty()) {
-        parallel_ = true;
-        split_dense_range(v, parts, states, out, lo, hi);
-      } else if (can_parallel) {
-        parallel_why_ = fmt::format("outer loop {} merges sparse iterators in a dense loop: serial", st_.var_names[v]);
-      }
-      const bool simd = d == n - 1 && all_iters.empty() && current_sink_ == Sink::dense &&
-                        std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
-      const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
-      if (!red.empty()) {
-        // A pure reduction. Along contiguous operands: four vector accumulators (independent chains), then
-        // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
-        if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
-        const States at = advance_dense(d, e, states);
-        if (lo == "0" && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
-          const int w = vector_width();
-          Stmts vec{loops::line("vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};"),
-                    loops::line(fmt::format("int64_t rb = 0;")),
-                    loops::line(fmt::format("for (; rb + {} <= {}; rb += {}) {{", 4 * w, hi, 4 * w))};
-          for (int q = 0; q < 4; ++q)
-            vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, "rb", q * w))));
-          vec.push_back(loops::line("}"));
-          vec.push_back(loops::line("const vec_t rs = (r0 + r1) + (r2 + r3);"));
-          vec.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format("{} += rs[l];", red))}));
-          out.push_back(loops::block(vec));
-          out.push_back(loops::line(fmt::format("for (int64_t {0} = ({1} / {2}) * {2}; {0} < {1}; ++{0}) {{", iv, hi, 4 * w)));
-          Stmts tail = rebuild_without_any(d, e, states, v);
-          for (const auto& t : tail) out.push_back(t);
-          out.push_back(loops::line("}"));
-          return out;
-        }
-        out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
-        return out;
-      }
-      out.push_back(loops::for_range(iv, lo, hi, body, simd));
-      // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
-      for (int id : all_iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", k(id), ke(id))));
-      return out;
-    }
-
-    // Sparse loops: one per lattice point, each co-iterating that point's iterators.
-    for (size_t pi = 0; pi < lattice.size(); ++pi) {
-      const auto& P = lattice[pi];
-      std::vector<const LatticePoint*> cases;
-      for (const auto& q : lattice)
-        if (iterators_subset(q.iterators, P.iterators)) cases.push_back(&q);
-      if (P.iterators.size() == 1 && cases.size() == 1) {
-        const int id = P.iterators[0];
-        Stmts body;
-        std::map<int, std::string> ends;
-        ends[id] = run_end(id, body);
-        body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id))));
-        Stmts inner = case_body(P, ends);
+    const int w = vector_width();
+    std::string rest = "0";  // where the columns not covered by vector code start
+    if (vector_tile_) {
+      auto vector_pass = [&](int vectors, Stmts body_prefix, const std::string& loop_head) {
+        current_sink_ = Sink::vtile;
+        tile_vectors_ = vectors;
+        Stmts body = std::move(body_prefix);
+        std::string decl = "vec_t va0 = {}";
+        for (int q = 1; q < vectors; ++q) decl += fmt::format(", va{} = {{}}", q);
+        body.push_back(loops::line(decl + ";"));
+        Stmts inner = lower_depth(d, e, states);
         body.insert(body.end(), inner.begin(), inner.end());
-        if (pi == 0 && can_parallel && parts.at(id).unique) {
-          parallel_ = true;
-          out.push_back(loops::line(fmt::format("{{ const int64_t span = {} - {}; const int64_t b0 = {};", ke(id), k(id), k(id))));
-          out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * tid / nt);", k(id))));
-          out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }}", ke(id))));
-        } else if (pi == 0 && can_parallel) {
-          parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
-        }
-        const std::string red = parts.at(id).unique ? innermost_accumulator(d) : "";
-        if (parts.at(id).unique) {
-          // A counted loop; inside, the iterator's name is bound to the loop counter.
-          Stmts fbody{loops::line(fmt::format("const int64_t {} = p{};", k(id), tag(id)))};
-          if (!red.empty()) {
-            if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
-            any_hoisted_ = red == "acc";
-            Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id)))};
-            Stmts inner2 = case_body(P, ends);
-            again.insert(again.end(), inner2.begin(), inner2.end());
-            any_hoisted_ = false;
-            fbody.insert(fbody.end(), again.begin(), again.end());
-          } else {
-            fbody.insert(fbody.end(), body.begin(), body.end());
-          }
-          if (current_sink_ == Sink::vtile) {
-            auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id));
-            out.insert(out.end(), before.begin(), before.end());
-            fbody.insert(fbody.begin() + 1, pf.begin(), pf.end());
-          }
-          // No simd pragma here: the loads through crd are gathers, slower than scalar code on this CPU kind.
-          out.push_back(loops::for_range("p" + tag(id), k(id), ke(id), fbody, false, ""));
-          continue;
-        }
-        body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));
-        out.push_back(loops::while_loop(fmt::format("{} < {}", k(id), ke(id)), body));
-        continue;
+        for (int q = 0; q < vectors; ++q)
+          body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
+              "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
+        out.push_back(loops::line(loop_head));
+        out.insert(out.end(), body.begin(), body.end());
+        out.push_back(loops::line("}"));
+      };
+      const int vectors = machine_.tile_vectors;
+      vector_pass(vectors, {}, fmt::format("for (int64_t jo = 0; jo + {} <= {}; jo += {}) {{", tile, nj, tile));
+      // The rest, fewer than a full tile: one pass of 2^p vectors for each bit p of the vectors left.
+      out.push_back(loops::line(fmt::format("int64_t jdone = ({} / {}) * {};", nj, tile, tile)));
+      int top = 1;
+      while (top * 2 < vectors) top *= 2;
+      for (int q = top; q >= 1; q /= 2) {
+        Stmts prefix{loops::line("const int64_t jo = jdone;"), loops::line(fmt::format("jdone += {};", q * w))};
+        vector_pass(q, prefix, fmt::format("if (jdone + {} <= {}) {{", q * w, nj));
       }
-      if (pi == 0 && can_parallel)
-        parallel_why_ = fmt::format("outer loop {} co-iterates {} sparse operands: serial", st_.var_names[v],
-                                    P.iterators.size());
-      Stmts body;
-      std::string cond;
-      for (int id : P.iterators) {
-        cond += (cond.empty() ? "" : " && ") + fmt::format("{} < {}", k(id), ke(id));
-        body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), checked_crd(id))));
-      }
-      std::string mn = c(P.iterators[0]);
-      for (size_t q = 1; q < P.iterators.size(); ++q) mn = fmt::format("std::min<int64_t>({}, {})", mn, c(P.iterators[q]));
-      body.push_back(loops::line(fmt::format("const int64_t {} = {};", iv, mn)));
-      std::map<int, std::string> ends;
-      for (int id : P.iterators) {
-        const Part& p = parts.at(id);
-        if (p.unique) {
-          ends[id] = k(id) + " + 1";
-        } else {
-          body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; if ({2} == {3}) {{ while ({0} < {4} && {5}[{0}] == {3}) ++{0}; }}",
-                                                 kn(id), k(id), c(id), iv, ke(id), buf(p.tensor, p.level, "crd"))));
-          ends[id] = kn(id);
-        }
-      }
-      std::vector<std::string> conds;
-      std::vector<Stmts> branches;
-      for (const LatticePoint* q : cases) {
-        std::string cond;
-        for (int id : q->iterators) cond += (cond.empty() ? "" : " && ") + fmt::format("{} == {}", c(id), iv);
-        conds.push_back(cond.empty() ? "true" : cond);
-        branches.push_back(case_body(*q, ends));
-      }
-      body.push_back(loops::if_chain(conds, branches));
-      for (int id : P.iterators) body.push_back(loops::line(fmt::format("if ({} == {}) {} = {};", c(id), iv, k(id), ends[id])));
-      out.push_back(loops::while_loop(cond, body));
+      rest = fmt::format("({} / {}) * {}", nj, w, w);
     }
+    // The columns left (fewer than a vector, or all of them when loads along j are not contiguous), in
+    // tiles kept in a small array.
+    current_sink_ = Sink::tile;
+    scalar_tile_ = tile;
+    Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, tile)),
+               loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", tile, nj)),
+               loops::line(fmt::format("val_t tacc[{}] = {{}};", tile))};
+    Stmts inner = lower_depth(d, e, states);
+    body.insert(body.end(), inner.begin(), inner.end());
+    body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
+    current_sink_ = Sink::dense;
+    out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, tile - 1, tile), body));
     return out;
   }
-
-  // The segment [k, ke) of a compressed level under the positions of `s`, clamped to the crd buffer: a pos
-  // entry out of range or decreasing gives an empty segment and sets the thread's bad flag.
-  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s) const {
-    return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}]; segment({0}, {1}, {5}_n, bad);", k, ke,
-                                   buf(tensor, level, "pos"), s.b, s.e, buf(tensor, level, "crd")));
+  const int v = sched_.order[d];
+  const std::string iv = var(v);
+  if (current_sink_ == Sink::vtile && v == tile_var_) return lower_depth(d + 1, e, states);
+  if (current_sink_ == Sink::tile && v == tile_var_) {
+    // Inside a tile: a full tile has a constant trip count (kept in registers), the last one may be short.
+    Stmts full{loops::line(fmt::format("const int64_t {} = jo + jj;", iv))};
+    Stmts inner = lower_depth(d + 1, e, states);
+    full.insert(full.end(), inner.begin(), inner.end());
+    return {loops::if_chain({fmt::format("jn == {}", scalar_tile_), ""},
+                            {{loops::for_range("jj", "0", std::to_string(scalar_tile_), full, true)},
+                             {loops::for_range("jj", "0", "jn", full)}})};
   }
 
-  // Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has
-  // the point where no sparse iterator is needed; computed without building it.
-  static std::pair<int64_t, bool> lattice_points_bound(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
-    constexpr int64_t cap = int64_t{1} << 40;
-    switch (e->kind) {
-      case ExprKind::access: return {1, !sparse_here(*e)};
-      case ExprKind::literal: return {1, true};
-      case ExprKind::neg: return lattice_points_bound(e->a, sparse_here);
-      case ExprKind::mul:
-      case ExprKind::add:
-      case ExprKind::sub: {
-        auto [a, fa] = lattice_points_bound(e->a, sparse_here);
-        auto [b, fb] = lattice_points_bound(e->b, sparse_here);
-        int64_t n = std::min(cap, a * b);
-        if (e->kind == ExprKind::mul) return {n, fa && fb};
-        if (!fb) n = std::min(cap, n + a);
-        if (!fa) n = std::min(cap, n + b);
-        return {n, fa || fb};
-      }
+  std::vector<const Expr*> accs;
+  ir::collect_accesses(e, accs);
+  std::map<int, Part> parts;  // participating level-format accesses
+  for (const Expr* a : accs) {
+    const Access& info = access_.at(a->access_id);
+    if (spec_.operands[info.tensor].strided()) continue;
+    const State& s = states.at(a->access_id);
+    if (s.level < static_cast<int>(info.lvars.size()) && info.lvars[s.level] == v) {
+      const auto& lvl = format_of(a->access_id).levels()[s.level];
+      parts[a->access_id] = {a->access_id, info.tensor, s.level, lvl.kind->name(), lvl.kind->properties().unique};
     }
-    return {1, true};
   }
-
-  // Whether some part of `e` is nonzero with no sparse iterator at the variable (a dense loop is needed).
-  static bool always_present(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
-    switch (e->kind) {
-      case ExprKind::access: return !sparse_here(*e);
-      case ExprKind::literal: return true;
-      case ExprKind::neg: return always_present(e->a, sparse_here);
-      case ExprKind::mul: return always_present(e->a, sparse_here) && always_present(e->b, sparse_here);
-      case ExprKind::add:
-      case ExprKind::sub: return always_present(e->a, sparse_here) || always_present(e->b, sparse_here);
-    }
-    return true;
+  auto sparse_here = [&](const Expr& a) {
+    auto it = parts.find(a.access_id);
+    return it != parts.end() && it->second.kind != "dense";
+  };
+  // A union of many sparse iterators has a lattice of 2^n points: merge them linearly instead.
+  if (lattice_points_bound(e, sparse_here).first > kLatticeLimit && linear_merge_fits(parts)) {
+    std::vector<int> iters;
+    for (const auto& [id, p] : parts)
+      if (p.kind != "dense") iters.push_back(id);
+    return linear_merge(d, e, states, parts, iters, always_present(e, sparse_here));
   }
+  const auto lattice = build_lattice(e, sparse_here);
+  const auto& all_iters = lattice.front().iterators;
+  bool full = false;
+  for (const auto& p : lattice) full |= p.iterators.empty();
 
-  // The linear merge keeps absent accesses in the nest below with empty segments; a dense level below a
-  // sparse one would locate into an absent parent, so those keep the lattice.
-  bool linear_merge_fits(const std::map<int, Part>& parts) const {
-    for (const auto& [id, p] : parts) {
-      if (p.kind == "dense") continue;
-      const auto& levels = format_of(id).levels();
-      for (size_t l = p.level + 1; l < levels.size(); ++l)
-        if (levels[l].kind->name() == "dense") return false;
-    }
-    return true;
-  }
+  // Iterator names carry the level: deeper levels of the same access get their own.
+  auto tag = [&](int id) { return fmt::format("{}l{}", id, parts.at(id).level); };
+  auto k = [&](int id) { return "k" + tag(id); };
+  auto ke = [&](int id) { return "ke" + tag(id); };
+  auto kn = [&](int id) { return "kn" + tag(id); };
+  auto m = [&](int id) { return "m" + tag(id); };
+  auto c = [&](int id) { return "c" + tag(id); };
 
-  // Co-iteration of any number of sparse iterators in code linear in their number (the lattice of a union
-  // of n operands has 2^n points, each a loop or a branch). One loop visits every coordinate where some
-  // iterator has an entry (or every coordinate, when some term needs none): the coordinate is the least
-  // among the live iterators, those holding it are marked present, and the whole expression is computed
-  // once with the absent accesses gated off (gated_value) and with empty segments below them. It costs a
-  // compare per iterator per coordinate where the lattice's loops shed exhausted iterators, so it is used
-  // only past kLatticeLimit points.
-  Stmts linear_merge(int d, const ExprPtr& e, const States& states, const std::map<int, Part>& parts,
-                     const std::vector<int>& iters, bool full) {
-    const int v = sched_.order[d];
-    const std::string iv = var(v), n = size_of(v);
-    auto name = [&](const char* pre, int id) { return fmt::format("{}{}l{}", pre, id, parts.at(id).level); };
-    auto crd_buf = [&](int id) { return buf(parts.at(id).tensor, parts.at(id).level, "crd"); };
-    Stmts out;
-    for (int id : iters) {
-      const Part& p = parts.at(id);
-      const State& s = states.at(id);
-      if (p.kind == "compressed") {
-        out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
-      } else {
-        out.push_back(loops::line(fmt::format("int64_t {} = {}, {} = {};", name("k", id), s.b, name("ke", id), s.e)));
-      }
-    }
-    Stmts body;
-    if (full) {
-      for (int id : iters)
-        body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3}[{1}] == {4};", name("m", id),
-                                               name("k", id), name("ke", id), crd_buf(id), iv)));
+  Stmts out;
+  // Start every sparse iterator at its parent's segment.
+  for (int id : all_iters) {
+    const Part& p = parts.at(id);
+    const State& s = states.at(id);
+    if (p.kind == "compressed") {
+      out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s));
     } else {
-      for (int id : iters)
-        body.push_back(loops::line(fmt::format("const int64_t {0} = {1} < {2} ? in_range({3}[{1}], {4}, bad) : {4};",
-                                               name("c", id), name("k", id), name("ke", id), crd_buf(id), n)));
-      body.push_back(loops::line(fmt::format("int64_t {} = {};", iv, n)));
-      for (int id : iters) body.push_back(loops::line(fmt::format("{0} = {1} < {0} ? {1} : {0};", iv, name("c", id))));
-      for (int id : iters) body.push_back(loops::line(fmt::format("const bool {} = {} == {};", name("m", id), name("c", id), iv)));
+      out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
+      out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
     }
-    std::map<int, std::string> ends;
-    for (int id : iters) {
-      const std::string k = name("k", id), m = name("m", id);
-      if (parts.at(id).unique) {
-        ends[id] = fmt::format("({} + {})", k, m);
-      } else {
-        // The run of equal coordinates; empty when absent.
-        body.push_back(loops::line(fmt::format("int64_t {0} = {1} + {2}; if ({2}) {{ while ({0} < {3} && {4}[{0}] == {4}[{1}]) ++{0}; }}",
-                                               name("kn", id), k, m, name("ke", id), crd_buf(id))));
-        ends[id] = name("kn", id);
-      }
-    }
+  }
+  auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
+  // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
+  auto checked_crd = [&](int id) { return fmt::format("in_range({}, {}, bad)", crd(id), size_of(v)); };
+  // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
+  auto run_end = [&](int id, Stmts& body) -> std::string {
+    const Part& p = parts.at(id);
+    if (p.unique) return k(id) + " + 1";
+    body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; while ({0} < {2} && {3}[{0}] == {3}[{1}]) ++{0};",
+                                           kn(id), k(id), ke(id), buf(p.tensor, p.level, "crd"))));
+    return kn(id);
+  };
+
+  // The body of one lattice point: child segments for the participating accesses, then the next loop.
+  auto case_body = [&](const LatticePoint& pt, const std::map<int, std::string>& ends) {
     std::vector<const Expr*> keep;
-    ir::collect_accesses(e, keep);
+    ir::collect_accesses(pt.expr, keep);
     States next;
     for (const Expr* a : keep) {
       State s = states.at(a->access_id);
       auto it = parts.find(a->access_id);
       if (it != parts.end()) {
         if (it->second.kind == "dense") {
-          const std::string pos = fmt::format("({} * {} + {})", s.b, n, iv);
+          const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
           s = State{s.level + 1, pos, pos + " + 1", s.present};
         } else {
-          s = State{s.level + 1, name("k", a->access_id), ends.at(a->access_id), name("m", a->access_id)};
+          s = State{s.level + 1, k(a->access_id), ends.at(a->access_id), ""};
         }
       }
       next[a->access_id] = s;
     }
-    Stmts inner = wrap_emission(d, next, [&] { return lower_depth(d + 1, e, next); });
-    body.insert(body.end(), inner.begin(), inner.end());
-    for (int id : iters) body.push_back(loops::line(fmt::format("{} = {};", name("k", id), ends[id])));
-    if (d == 0 && sched_.parallel)
-      parallel_why_ = fmt::format("outer loop {} merges {} sparse operands: serial", st_.var_names[v], iters.size());
-    const std::string why = fmt::format("loop {} merges {} sparse iterators linearly", st_.var_names[v], iters.size());
-    if (std::find(reasons_.begin(), reasons_.end(), why) == reasons_.end()) reasons_.push_back(why);
-    if (full) {
-      out.push_back(loops::for_range(iv, "0", n, body));
-      for (int id : iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", name("k", id), name("ke", id))));
-    } else {
-      std::string live;
-      for (int id : iters) live += fmt::format("{}{} < {}", live.empty() ? "" : " || ", name("k", id), name("ke", id));
-      out.push_back(loops::while_loop(live, body));
+    return wrap_emission(d, next, [&] { return lower_depth(d + 1, pt.expr, next); });
+  };
+
+  const bool can_parallel = d == 0 && sched_.parallel;
+  if (full) {
+    // Dense loop over the whole extent; sparse iterators advance when they hold the coordinate.
+    Stmts body;
+    std::map<int, std::string> ends;
+    for (int id : all_iters) {
+      body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3} == {4};", m(id), k(id), ke(id), crd(id), iv)));
+      const Part& p = parts.at(id);
+      if (p.unique) {
+        ends[id] = k(id) + " + 1";
+      } else {
+        body.push_back(loops::line(fmt::format("int64_t {0} = {1}; if ({2}) {{ {0} = {1} + 1; while ({0} < {3} && {4}[{0}] == {5}) ++{0}; }}",
+                                               kn(id), k(id), m(id), ke(id), buf(p.tensor, p.level, "crd"), iv)));
+        ends[id] = kn(id);
+      }
     }
+    std::vector<std::string> conds;
+    std::vector<Stmts> branches;
+    for (const auto& pt : lattice) {
+      std::string cond;
+      for (int id : pt.iterators) cond += (cond.empty() ? "" : " && ") + m(id);
+      conds.push_back(cond);
+      branches.push_back(case_body(pt, ends));
+      if (cond.empty()) break;
+    }
+    body.push_back(loops::if_chain(conds, branches));
+    for (int id : all_iters) body.push_back(loops::line(fmt::format("if ({}) {} = {};", m(id), k(id), ends[id])));
+    std::string lo = "0", hi = size_of(v);
+    if (can_parallel && all_iters.empty()) {
+      parallel_ = true;
+      split_dense_range(v, parts, states, out, lo, hi);
+    } else if (can_parallel) {
+      parallel_why_ = fmt::format("outer loop {} merges sparse iterators in a dense loop: serial", st_.var_names[v]);
+    }
+    const bool simd = d == n - 1 && all_iters.empty() && current_sink_ == Sink::dense &&
+                      std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
+    const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
+    if (!red.empty()) {
+      // A pure reduction. Along contiguous operands: four vector accumulators (independent chains), then
+      // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
+      if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
+      const States at = advance_dense(d, e, states);
+      if (lo == "0" && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
+        const int w = vector_width();
+        Stmts vec{loops::line("vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};"),
+                  loops::line(fmt::format("int64_t rb = 0;")),
+                  loops::line(fmt::format("for (; rb + {} <= {}; rb += {}) {{", 4 * w, hi, 4 * w))};
+        for (int q = 0; q < 4; ++q)
+          vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, "rb", q * w))));
+        vec.push_back(loops::line("}"));
+        vec.push_back(loops::line("const vec_t rs = (r0 + r1) + (r2 + r3);"));
+        vec.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format("{} += rs[l];", red))}));
+        out.push_back(loops::block(vec));
+        out.push_back(loops::line(fmt::format("for (int64_t {0} = ({1} / {2}) * {2}; {0} < {1}; ++{0}) {{", iv, hi, 4 * w)));
+        Stmts tail = rebuild_without_any(d, e, states, v);
+        for (const auto& t : tail) out.push_back(t);
+        out.push_back(loops::line("}"));
+        return out;
+      }
+      out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
+      return out;
+    }
+    out.push_back(loops::for_range(iv, lo, hi, body, simd));
+    // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
+    for (int id : all_iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", k(id), ke(id))));
     return out;
   }
 
-  // Software prefetch for a register-tiled loop over sparse positions (SpMM's k): the rows of the dense
-  // operands that the entry a few positions ahead will read are requested now. Those rows are gathered in
-  // an order no hardware prefetcher predicts, and once the dense operand outgrows L2 the loop waits on each
-  // one (measured on an AVX2 Zen 3: 25 -> 33 GFLOP/s for a 4096x4096 CSR at 10% times 4096x64). The
-  // distance covers about 4 KB of tiles ahead (4 to 16 entries). Only when the gathered operand spans more
-  // than half of this CPU's L2 (read at run time): below that the rows are cached and prefetching costs
-  // more than it saves. Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
-  // buffer cannot make this read anything.
-  // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
-  std::pair<Stmts, Stmts> vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const std::string& k,
-                                         const std::string& ke) const {
-    std::vector<const Expr*> acc;
-    ir::collect_accesses(e, acc);
-    const int elem = spec_.f64 ? 8 : 4;
-    const int tile_bytes = tile_vectors_ * machine_.vector_bytes;
-    if (tile_bytes <= 0) return {{}, {}};
-    const int distance = std::clamp(4096 / tile_bytes, 4, 16);
-    Stmts lines;
-    std::string spans;  // elements the gathered operands span: no prefetch while they fit in cache
-    for (const Expr* a : acc) {
-      if (!spec_.operands[a->tensor].strided() || !std::count(a->vars.begin(), a->vars.end(), v) ||
-          !std::count(a->vars.begin(), a->vars.end(), tile_var_))
+  // Sparse loops: one per lattice point, each co-iterating that point's iterators.
+  for (size_t pi = 0; pi < lattice.size(); ++pi) {
+    const auto& P = lattice[pi];
+    std::vector<const LatticePoint*> cases;
+    for (const auto& q : lattice)
+      if (iterators_subset(q.iterators, P.iterators)) cases.push_back(&q);
+    if (P.iterators.size() == 1 && cases.size() == 1) {
+      const int id = P.iterators[0];
+      Stmts body;
+      std::map<int, std::string> ends;
+      ends[id] = run_end(id, body);
+      body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id))));
+      Stmts inner = case_body(P, ends);
+      body.insert(body.end(), inner.begin(), inner.end());
+      if (pi == 0 && can_parallel && parts.at(id).unique) {
+        parallel_ = true;
+        out.push_back(loops::line(fmt::format("{{ const int64_t span = {} - {}; const int64_t b0 = {};", ke(id), k(id), k(id))));
+        out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * tid / nt);", k(id))));
+        out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }}", ke(id))));
+      } else if (pi == 0 && can_parallel) {
+        parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
+      }
+      const std::string red = parts.at(id).unique ? innermost_accumulator(d) : "";
+      if (parts.at(id).unique) {
+        // A counted loop; inside, the iterator's name is bound to the loop counter.
+        Stmts fbody{loops::line(fmt::format("const int64_t {} = p{};", k(id), tag(id)))};
+        if (!red.empty()) {
+          if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
+          any_hoisted_ = red == "acc";
+          Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id)))};
+          Stmts inner2 = case_body(P, ends);
+          again.insert(again.end(), inner2.begin(), inner2.end());
+          any_hoisted_ = false;
+          fbody.insert(fbody.end(), again.begin(), again.end());
+        } else {
+          fbody.insert(fbody.end(), body.begin(), body.end());
+        }
+        if (current_sink_ == Sink::vtile) {
+          auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id));
+          out.insert(out.end(), before.begin(), before.end());
+          fbody.insert(fbody.begin() + 1, pf.begin(), pf.end());
+        }
+        // No simd pragma here: the loads through crd are gathers, slower than scalar code on this CPU kind.
+        out.push_back(loops::for_range("p" + tag(id), k(id), ke(id), fbody, false, ""));
         continue;
-      for (size_t d = 0; d < a->vars.size(); ++d)
-        if (a->vars[d] == v) spans += fmt::format("{}{} * t{}_st{}", spans.empty() ? "" : " + ", size_of(v), a->tensor, d);
-      std::string idx;
-      for (size_t d = 0; d < a->vars.size(); ++d) {
-        const int x = a->vars[d];
-        const std::string name = x == v ? "pfc" : x == tile_var_ ? "jo" : var(x);
-        idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", name, a->tensor, d);
       }
-      for (int off = 0; off < tile_bytes; off += 64)
-        lines.push_back(loops::line(fmt::format("  __builtin_prefetch(&t{}_data[{}] + {});", a->tensor, idx, off / elem)));
+      body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));
+      out.push_back(loops::while_loop(fmt::format("{} < {}", k(id), ke(id)), body));
+      continue;
     }
-    if (lines.empty()) return {{}, {}};
-    Stmts before{loops::line(fmt::format("const bool pf_on = ({}) * {} > l2_cache_bytes() / 2;", spans, elem))};
-    Stmts out{loops::line("if (pf_on) {"),
-              loops::line(fmt::format("const int64_t pfp = {0} + {1} < {2} ? {0} + {1} : {2} - 1; const int64_t pfc = {3}[pfp];",
-                                      k, distance, ke, crd_buf)),
-              loops::line(fmt::format("if ((uint64_t)pfc < (uint64_t){}) {{", size_of(v)))};
-    out.insert(out.end(), lines.begin(), lines.end());
-    out.push_back(loops::line("} }"));
-    return {before, out};
-  }
-
-  // No level-format access of `e` has a level left at v (so the loop at v only reads strided operands).
-  bool all_dense_here(const ExprPtr& e, const States& states, int v) const {
-    std::vector<const Expr*> acc;
-    ir::collect_accesses(e, acc);
-    for (const Expr* a : acc) {
-      const Access& info = access_.at(a->access_id);
-      const State& s = states.at(a->access_id);
-      if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
-          info.lvars[s.level] == v)
-        return false;
+    if (pi == 0 && can_parallel)
+      parallel_why_ = fmt::format("outer loop {} co-iterates {} sparse operands: serial", st_.var_names[v],
+                                  P.iterators.size());
+    Stmts body;
+    std::string cond;
+    for (int id : P.iterators) {
+      cond += (cond.empty() ? "" : " && ") + fmt::format("{} < {}", k(id), ke(id));
+      body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), checked_crd(id))));
     }
-    return true;
-  }
-
-  // The body of an innermost dense loop with one (full) lattice point, made again with `any` hoisted.
-  Stmts rebuild_without_any(int d, const ExprPtr& e, const States& states, int v) {
-    any_hoisted_ = current_sink_ == Sink::scalar;
-    (void)v;
-    Stmts body = compute(e, advance_dense(d, e, states));
-    any_hoisted_ = false;
-    return body;
-  }
-
-  // States after locating every access that has a dense level at depth d's variable.
-  States advance_dense(int d, const ExprPtr& e, const States& states) {
-    const int v = sched_.order[d];
-    std::vector<const Expr*> keep;
-    ir::collect_accesses(e, keep);
-    States next;
-    for (const Expr* a : keep) {
-      State s = states.at(a->access_id);
-      const Access& info = access_.at(a->access_id);
-      if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
-          info.lvars[s.level] == v) {
-        const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), var(v));
-        s = State{s.level + 1, pos, pos + " + 1", s.present};
-      }
-      next[a->access_id] = s;
-    }
-    return next;
-  }
-
-  // Bounds of this thread's share of a dense outer loop, balanced by nonzeros when a CSR-like operand
-  // (dense level then compressed level) gives its row pointers.
-  template <typename Parts>
-  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, std::string& lo, std::string& hi) {
-    for (const auto& [id, p] : parts) {
-      const Format& f = format_of(id);
-      if (p.kind == "dense" && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->name() == "compressed" &&
-          states.at(id).b == "0") {
-        const std::string pos = buf(p.tensor, 1, "pos");
-        out.push_back(loops::line(fmt::format("const int64_t lo{0} = balanced_bound({1}, {2}, tid, nt);", v, pos, size_of(v))));
-        out.push_back(loops::line(fmt::format("const int64_t hi{0} = balanced_bound({1}, {2}, tid + 1, nt);", v, pos, size_of(v))));
-        lo = fmt::format("lo{}", v);
-        hi = fmt::format("hi{}", v);
-        reasons_.push_back(fmt::format("outer loop {} split by nonzeros of operand {}", st_.var_names[v],
-                                       st_.tensor_names[p.tensor]));
-        return;
+    std::string mn = c(P.iterators[0]);
+    for (size_t q = 1; q < P.iterators.size(); ++q) mn = fmt::format("std::min<int64_t>({}, {})", mn, c(P.iterators[q]));
+    body.push_back(loops::line(fmt::format("const int64_t {} = {};", iv, mn)));
+    std::map<int, std::string> ends;
+    for (int id : P.iterators) {
+      const Part& p = parts.at(id);
+      if (p.unique) {
+        ends[id] = k(id) + " + 1";
+      } else {
+        body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; if ({2} == {3}) {{ while ({0} < {4} && {5}[{0}] == {3}) ++{0}; }}",
+                                               kn(id), k(id), c(id), iv, ke(id), buf(p.tensor, p.level, "crd"))));
+        ends[id] = kn(id);
       }
     }
-    out.push_back(loops::line(fmt::format("const int64_t lo{0} = (int64_t)((__int128){1} * tid / nt);", v, size_of(v))));
-    out.push_back(loops::line(fmt::format("const int64_t hi{0} = (int64_t)((__int128){1} * (tid + 1) / nt);", v, size_of(v))));
-    lo = fmt::format("lo{}", v);
-    hi = fmt::format("hi{}", v);
+    std::vector<std::string> conds;
+    std::vector<Stmts> branches;
+    for (const LatticePoint* q : cases) {
+      std::string cond;
+      for (int id : q->iterators) cond += (cond.empty() ? "" : " && ") + fmt::format("{} == {}", c(id), iv);
+      conds.push_back(cond.empty() ? "true" : cond);
+      branches.push_back(case_body(*q, ends));
+    }
+    body.push_back(loops::if_chain(conds, branches));
+    for (int id : P.iterators) body.push_back(loops::line(fmt::format("if ({} == {}) {} = {};", c(id), iv, k(id), ends[id])));
+    out.push_back(loops::while_loop(cond, body));
   }
+  return out;
+}
 
-  const KernelSpec& spec_;
-  const Schedule& sched_;
-  const ir::Statement& st_;
-  std::map<int, Access> access_;
-  Sink current_sink_ = Sink::dense;
-  bool any_hoisted_ = false;  // an innermost reduction loop set `any` before it runs
-  int tile_depth_ = -1;
-  int tile_var_ = -1;
-  bool vector_tile_ = false;
-  int tile_vectors_ = 4;  // vector accumulators of the vector pass being generated
-  int scalar_tile_ = 16;  // columns of the array tile being generated
-  VectorShape machine_;
-  bool parallel_ = false;
-  std::string parallel_why_ = "outer loop is not split";
-  std::vector<std::string> reasons_;
-};
-
-}  // namespace
+}  // namespace lowering
 
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
-  return Lowerer(spec, schedule, machine).run();
+  return lowering::Lowerer(spec, schedule, machine).run();
 }
 
 }  // namespace scorch

@@ -1,0 +1,136 @@
+// Lowering: sums of many sparse operands co-iterated in one loop (code linear in their number).
+#include "lower/lowerer.h"
+
+namespace scorch::lowering {
+
+// Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has
+// the point where no sparse iterator is needed; computed without building it.
+std::pair<int64_t, bool> Lowerer::lattice_points_bound(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
+  constexpr int64_t cap = int64_t{1} << 40;
+  switch (e->kind) {
+    case ExprKind::access: return {1, !sparse_here(*e)};
+    case ExprKind::literal: return {1, true};
+    case ExprKind::neg: return lattice_points_bound(e->a, sparse_here);
+    case ExprKind::mul:
+    case ExprKind::add:
+    case ExprKind::sub: {
+      auto [a, fa] = lattice_points_bound(e->a, sparse_here);
+      auto [b, fb] = lattice_points_bound(e->b, sparse_here);
+      int64_t n = std::min(cap, a * b);
+      if (e->kind == ExprKind::mul) return {n, fa && fb};
+      if (!fb) n = std::min(cap, n + a);
+      if (!fa) n = std::min(cap, n + b);
+      return {n, fa || fb};
+    }
+  }
+  return {1, true};
+}
+
+// Whether some part of `e` is nonzero with no sparse iterator at the variable (a dense loop is needed).
+bool Lowerer::always_present(const ExprPtr& e, const std::function<bool(const Expr&)>& sparse_here) {
+  switch (e->kind) {
+    case ExprKind::access: return !sparse_here(*e);
+    case ExprKind::literal: return true;
+    case ExprKind::neg: return always_present(e->a, sparse_here);
+    case ExprKind::mul: return always_present(e->a, sparse_here) && always_present(e->b, sparse_here);
+    case ExprKind::add:
+    case ExprKind::sub: return always_present(e->a, sparse_here) || always_present(e->b, sparse_here);
+  }
+  return true;
+}
+
+// The linear merge keeps absent accesses in the nest below with empty segments; a dense level below a
+// sparse one would locate into an absent parent, so those keep the lattice.
+bool Lowerer::linear_merge_fits(const std::map<int, Part>& parts) const {
+  for (const auto& [id, p] : parts) {
+    if (p.kind == "dense") continue;
+    const auto& levels = format_of(id).levels();
+    for (size_t l = p.level + 1; l < levels.size(); ++l)
+      if (levels[l].kind->name() == "dense") return false;
+  }
+  return true;
+}
+
+// Co-iteration of any number of sparse iterators in code linear in their number (the lattice of a union
+// of n operands has 2^n points, each a loop or a branch). One loop visits every coordinate where some
+// iterator has an entry (or every coordinate, when some term needs none): the coordinate is the least
+// among the live iterators, those holding it are marked present, and the whole expression is computed
+// once with the absent accesses gated off (gated_value) and with empty segments below them. It costs a
+// compare per iterator per coordinate where the lattice's loops shed exhausted iterators, so it is used
+// only past kLatticeLimit points.
+Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const std::map<int, Part>& parts,
+                   const std::vector<int>& iters, bool full) {
+  const int v = sched_.order[d];
+  const std::string iv = var(v), n = size_of(v);
+  auto name = [&](const char* pre, int id) { return fmt::format("{}{}l{}", pre, id, parts.at(id).level); };
+  auto crd_buf = [&](int id) { return buf(parts.at(id).tensor, parts.at(id).level, "crd"); };
+  Stmts out;
+  for (int id : iters) {
+    const Part& p = parts.at(id);
+    const State& s = states.at(id);
+    if (p.kind == "compressed") {
+      out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
+    } else {
+      out.push_back(loops::line(fmt::format("int64_t {} = {}, {} = {};", name("k", id), s.b, name("ke", id), s.e)));
+    }
+  }
+  Stmts body;
+  if (full) {
+    for (int id : iters)
+      body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3}[{1}] == {4};", name("m", id),
+                                             name("k", id), name("ke", id), crd_buf(id), iv)));
+  } else {
+    for (int id : iters)
+      body.push_back(loops::line(fmt::format("const int64_t {0} = {1} < {2} ? in_range({3}[{1}], {4}, bad) : {4};",
+                                             name("c", id), name("k", id), name("ke", id), crd_buf(id), n)));
+    body.push_back(loops::line(fmt::format("int64_t {} = {};", iv, n)));
+    for (int id : iters) body.push_back(loops::line(fmt::format("{0} = {1} < {0} ? {1} : {0};", iv, name("c", id))));
+    for (int id : iters) body.push_back(loops::line(fmt::format("const bool {} = {} == {};", name("m", id), name("c", id), iv)));
+  }
+  std::map<int, std::string> ends;
+  for (int id : iters) {
+    const std::string k = name("k", id), m = name("m", id);
+    if (parts.at(id).unique) {
+      ends[id] = fmt::format("({} + {})", k, m);
+    } else {
+      // The run of equal coordinates; empty when absent.
+      body.push_back(loops::line(fmt::format("int64_t {0} = {1} + {2}; if ({2}) {{ while ({0} < {3} && {4}[{0}] == {4}[{1}]) ++{0}; }}",
+                                             name("kn", id), k, m, name("ke", id), crd_buf(id))));
+      ends[id] = name("kn", id);
+    }
+  }
+  std::vector<const Expr*> keep;
+  ir::collect_accesses(e, keep);
+  States next;
+  for (const Expr* a : keep) {
+    State s = states.at(a->access_id);
+    auto it = parts.find(a->access_id);
+    if (it != parts.end()) {
+      if (it->second.kind == "dense") {
+        const std::string pos = fmt::format("({} * {} + {})", s.b, n, iv);
+        s = State{s.level + 1, pos, pos + " + 1", s.present};
+      } else {
+        s = State{s.level + 1, name("k", a->access_id), ends.at(a->access_id), name("m", a->access_id)};
+      }
+    }
+    next[a->access_id] = s;
+  }
+  Stmts inner = wrap_emission(d, next, [&] { return lower_depth(d + 1, e, next); });
+  body.insert(body.end(), inner.begin(), inner.end());
+  for (int id : iters) body.push_back(loops::line(fmt::format("{} = {};", name("k", id), ends[id])));
+  if (d == 0 && sched_.parallel)
+    parallel_why_ = fmt::format("outer loop {} merges {} sparse operands: serial", st_.var_names[v], iters.size());
+  const std::string why = fmt::format("loop {} merges {} sparse iterators linearly", st_.var_names[v], iters.size());
+  if (std::find(reasons_.begin(), reasons_.end(), why) == reasons_.end()) reasons_.push_back(why);
+  if (full) {
+    out.push_back(loops::for_range(iv, "0", n, body));
+    for (int id : iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", name("k", id), name("ke", id))));
+  } else {
+    std::string live;
+    for (int id : iters) live += fmt::format("{}{} < {}", live.empty() ? "" : " || ", name("k", id), name("ke", id));
+    out.push_back(loops::while_loop(live, body));
+  }
+  return out;
+}
+
+}  // namespace scorch::lowering
