@@ -12,7 +12,9 @@ const char* kPreamble = R"(#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <omp.h>
+#include <type_traits>
 #include <unistd.h>
 
 namespace {
@@ -101,6 +103,24 @@ inline void segment(int64_t& k, int64_t& ke, int64_t len, int& bad) {
   bad |= !ok;
   k = ok ? k : 0;
   ke = ok ? ke : 0;
+}
+
+// All coordinates of a segment [k, ke) of a crd buffer checked at once, before the loop that uses them: the
+// loop then loads them unchecked. The largest coordinate, read as unsigned (a negative one becomes huge),
+// must be below n; that is one vectorizable max reduction over data the loop reads next from L1, instead of
+// a compare and a select per coordinate. Any coordinate out of range sets the thread's bad flag and empties
+// the segment (as segment() does), so the loop reads nothing built from it. [k, ke) must lie inside the
+// buffer (a segment() result, or positions derived from one).
+template <typename I>
+inline void coords_in_range(const I* __restrict c, int64_t k, int64_t& ke, int64_t n, int& bad) {
+  typedef typename std::make_unsigned<I>::type U;
+  // Every value of I below n, as U: n itself when it fits, else all non-negative values of I.
+  const U lim = (U)std::min<uint64_t>((uint64_t)n, (uint64_t)std::numeric_limits<I>::max() + 1);
+  U m = 0;
+  for (int64_t q = k; q < ke; ++q) m = std::max(m, (U)c[q]);
+  const bool ok = k >= ke || m < lim;
+  bad |= !ok;
+  ke = ok ? ke : k;
 }
 
 // First row of thread t's share when rows [0, n) are split so that each thread gets about the same number of

@@ -6,7 +6,8 @@
 // (row-major [ndim][out_nnz]) and values allocated by the kernel, in any order, possibly repeated.
 //
 // Kernels trust no index value: every coordinate read from a crd buffer is compared with its dimension's
-// extent and every pos segment is clamped to the crd buffer it points into (lengths[] gives the buffers'
+// extent before it is used (at each load, or for a whole segment before the loop that reads it) and every
+// pos segment is clamped to the crd buffer it points into (lengths[] gives the buffers'
 // lengths; a caller that passes null vouches for them, and the kernel takes them from the pos buffers). A
 // coordinate or segment out of range is replaced by a harmless one and the call returns
 // SCORCH_STATUS_BAD_INDEX: the caller then finds and reports the offending buffer.

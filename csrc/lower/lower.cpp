@@ -243,7 +243,11 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       Stmts body;
       std::map<int, std::string> ends;
       ends[id] = run_end(id, body);
-      body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id))));
+      // A unique level's counted loop has its segment's coordinates checked all at once before it starts
+      // (coords_in_range), so it loads them unchecked; the while loop of a non-unique level checks each.
+      const bool hoisted = parts.at(id).unique;
+      const std::string coord = hoisted ? crd(id) : checked_crd(id);
+      body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, coord)));
       Stmts inner = case_body(P, ends);
       body.insert(body.end(), inner.begin(), inner.end());
       if (pi == 0 && can_parallel && parts.at(id).unique) {
@@ -261,7 +265,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         if (!red.empty()) {
           if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
           any_hoisted_ = red == "acc";
-          Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, checked_crd(id)))};
+          Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, coord))};
           Stmts inner2 = case_body(P, ends);
           again.insert(again.end(), inner2.begin(), inner2.end());
           any_hoisted_ = false;
@@ -274,6 +278,9 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
           out.insert(out.end(), before.begin(), before.end());
           fbody.insert(fbody.begin() + 1, pf.begin(), pf.end());
         }
+        // Last, after the thread split of [k, ke): each thread checks its own share.
+        out.push_back(loops::line(fmt::format("coords_in_range({}, {}, {}, {}, bad);",
+                                              buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id), size_of(v))));
         // No simd pragma here: the loads through crd are gathers, slower than scalar code on this CPU kind.
         out.push_back(loops::for_range("p" + tag(id), k(id), ke(id), fbody, false, ""));
         continue;

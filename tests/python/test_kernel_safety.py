@@ -217,3 +217,46 @@ def test_checks_hold_on_every_target(target):
     lines = errors_of(p.stdout)
     assert lines[0] == "RESULT True", lines
     assert "crd1 holds coordinate 600" in lines[1], lines
+
+
+def test_segment_checks_catch_every_position():
+    # A unique level's counted loop checks its segment's coordinates all at once before it runs (a vectorized
+    # max, then unchecked loads). A bad coordinate must be caught wherever it sits in the segment: in the
+    # vector body or the scalar rest of the check, in the first or the last row, in either thread's share,
+    # at the extent itself, negative, or beyond the index type's signed range; for SpMV, for SpMM (narrow
+    # and register-wide passes) and for int32 and int64 indices.
+    body = """
+    k = 50
+    # Row 1 holds 37 entries (more than a few vectors of int32 and int64, and an odd rest), row 2 one.
+    pos = torch.tensor([0, 2, 39, 40], dtype=torch.int32)
+    crd = torch.cat([torch.tensor([0, 5]), torch.arange(37), torch.tensor([7])]).to(torch.int32)
+    vals = torch.rand(40) + 0.5
+    A = torch.zeros(3, k)
+    for r in range(3):
+        A[r, crd[pos[r]:pos[r + 1]].long()] = vals[pos[r]:pos[r + 1]]
+    specs = []
+    for it, huge in (("i32", 2**31 - 1), ("i64", 2**40)):
+        specs.append((f"out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; {it}",
+                      torch.randn(k), [3, k], it, huge))
+        for n in (40, 128):
+            specs.append((f"out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=strided; out=strided; f32; {it}",
+                          torch.randn(k, n), [3, n, k], it, huge))
+    caught = missed = good = 0
+    for spec, x, sizes, it, huge in specs:
+        dt = torch.int32 if it == "i32" else torch.int64
+        p = pos.to(dt)
+        got = torch.ops.scorch.kernel(spec, [p, crd.to(dt), vals, x], sizes, 2)[0]
+        good += bool(torch.allclose(got, A @ x, rtol=1e-4, atol=1e-4))
+        for at in range(len(crd)):
+            for bad in (k, -1, huge):
+                c = crd.to(dt).clone()
+                c[at] = bad
+                try:
+                    torch.ops.scorch.kernel(spec, [p, c, vals, x], sizes, 2)
+                    missed += 1
+                except ValueError as e:
+                    caught += "crd1" in str(e) and str(bad) in str(e)
+    print("RESULT", (good, caught, missed))
+    """
+    lines = errors_of(run_child(body))
+    assert lines == [f"RESULT ({6}, {6 * 40 * 3}, 0)"], lines
