@@ -13,11 +13,13 @@ A row with no stored position is NaN, as in the dense formula (softmax over only
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
 
 from . import cost_model
+from . import log as _log
 from . import region as _region
 
 
@@ -43,6 +45,7 @@ def _rows(P) -> tuple[torch.Tensor, torch.Tensor, int]:
     return torch.repeat_interleave(torch.arange(nrows), counts), counts, nrows
 
 
+_logger = _log.get("region")
 _last: list = []  # the probabilities of the last forward pass, for its backward pass (see _probabilities)
 
 
@@ -74,9 +77,7 @@ def _probabilities(P, q3, k3, scale: float, key: tuple, alive: tuple):
     q, k and mask at the same versions, does not compute the sampled product again."""
     if _last and _last[0][0] == key:
         return _last[0][1]
-    from .frontend import _einsum
-
-    s = _einsum("aij,aie,aje->aij", [P, q3, k3], None, choose=False).stored_values * scale
+    s = _kernel("aij,aie,aje->aij", [P, q3, k3], None).stored_values * scale
     row, counts, nrows = _rows(P)
     m = torch.full((nrows,), float("-inf"), dtype=s.dtype).scatter_reduce(0, row, s, "amax", include_self=True)
     e = torch.exp(s - m[row])
@@ -118,6 +119,41 @@ def _check(q, k, v, mask):
                          f"{(q.shape[-2], k.shape[-2])}")
 
 
+# The kernels the sparse path runs: (equation, output format: "" lets the planner choose, "strided" dense).
+# Operand letters: a batch, i query rows, j key rows, e the q/k width, f the v width; "aij" is the mask's
+# pattern (batched CSR), the others dense.
+FORWARD_KERNELS = (("aij,aie,aje->aij", ""), ("aij,ajf->aif", "strided"))
+BACKWARD_KERNELS = (("aij,aif->ajf", "strided"), ("aij,aif,ajf->aij", ""), ("aij,aje->aie", "strided"),
+                    ("aij,aie->aje", "strided"))
+
+
+def kernel_specs(q_shape, k_shape, v_shape, dtype: torch.dtype, training: bool) -> list[str]:
+    """The specs of the kernels a call on q, k, v of these shapes runs on the sparse path (and its backward
+    pass when `training`), found without data: for compiling them ahead of the first call."""
+    from . import _C
+
+    nb = math.prod(q_shape[:-2]) if len(q_shape) > 2 else 1
+    sizes = {"a": nb, "i": q_shape[-2], "j": k_shape[-2], "e": q_shape[-1], "f": v_shape[-1]}
+    pattern = _region._compressed_format(3)
+    specs = []
+    for eq, out in FORWARD_KERNELS + (BACKWARD_KERNELS if training else ()):
+        descs = []
+        for k, letters in enumerate(eq.split("->")[0].split(",")):
+            shape = [int(sizes[c]) for c in letters]
+            descs.append((pattern if k == 0 else "strided", shape, math.prod(shape)))
+        specs.append(_C.plan_einsum(eq, descs, out, dtype == torch.float64, False)["spec"])
+    return specs
+
+
+def _kernel(eq: str, args: list, out_format):
+    """One sparse step; at SCORCH_DEBUG=2 its loop IR goes to the dump folder (once per kernel)."""
+    from .frontend import _einsum
+
+    if _log.dumping():
+        _region.note_kernel("masked_attention", eq, args, out_format)
+    return _einsum(eq, args, out_format, choose=False)
+
+
 def capture_key(scale: float) -> str:
     return f"masked_attention scale={scale!r}"
 
@@ -128,15 +164,18 @@ def run(q, k, v, mask, scale: float, force: str | None = None) -> torch.Tensor:
     for rec in _region._captures:
         rec.append((capture_key(scale), [t.detach() for t in (q, k, v, mask)]))
     dense = _use_dense(mask, q, k) if force is None else force == "dense"
+    if _logger.isEnabledFor(logging.INFO):
+        if not _log.once(_logger, ("masked_attention", tuple(mask.shape), dense),
+                         "masked_attention (mask %s) runs %s", tuple(mask.shape),
+                         "the dense formula (mask not sparse enough)" if dense else "the sparse kernels"):
+            _logger.debug("masked_attention: %s", "dense" if dense else "sparse")
     if dense or q.numel() == 0 or v.numel() == 0:
         return _dense_forward(q, k, v, mask, scale).contiguous()
-    from .frontend import _einsum
-
     batch, q3, k3, v3 = _flat(q, k, v)
     _, P = _pattern(mask, q3.shape[0], q.dtype)
     p, _, counts = _probabilities(P, q3, k3, scale, _version_key(q, k, mask, scale),
                                     _keep_alive(q, k, mask))
-    out = _einsum("aij,ajf->aif", [P.with_values(p), v3], "dense", choose=False)
+    out = _kernel("aij,ajf->aif", [P.with_values(p), v3], "dense")
     out = out.masked_fill((counts == 0).reshape(out.shape[0], out.shape[1], 1), float("nan"))
     return _region._owning(out.reshape(*batch, q.shape[-2], v.shape[-1]))
 
@@ -157,20 +196,18 @@ def masked_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               scale: float, grad: torch.Tensor) -> list[torch.Tensor]:
     if _use_dense(mask, q, k) or q.numel() == 0 or v.numel() == 0:
         return _dense_backward(q, k, v, mask, scale, grad)
-    from .frontend import _einsum
-
     batch, q3, k3, v3 = _flat(q, k, v)
     g3 = grad.reshape(q3.shape[0], q3.shape[1], v3.shape[-1])
     _, P = _pattern(mask, q3.shape[0], q.dtype)
     p, row, counts = _probabilities(P, q3, k3, scale, _version_key(q, k, mask, scale),
                                     _keep_alive(q, k, mask))
     A = P.with_values(p)
-    dv = _einsum("aij,aif->ajf", [A, g3], "dense", choose=False)
-    dp = _einsum("aij,aif,ajf->aij", [P, g3, v3], None, choose=False).stored_values
+    dv = _kernel("aij,aif->ajf", [A, g3], "dense")
+    dp = _kernel("aij,aif,ajf->aij", [P, g3, v3], None).stored_values
     weighted = torch.segment_reduce(p * dp, "sum", lengths=counts)
     ds = P.with_values(p * (dp - weighted[row]) * scale)
-    dq = _einsum("aij,aje->aie", [ds, k3], "dense", choose=False)
-    dk = _einsum("aij,aie->aje", [ds, q3], "dense", choose=False)
+    dq = _kernel("aij,aje->aie", [ds, k3], "dense")
+    dk = _kernel("aij,aie->aje", [ds, q3], "dense")
     return [dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)]
 
 

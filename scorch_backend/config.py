@@ -6,12 +6,27 @@ the variable and the values it accepts, instead of a bare int()/float() error or
 Values are read on every call (tests and users change them at run time); an unset or empty variable means
 the default.
 
-    SCORCH_DEBUG            0 (default), 1, 2, ...: how much the compiler and the backend print to stderr
+    SCORCH_DEBUG            0 (default), 1, 2: the level of the `scorch` logger (scorch_backend/log.py and
+                            docs/logging.md). 0: warnings only; 1: INFO, each decision once per compile (regions
+                            taken, contractions left dense and why, the run-time path of each region once, each
+                            kernel compiled, the cache's decisions); 2: DEBUG, also per-call messages, and dumps:
+                            the FX graph and sparsity attributes after every backend pass and the loop IR of
+                            every kernel a region uses, written under SCORCH_DUMP_DIR. The C++ runtime reads it
+                            too (it prints each kernel it compiles at 1 and more).
+    SCORCH_DUMP_DIR         the folder SCORCH_DEBUG=2 writes its dumps to (created if missing); default
+                            ./scorch_dump/<date-time>-<pid>/, one per process
     SCORCH_DISPATCH         auto (default) | sparse | dense: the cost model's choice, or one side forced
     SCORCH_DENSE_CROSSOVER  a number in (0, 1]: overrides the calibrated crossover density
     SCORCH_DATA             a folder of real matrices (default ../shared/data beside the checkout)
 
-SCORCH_CACHE_DIR, SCORCH_TARGET and CXX are read by the C++ runtime.
+Read by the C++ runtime (csrc/runtime), which checks its own:
+
+    SCORCH_CACHE_DIR        the kernel and calibration disk cache (default $XDG_CACHE_HOME/scorch, else
+                            ~/.cache/scorch)
+    SCORCH_TARGET           the CPU kernels are compiled for: native (default), x86-64-v3, scalar, ...
+    SCORCH_COMPILE_TIMEOUT  seconds one kernel compile may take (default 300; 0 = no limit)
+    SCORCH_SANITIZE         0 (default) | 1: compile kernels with -fsanitize=address,undefined
+    CXX                     the C++ compiler kernels are built with (default c++)
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ def _raw(name: str) -> str | None:
 
 
 def debug_level() -> int:
-    """SCORCH_DEBUG as a level: 0 (unset, empty, "0") prints nothing, 1 prints each decision and plan."""
+    """SCORCH_DEBUG as a level: 0 (unset, empty, "0") warnings only, 1 each decision once, 2 debug and dumps."""
     v = _raw("SCORCH_DEBUG")
     if v is None:
         return 0
@@ -41,7 +56,7 @@ def debug_level() -> int:
         level = -1
     if level < 0:
         raise ValueError(f"SCORCH_DEBUG={os.environ['SCORCH_DEBUG']!r}: expected a non-negative integer "
-                         "(0 = quiet, 1 = print decisions and plans, 2 = more)")
+                         "(0 = quiet, 1 = print decisions and plans, 2 = debug messages and dumps)")
     return level
 
 
@@ -74,3 +89,16 @@ def dense_crossover_override() -> float | None:
 def data_dir_override() -> str | None:
     """SCORCH_DATA: a folder of real matrices, or None when unset."""
     return _raw("SCORCH_DATA")
+
+
+def dump_dir_override() -> str | None:
+    """SCORCH_DUMP_DIR: the folder for SCORCH_DEBUG=2's dumps, or None when unset (the default folder).
+
+    A path that exists and is not a folder is refused (dumps would fail later, mid-compile)."""
+    v = _raw("SCORCH_DUMP_DIR")
+    if v is None:
+        return None
+    if os.path.exists(v) and not os.path.isdir(v):
+        raise ValueError(f"SCORCH_DUMP_DIR={os.environ['SCORCH_DUMP_DIR']!r}: expected a folder (or a path to "
+                         "create one at), found a file")
+    return v

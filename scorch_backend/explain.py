@@ -36,6 +36,7 @@ class RegionReport:
     sparse_ms: float | None = None
     dense_ms: float | None = None
     path: str = ""  # what runs: "sparse" (the kernel), "grouped" (dense products per group) or "dense"
+    label: str = ""  # where the region comes from: "fc1 (Linear): linear"
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Report:
         lines = [f"Scorch: {len(self.regions)} sparse region(s) in {self.graphs} graph(s)"]
         for r in self.regions:
             lines.append(f"\n{r.name}: {r.equation}")
+            if r.label:
+                lines.append("  from:      " + r.label)
             lines.append("  ops:       " + "; ".join(r.ops))
             for o in r.operands:
                 lines.append(f"  {o['kind']:<8}   {o['input']} {tuple(o['shape'])}: {o['attr']}")
@@ -94,7 +97,7 @@ def _attention_report(r, g, runs, repeat: int, patterns: dict) -> RegionReport:
     rep = RegionReport(r.name, r.ops, f"softmax(q k^T * {scale:.4g} where mask, -inf elsewhere) @ v", ops_desc,
                        ["dense", "dense", "dense", "batched csr (mask pattern)"],
                        "sampled q k^T (SDDMM) -> row softmax of stored scores -> sparse product with v (SpMM)",
-                       "masked attention", [], r.estimated_speedup)
+                       "masked attention", [], r.estimated_speedup, label=r.label)
     operands = runs.get(attention.capture_key(scale))
     if operands is None:
         rep.reasons = ["the region did not run with these inputs"]
@@ -140,7 +143,8 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                 shape = tuple(leaf.meta["example_value"].shape) if "example_value" in leaf.meta else ()
                 ops_desc.append({"input": leaf.name, "kind": o.kind, "shape": shape,
                                  "attr": attr.describe() if attr is not None else "dense"})
-            rep = RegionReport(r.name, r.ops, prog.equation, ops_desc, [], "", "", [], r.estimated_speedup)
+            rep = RegionReport(r.name, r.ops, prog.equation, ops_desc, [], "", "", [], r.estimated_speedup,
+                               label=r.label)
             operands = runs.get(r.program_text)
             if operands is not None:
                 plan = _region.sparse_plan(r.program_text, operands)

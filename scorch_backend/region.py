@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import config, cost_model
+from . import log as _log
 
 _INDEX_DTYPE = torch.int32
 
@@ -58,23 +60,30 @@ class Program:
     coef: float = 1.0
     frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True})
     name: str = ""
+    label: str = ""  # where the region comes from, for people: "fc1 (Linear): linear" (logs, profiler rows)
 
     @property
     def equation(self) -> str:
         return ",".join(o.tensor_letters for o in self.operands) + "->" + self.out
 
+    @property
+    def title(self) -> str:
+        """The name and label: "region0 fc1 (Linear): linear"."""
+        return f"{self.name} {self.label}".strip() or "region"
+
     def text(self) -> str:
-        return json.dumps({"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight]
-                                        for o in self.operands],
-                           "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name},
-                          separators=(",", ":"))
+        d = {"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight] for o in self.operands],
+             "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name}
+        if self.label:
+            d["label"] = self.label
+        return json.dumps(d, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_program(text: str) -> Program:
     d = json.loads(text)
     ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5])) for o in d["operands"])
-    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""))
+    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""))
     _validate(prog)
     return prog
 
@@ -294,23 +303,62 @@ def _sizes(p: Program, operands) -> dict:
     return sizes
 
 
+@functools.lru_cache(maxsize=4096)
+def _kernel_letters(text: str) -> tuple[str, tuple[str, ...]]:
+    """The equation the sparse kernel runs and each operand's letters in it: a compressed operand keeps its
+    own (with broadcast letters), a dense one is laid out in loop order; the output is in storage order."""
+    p = parse_program(text)
+    storage, _ = _out_storage(text)
+    order = _loop_letters(p)
+    letters = tuple(o.letters if o.kind != "dense" else "".join(sorted(o.letters, key=order.index))
+                    for o in p.operands)
+    return ",".join(letters) + "->" + storage, letters
+
+
 def _sparse_call(p: Program, text: str, operands, entries, dtype):
     """The einsum the sparse kernel runs: compressed operands as SparseTensors, dense ones laid out in loop
     order, the output in its storage order."""
-    storage, _ = _out_storage(text)
-    order = _loop_letters(p)
+    eq, letters = _kernel_letters(text)
     sizes = _sizes(p, operands)
-    args, letters = [], []
-    for o, t, e in zip(p.operands, operands, entries):
+    args = []
+    for o, t, e, want in zip(p.operands, operands, entries, letters):
         if e is not None:
             args.append(_sparse_of(t, e, o, dtype, sizes))
-            letters.append(o.letters)
         else:
-            want = "".join(sorted(o.letters, key=order.index))
             args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen and o.weight,
                                   o.weight))
-            letters.append(want)
-    return ",".join(letters) + "->" + storage, args
+    return eq, args
+
+
+def _compressed_format(rank: int) -> str:
+    from .format import make_format
+
+    return make_format("csr" if rank >= 2 else ["compressed"] if rank == 1 else "dense", rank).canonical
+
+
+def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
+    """The spec of the kernel `run` would use on the sparse path for operands of these shapes (as the op
+    receives them) and result dtype, found without data: for compiling kernels ahead of the first call.
+    None when the program has no compressed operand (it never runs a kernel)."""
+    from . import _C
+
+    p = parse_program(text)
+    if all(o.kind == "dense" for o in p.operands):
+        return None
+    sizes = {}
+    for o, shape in zip(p.operands, shapes):
+        sizes.update(zip(o.tensor_letters, (int(n) for n in shape)))
+    eq, letters = _kernel_letters(text)
+    descs = []
+    for o, want in zip(p.operands, letters):
+        shape = [sizes[c] for c in want]
+        n = math.prod(shape)
+        # The planner's choices do not depend on the number of stored entries: the full size stands in.
+        descs.append((_compressed_format(len(shape)), shape, n) if o.kind != "dense" else ("strided", shape, n))
+    idx64 = any(n > 2**31 - 1 for n in sizes.values()) or any(d[2] > 2**31 - 1 for d in descs if d[0] != "strided")
+    if idx64:
+        return None  # the run-time path picks its index type from the data; not worth guessing
+    return _C.plan_einsum(eq, descs, "strided", dtype == torch.float64, False)["spec"]
 
 
 # --- grouped dense execution -----------------------------------------------------------------------------
@@ -484,6 +532,8 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
     storage, back = _out_storage(text)
     entries = _entries(p, operands)
     path = force or _choose(text, operands, entries)
+    if _logger.isEnabledFor(logging.INFO):
+        _log_path(p, text, path, entries)
     if path == "grouped":
         stats["grouped_runs"] += 1
         out = _run_grouped(p, text, operands, dtype)
@@ -499,11 +549,45 @@ def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> to
 
         stats["sparse_runs"] += 1
         eq, args = _sparse_call(p, text, operands, entries, dtype)
+        if _log.dumping():
+            note_kernel(p.title, eq, args)
         out = _einsum(eq, args, "dense", choose=False)
     out = out.contiguous()
     if p.coef != 1.0:
         out.mul_(p.coef)
     return _owning(out.permute(back))
+
+
+_logger = _log.get("region")
+_PATHS = {"sparse": "the sparse kernel", "dense": "the dense einsum (not sparse enough to pay)",
+          "grouped": "grouped dense products (one per group of rows)"}
+
+
+def _log_path(p: Program, text: str, path: str, entries) -> None:
+    """The run-time path: once per region and path at INFO (it changes only when the data does), every call
+    at DEBUG."""
+    densities = ", ".join(f"{e.density:.3g}" for e in entries if e is not None)
+    how = _PATHS.get(path, path) if densities else "the dense einsum (no compressed operand)"
+    if not _log.once(_logger, (text, path), "%s runs %s%s", p.title, how,
+                     f" (densities of its compressed operands: {densities})" if densities else ""):
+        _logger.debug("%s: %s, densities %s", p.title, path, densities)
+
+
+def note_kernel(user: str, eq: str, args, out_format="dense") -> None:
+    """At SCORCH_DEBUG=2, write the loop IR of the kernel that `eq` on `args` runs into the dump folder (once
+    per kernel) and log its plan."""
+    from .frontend import kernel_info, plan_einsum
+
+    try:
+        plan = plan_einsum(eq, *args, out_format=out_format)
+        info = kernel_info(plan["spec"])
+        path = _log.dump_kernel(plan["spec"], info, user)
+    except Exception as e:  # noqa: BLE001 - a dump must never change what runs; the call itself will report
+        _log.get("kernel").warning("could not dump the kernel of %s (%s): %s", user, eq, e)
+        return
+    if path is not None:
+        _log.get("kernel").debug("%s: %s -> %s\n  spec: %s%s", user, eq, plan["statement"], plan["spec"],
+                                 "".join(f"\n    - {r}" for r in plan["reasons"]))
 
 
 def _owning(view: torch.Tensor) -> torch.Tensor:
@@ -537,8 +621,17 @@ _captures: list[list] = []  # explain() records the operands each region is run 
 
 
 # --- the op ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def profile_name(text: str) -> str:
+    """The profiler row of a region: "scorch::region region0 fc1 (Linear): linear"."""
+    return f"scorch::region {parse_program(text).title}"
+
+
 @torch.library.custom_op("scorch::region", mutates_args=())
 def region(program: str, operands: list[torch.Tensor]) -> torch.Tensor:
+    if torch.autograd.profiler._is_profiler_enabled:  # a row that names the region (only while profiling)
+        with torch.profiler.record_function(profile_name(program)):
+            return run(program, operands)
     return run(program, operands)
 
 
@@ -559,7 +652,7 @@ def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:
         present.update(p.operands[j].letters)
     produced = "".join(c for c in target.letters if c in present)
     ops = (Operand(p.out, "dense"),) + tuple(p.operands[j] for j in others)
-    g = Program(ops, produced, p.coef, p.frozen, f"{p.name}.grad{k}")
+    g = Program(ops, produced, p.coef, p.frozen, f"{p.name}.grad{k}", p.label)
     return g.text(), [-1] + others, produced
 
 

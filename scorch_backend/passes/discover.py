@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from .. import cost_model
+from .. import log as _log
 from ..sparsity import measure
 from ..sparsity.attrs import DENSE, SparsityAttr
 from ..tensor import SparseTensor
@@ -60,6 +61,11 @@ def discover(gm: fx.GraphModule, example_inputs, threshold: float, measure_input
                 if m.density < threshold else DENSE.with_(measured=m.density)
         else:
             attrs[node.name] = DENSE
+    logger = _log.get("passes.discover")
+    if logger.isEnabledFor(10):
+        for name, a in attrs.items():
+            if a is not DENSE:
+                logger.debug("%s: %s", name, a.describe())
     return attrs
 
 

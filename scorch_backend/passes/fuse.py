@@ -186,7 +186,8 @@ def _broadcast_patterns(operands: list, out: str) -> list:
     return result
 
 
-def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str) -> Fused:
+def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
+         label: str = "") -> Fused:
     """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none."""
     fuser = Fuser(members, attrs)
     view = op_of(root)
@@ -262,5 +263,5 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         raise FuseError("no sparse operand")
     operands = _broadcast_patterns(operands, out)
     density = min(densities)  # factors' patterns usually coincide (a gate and its pattern): not a product
-    program = Program(tuple(operands), out, term.coef, frozen, name)
+    program = Program(tuple(operands), out, term.coef, frozen, name, label)
     return Fused(program, leaves, unit_dims, bias, density, squeeze)

@@ -9,6 +9,7 @@ once, per ATen op. Nodes calling something not listed here are "opaque": dense a
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -183,6 +184,34 @@ def describe(node: fx.Node) -> str:
     args = ", ".join(a.name if isinstance(a, fx.Node) else repr(a) for a in view.args)
     name = view.name.split(".", 1)[1] if view.name.startswith("aten.") else str(node.target)
     return f"{name}({args})"
+
+
+def _module_path(key: str) -> str:
+    """Dynamo's name of a module ("L['self'].layers[0].fc1", "L__self___fc1") as the model's attribute path."""
+    key = re.sub(r"^L\['self'\]\.?", "", key)
+    key = re.sub(r"^L__self___?", "", key)
+    return key or "model"
+
+
+def source_label(root: fx.Node, members) -> str:
+    """Where a region comes from, short: the innermost module of its root and its ops ("fc1 (Linear): linear",
+    "attn.q (Linear): mul, linear"); the ops alone when the graph does not say."""
+    names = []
+    for m in members:
+        view = op_of(m)
+        if view.name.startswith("aten."):
+            name = view.name.split(".", 1)[1]
+        else:
+            name = str(getattr(m.target, "__name__", m.target))
+        if name not in names:
+            names.append(name)
+    ops = ", ".join(names)
+    stack = root.meta.get("nn_module_stack") or {}
+    if stack:
+        key, kind = list(stack.values())[-1][:2]
+        kind = getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1])
+        return f"{_module_path(str(key))} ({kind}): {ops}"
+    return ops
 
 
 # Ops whose result may share memory with their first argument: writing into one writes into the other.

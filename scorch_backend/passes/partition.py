@@ -28,9 +28,10 @@ import torch
 from torch import fx
 
 from .. import config, cost_model
+from .. import log as _log
 from .contraction import CONTRACTIONS
 from .fuse import Fused, FuseError, fuse
-from .graph import describe, example, mutated_values, op_of
+from .graph import describe, example, mutated_values, op_of, source_label
 
 GROWABLE = {"aten.mul", "aten.div", "aten.neg", "aten.unsqueeze", "aten.transpose", "aten.permute", "aten.t",
             "aten.clone", "aten._to_copy"}
@@ -45,6 +46,11 @@ class Region:
     estimated_speedup: float
     ops: list = field(default_factory=list)  # readable forms of the members
     attention: tuple | None = None  # (q, k, v, mask, scale) of a masked-attention region
+    label: str = ""  # where it comes from: "fc1 (Linear): linear" (graph.source_label)
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} {self.label}".strip()
 
     @property
     def program_text(self) -> str:
@@ -190,8 +196,21 @@ def _calls(fused: Fused, training: bool) -> tuple[int, int]:
     return sparse, dense
 
 
+_logger = _log.get("passes.partition")
+
+
 def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
+    regions, decisions = _partition(gm, attrs, threshold, frozen, training)
+    if _logger.isEnabledFor(10):
+        for r in regions:
+            _logger.debug("%s: %d op(s), estimated speedup %.2fx", r.title, len(r.members), r.estimated_speedup)
+        for d in decisions:
+            _logger.debug("%s = %s: %s", d.node, d.op, d.reason)
+    return regions, decisions
+
+
+def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool):
     regions, decisions = [], []
     taken = set(mutated_values(gm))  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
@@ -209,7 +228,8 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
             continue
         ordered = sorted(members, key=order.get)
         regions.append(Region(f"region{len(regions)}", node, ordered, None, est,
-                              [describe(m) for m in ordered], (q, k, v, mask, scale)))
+                              [describe(m) for m in ordered], (q, k, v, mask, scale),
+                              source_label(node, ordered)))
         taken.update(m.name for m in members)
     for node in gm.graph.nodes:
         view = op_of(node)
@@ -225,8 +245,10 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
             chain.append(user)
         members = _grow(chain, taken)
         name = f"region{len(regions)}"
+        ordered = sorted(members, key=order.get)
+        label = source_label(node, ordered)
         try:
-            fused = fuse(root, members, attrs, threshold, frozen, name)
+            fused = fuse(root, members, attrs, threshold, frozen, name, label)
         except FuseError as e:
             why = str(e) if "SparseTensor" in str(e) else f"left dense: {e}"
             decisions.append(Decision(node.name, describe(node), why))
@@ -240,7 +262,6 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
             continue
-        ordered = sorted(members, key=order.get)
-        regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered]))
+        regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered], label=label))
         taken.update(m.name for m in members)
     return regions, decisions

@@ -36,6 +36,7 @@ import math
 import torch
 from torch import fx
 
+from .. import log as _log
 from ..sparsity.attrs import DENSE, SparsityAttr, Support
 from .contraction import CONTRACTIONS, contraction_form, output_dims_of
 from .graph import OpView, example, mutated_values, op_of, shape_of
@@ -257,4 +258,9 @@ def propagate(gm: fx.GraphModule, attrs: dict, measured: dict, threshold: float)
             attrs[node.name] = DENSE.with_(measured=measured.get(node.name), origin="written in place")
         elif node.op != "placeholder":
             attrs[node.name] = rule(node, ctx)
+    logger = _log.get("passes.propagate")
+    if logger.isEnabledFor(10):
+        found = [n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output")
+                 and (attrs.get(n.name, DENSE).sparse or attrs.get(n.name, DENSE).support is not None)]
+        logger.debug("%d value(s) with known zeros: %s", len(found), ", ".join(found) or "none")
     return attrs

@@ -8,6 +8,7 @@ import operator
 import torch
 from torch import fx
 
+from .. import log as _log
 from ..attention import masked_attention as _attention_op  # noqa: F401  (registers scorch::masked_attention)
 from ..region import region as _region_op  # noqa: F401  (registers scorch::region)
 
@@ -46,6 +47,7 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
             if f.bias is not None:
                 out = graph.call_function(operator.add, (out, replaced.get(f.bias, f.bias)))
         _replace(graph, r, out, replaced)
+    _log.get("passes.rewrite").debug("%d region(s) replaced by scorch ops", len(regions))
     graph.lint()
     gm.recompile()
     return gm
