@@ -6,13 +6,13 @@ are unbacked symbolic sizes from the fake-tensor context; everything else follow
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import _C
 from .format import Format
 
-_INDEX = {"i32": torch.int32, "i64": torch.int64}
-_VALUE = {"f32": torch.float32, "f64": torch.float64}
 
 
 def _fake_buffers(fmt: Format, shape, index_dtype, device):
@@ -33,18 +33,22 @@ def _fake_buffers(fmt: Format, shape, index_dtype, device):
     return buffers, count
 
 
+@functools.lru_cache(maxsize=4096)
+def _spec_info(spec: str) -> dict:
+    return _C.spec_info(spec)  # the spec is parsed by the C++ KernelSpec, the one parser of its grammar
+
+
 @torch.library.register_fake("scorch::kernel")
 def _kernel_fake(spec, inputs, sizes, num_threads):
-    parts = [p.strip() for p in spec.split(";")]
-    statement, out, vt, it = parts[0], parts[-3].split("=", 1)[1], parts[-2], parts[-1]
-    n = len(parts) - 4
-    info = _C.statement_info(statement, n)
+    info = _spec_info(spec)
     out_shape = [sizes[v] for v in info["out_vars"]]
     device = inputs[0].device if inputs else torch.device("cpu")
-    if out == "strided":
-        return torch.empty(out_shape, dtype=_VALUE[vt], device=device), []
-    buffers, count = _fake_buffers(Format(out, len(out_shape)), out_shape, _INDEX[it], device)
-    return torch.empty(count, dtype=_VALUE[vt], device=device), buffers
+    value_dtype = torch.float64 if info["f64"] else torch.float32
+    if info["out_format"] == "strided":
+        return torch.empty(out_shape, dtype=value_dtype, device=device), []
+    index_dtype = torch.int64 if info["idx64"] else torch.int32
+    buffers, count = _fake_buffers(Format(info["out_format"], len(out_shape)), out_shape, index_dtype, device)
+    return torch.empty(count, dtype=value_dtype, device=device), buffers
 
 
 @torch.library.register_fake("scorch::pack")

@@ -1,8 +1,11 @@
 """Eager front ends of the sparse compiler: `einsum` and `compute` on any mix of SparseTensors and dense tensors.
 
-Each call is planned in C++ (parse, size checks, operand conversions, output format), then runs the kernel
-named by the plan's spec through `torch.ops.scorch.kernel`, which compiles it once per process (and once per
-machine, thanks to the disk cache).
+A call is handed whole to the C++ executor (`_C.einsum`, `_C.compute`; csrc/torch/executor.h): it plans (parse,
+size checks, operand conversions, output format; cached), makes the dense-or-sparse choice and runs the kernel
+through `torch.ops.scorch.kernel`, whose autograd is C++ too. Python steps in only where the executor cannot
+take the operands as they are: while torch.compile traces (fake tensors, symbolic sizes), for Python numbers,
+and for a dense run whose result must be stored sparse (its gradients are gathered here); those calls take
+the path below, which plans through the same C++ planner.
 """
 
 from __future__ import annotations
@@ -161,8 +164,44 @@ def einsum(equation: str, *operands, out_format=None):
     return _einsum(equation, operands, out_format, choose=True)
 
 
+def _fast_out_text(out_format):
+    """The executor's output format text, or None when only the Python path takes this out_format."""
+    if out_format is None:
+        return ""
+    if out_format in ("dense", "strided") or out_format is torch.strided:
+        return "strided"
+    if isinstance(out_format, Format):
+        return out_format.canonical
+    return None  # presets and text need the rank, mode orders and block sizes: the Python path resolves them
+
+
+def _calibrate(threads: int) -> None:
+    """Measure (or load) this machine's crossover for the thread count and target, and hand it to C++."""
+    _C.set_calibrated_crossover(threads, _C.target_name(),
+                                float(cost_model.calibration(threads)["dense_crossover_density"]))
+
+
 def _einsum(equation: str, operands, out_format, choose: bool):
     """einsum; `choose=False` runs the sparse kernel without asking the cost model (the caller decided)."""
+    if isinstance(equation, str) and not torch.compiler.is_compiling():
+        out_text = _fast_out_text(out_format)
+        if out_text is not None:
+            threads = torch.get_num_threads()
+            # (SCORCH_DEBUG >= 1 makes the executor explain itself: `why` is then non-empty)
+            result, why, plan = _C.einsum(equation, operands, out_text, threads, False, choose)
+            if result is None and why == "calibrate":
+                _calibrate(threads)
+                result, why, plan = _C.einsum(equation, operands, out_text, threads, False, choose)
+            if result is not None:
+                if why:
+                    print(f"[scorch] einsum {equation}: {why}", file=sys.stderr)
+                    if plan is not None and why.startswith("sparse"):
+                        _debug(f"einsum {equation}: {plan['statement']}", plan)
+                return result
+    return _einsum_python(equation, operands, out_format, choose)
+
+
+def _einsum_python(equation: str, operands, out_format, choose: bool):
     ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
@@ -249,6 +288,12 @@ def compute(expression: str, out_format=None, **operands):
     if not isinstance(expression, str):
         raise TypeError(f"expression must be a str, got {type(expression).__name__}")
     names = list(operands)
+    if _debug_level() == 0 and not torch.compiler.is_compiling():
+        out_text = _fast_out_text(out_format)
+        if out_text is not None:
+            result = _C.compute(expression, names, [operands[n] for n in names], out_text, torch.get_num_threads())
+            if result is not None:
+                return result
     ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
     dtype = _result_dtype(ops_)
     f64 = _COMPUTE_DTYPES[dtype] == torch.float64

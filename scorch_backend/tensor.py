@@ -7,12 +7,14 @@ warning that names the op once per process.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from typing import Sequence
 
 import torch
 
+from . import _C
 from ._native import ops
 from .format import Format
 
@@ -339,3 +341,19 @@ def _transpose(x, d0, d1):
 @_rule(aten.permute.default)
 def _permute(x, dims):
     return _permuted(x, [d % x.dim() for d in dims])
+
+
+# --- the C++ executor's view of this class --------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _format_of(text: str, ndim: int) -> Format:
+    return Format(text, ndim)
+
+
+def _wrap_result(text: str, shape, buffers, values) -> SparseTensor:
+    """A sparse result of the executor: its buffers come from a kernel, so they are trusted as they are."""
+    return SparseTensor(_format_of(text, len(shape)), shape, buffers, values, validate=False)
+
+
+# The executor reads SparseTensor operands directly (format, buffers, values, checked versions) and wraps
+# sparse results with _wrap_result.
+_C.register_python_types(SparseTensor, _wrap_result)

@@ -177,8 +177,16 @@ void check_lengths(const Format& f, std::span<const int64_t> shape, std::span<co
   const auto sizes = f.level_sizes(shape);
   const auto per_level = split_buffers(f, buffers);
   int64_t parents = 1;
-  for (size_t l = 0; l < f.levels().size(); ++l)
-    parents = f.levels()[l].kind->check_lengths(per_level[l], parents, sizes[l], level_name(f, l));
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    // Runs on every kernel call: the level's name is formatted only when a check fails (the check then runs
+    // again to raise with the name in its message).
+    const LevelKind& kind = *f.levels()[l].kind;
+    try {
+      parents = kind.check_lengths(per_level[l], parents, sizes[l], std::string());
+    } catch (const Error&) {
+      parents = kind.check_lengths(per_level[l], parents, sizes[l], level_name(f, l));
+    }
+  }
   SCORCH_CHECK(value_count == parents, "values has {} entries but the index buffers describe {} stored positions",
                value_count, parents);
 }

@@ -29,7 +29,7 @@ auto translate_errors(F&& f) -> decltype(f()) {
 }
 
 // Index buffers must be 1-D CPU int32/int64; returns contiguous versions (kept alive by the caller).
-std::vector<at::Tensor> checked_index_buffers(const std::vector<at::Tensor>& buffers, const std::vector<std::string>& names);
+std::vector<at::Tensor> checked_index_buffers(at::TensorList buffers, const std::vector<std::string>& names);
 std::vector<IndexSpan> spans_of(const std::vector<at::Tensor>& buffers);
 
 // Values must be a 1-D CPU tensor of a supported dtype (float32, float64, bfloat16, float16).

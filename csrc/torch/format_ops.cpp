@@ -10,7 +10,7 @@
 
 namespace scorch::torch_glue {
 
-std::vector<at::Tensor> checked_index_buffers(const std::vector<at::Tensor>& buffers,
+std::vector<at::Tensor> checked_index_buffers(at::TensorList buffers,
                                               const std::vector<std::string>& names) {
   SCORCH_CHECK(buffers.size() == names.size(), "expected {} index buffers, got {}", names.size(), buffers.size());
   std::vector<at::Tensor> out;
@@ -83,7 +83,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> pack_op(const at::Tensor& indice
   });
 }
 
-void validate_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+void validate_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                  c10::string_view format) {
   translate_errors([&] {
     const auto shape = to_vec(size);
@@ -96,7 +96,7 @@ void validate_op(const std::vector<at::Tensor>& buffers, const at::Tensor& value
   });
 }
 
-at::Tensor unpack_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+at::Tensor unpack_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                      c10::string_view format) {
   const int64_t value_count = values.size(0);
   return translate_errors([&] {
@@ -109,7 +109,7 @@ at::Tensor unpack_op(const std::vector<at::Tensor>& buffers, const at::Tensor& v
   });
 }
 
-at::Tensor to_dense_op(const std::vector<at::Tensor>& buffers, const at::Tensor& values, c10::IntArrayRef size,
+at::Tensor to_dense_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                        c10::string_view format) {
   at::Tensor coords = unpack_op(buffers, values, size, format);
   at::Tensor dense = at::zeros(size, values.options());

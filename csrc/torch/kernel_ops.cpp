@@ -6,12 +6,16 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
+#include <cstring>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 #include <fmt/ranges.h>
 
 #include "convert.h"
+#include "kernel_call.h"
 #include "format/storage.h"
 #include "lower/kernel_spec.h"
 #include "runtime/jit.h"
@@ -23,22 +27,34 @@ struct Entry {
   KernelSpec spec;
   std::shared_ptr<const CompiledKernel> kernel;
   std::string profile_name;
+  std::vector<const ir::Expr*> accesses;              // of spec.stmt, in order
+  std::vector<std::vector<std::string>> buffer_names;  // per operand
 };
 
-const Entry& lookup(const std::string& text) {
+// Kernels by spec text; entries are never removed (a process uses a bounded set of kernels), so the
+// references handed out stay valid.
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+const Entry& lookup(c10::string_view text_view) {
   static std::mutex mu;
-  static std::unordered_map<std::string, std::unique_ptr<Entry>> entries;
+  static std::unordered_map<std::string, std::unique_ptr<Entry>, TextHash, std::equal_to<>> entries;
+  const std::string_view text(text_view.data(), text_view.size());
   {
     std::lock_guard lock(mu);
     auto it = entries.find(text);
     if (it != entries.end()) return *it->second;
   }
   auto e = std::make_unique<Entry>();
-  e->spec = KernelSpec::parse(text);
-  e->kernel = get_kernel(text);
+  e->spec = KernelSpec::parse(std::string(text));
+  e->kernel = get_kernel(std::string(text));
   e->profile_name = "scorch::kernel " + e->kernel->statement;
+  ir::collect_accesses(e->spec.stmt.rhs, e->accesses);
+  for (const auto& s : e->spec.operands) e->buffer_names.push_back(s.strided() ? std::vector<std::string>{} : s.format->buffer_names());
   std::lock_guard lock(mu);
-  return *entries.emplace(text, std::move(e)).first->second;
+  return *entries.emplace(std::string(text), std::move(e)).first->second;
 }
 
 // Sorted, repeat-free coordinates into a format of dense levels then one compressed level (CSR, batched CSR,
@@ -128,87 +144,109 @@ std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape,
   return "";
 }
 
+// A call's inputs checked against its spec (count, dtypes, shapes, buffer lengths) and laid out for the
+// kernel ABI.
+struct PreparedCall {
+  std::vector<std::vector<int64_t>> shapes;  // each operand's shape
+  std::vector<void*> ptrs;
+  std::vector<int64_t> lengths;  // entries of each pointer's buffer: kernels clamp every index to them
+  std::vector<int64_t> strides;
+  std::vector<at::Tensor> keep;  // contiguous copies stay alive during the call
+  std::vector<std::vector<at::Tensor>> operand_buffers;
+  std::vector<int64_t> operand_nnz;
+};
+
+PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef sizes) {
+  const KernelSpec& spec = e.spec;
+  const auto vt = spec.f64 ? at::kDouble : at::kFloat;
+  const auto it = spec.idx64 ? at::kLong : at::kInt;
+  SCORCH_CHECK(static_cast<int>(sizes.size()) == spec.stmt.num_vars(), "expected {} index sizes, got {}",
+               spec.stmt.num_vars(), sizes.size());
+  for (auto s : sizes) SCORCH_CHECK(s >= 0, "index sizes must be non-negative, got {}", s);
+  SCORCH_CHECK(static_cast<int>(inputs.size()) == e.kernel->input_pointers,
+               "kernel '{}' takes {} input tensors, got {}", spec.stmt.str(), e.kernel->input_pointers, inputs.size());
+
+  PreparedCall c;
+  // Map each operand's dimensions to index sizes through its accesses.
+  c.shapes.assign(spec.operands.size(), {});
+  std::vector<bool> seen(spec.operands.size(), false);
+  for (const ir::Expr* a : e.accesses) {
+    std::vector<int64_t> shape;
+    for (int v : a->vars) shape.push_back(sizes[v]);
+    if (seen[a->tensor])
+      SCORCH_CHECK(c.shapes[a->tensor] == shape, "operand {} is accessed with different sizes", a->tensor);
+    c.shapes[a->tensor] = std::move(shape);
+    seen[a->tensor] = true;
+  }
+  c.operand_buffers.resize(spec.operands.size());
+  c.operand_nnz.assign(spec.operands.size(), 0);
+  c.ptrs.reserve(inputs.size());
+  c.lengths.reserve(inputs.size());
+  c.keep.reserve(inputs.size());
+  size_t at = 0;
+  for (size_t t = 0; t < spec.operands.size(); ++t) {
+    const Storage& s = spec.operands[t];
+    if (s.strided()) {
+      const at::Tensor& x = inputs[at++];
+      SCORCH_CHECK_TYPE(x.scalar_type() == vt, "operand {} must be {}, got {}", t, c10::toString(vt),
+                        c10::toString(x.scalar_type()));
+      SCORCH_CHECK(x.device().is_cpu(), "operand {} must be on the CPU", t);
+      SCORCH_CHECK(x.sizes().equals(c.shapes[t]), "operand {} has shape {}, the statement needs {}", t,
+                   c10::str(x.sizes()), fmt::join(c.shapes[t], ", "));
+      c.keep.push_back(x.contiguous());  // kernels assume row-major strided operands
+      c.ptrs.push_back(c.keep.back().data_ptr());
+      c.lengths.push_back(c.keep.back().numel());
+      for (auto st : c.keep.back().strides()) c.strides.push_back(st);
+      continue;
+    }
+    const auto& names = e.buffer_names[t];
+    std::vector<at::Tensor> bufs;
+    for (const auto& name : names) {
+      const at::Tensor& b = inputs[at++];
+      SCORCH_CHECK_TYPE(b.scalar_type() == it, "operand {}: index buffer {} must be {}, got {}", t, name,
+                        c10::toString(it), c10::toString(b.scalar_type()));
+      SCORCH_CHECK(b.dim() == 1 && b.device().is_cpu(), "operand {}: index buffer {} must be a 1-D CPU tensor", t, name);
+      bufs.push_back(b.contiguous());
+    }
+    const at::Tensor& v = inputs[at++];
+    SCORCH_CHECK_TYPE(v.scalar_type() == vt, "operand {}: values must be {}, got {}", t, c10::toString(vt),
+                      c10::toString(v.scalar_type()));
+    SCORCH_CHECK(v.dim() == 1 && v.device().is_cpu(), "operand {}: values must be a 1-D CPU tensor", t);
+    const auto spans = spans_of(bufs);
+    try {
+      check_lengths(*s.format, c.shapes[t], spans, v.size(0));
+    } catch (const Error& err) {
+      throw_error(err.kind(), fmt::format("operand {}: {}", t, err.what()));
+    }
+    for (auto& b : bufs) {
+      c.ptrs.push_back(b.data_ptr());
+      c.lengths.push_back(b.numel());
+      c.keep.push_back(b);
+    }
+    c.operand_buffers[t] = std::move(bufs);
+    c.operand_nnz[t] = v.size(0);
+    c.keep.push_back(v.contiguous());
+    c.ptrs.push_back(c.keep.back().data_ptr());
+    c.lengths.push_back(v.size(0));
+  }
+  return c;
+}
+
 // Returns (values, index buffers): the values of a sparse result (or the dense result, with no buffers) first.
-std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_text,
-                                                          const std::vector<at::Tensor>& inputs,
+std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_text, at::TensorList inputs,
                                                           c10::IntArrayRef sizes, int64_t num_threads) {
   return translate_errors([&] {
-    const Entry& e = lookup(std::string(spec_text));
+    const Entry& e = lookup(spec_text);
     const KernelSpec& spec = e.spec;
     const auto vt = spec.f64 ? at::kDouble : at::kFloat;
     const auto it = spec.idx64 ? at::kLong : at::kInt;
-    SCORCH_CHECK(static_cast<int>(sizes.size()) == spec.stmt.num_vars(), "expected {} index sizes, got {}",
-                 spec.stmt.num_vars(), sizes.size());
-    for (auto s : sizes) SCORCH_CHECK(s >= 0, "index sizes must be non-negative, got {}", s);
-    SCORCH_CHECK(static_cast<int>(inputs.size()) == e.kernel->input_pointers,
-                 "kernel '{}' takes {} input tensors, got {}", spec.stmt.str(), e.kernel->input_pointers, inputs.size());
-
-    // Map each operand's dimensions to index sizes through its first access.
-    std::vector<std::vector<int64_t>> shapes(spec.operands.size());
-    std::vector<bool> seen(spec.operands.size(), false);
-    std::vector<const ir::Expr*> acc;
-    ir::collect_accesses(spec.stmt.rhs, acc);
-    for (const ir::Expr* a : acc) {
-      std::vector<int64_t> shape;
-      for (int v : a->vars) shape.push_back(sizes[v]);
-      if (seen[a->tensor])
-        SCORCH_CHECK(shapes[a->tensor] == shape, "operand {} is accessed with different sizes", a->tensor);
-      shapes[a->tensor] = shape;
-      seen[a->tensor] = true;
-    }
-
-    std::vector<void*> ptrs;
-    std::vector<int64_t> lengths;  // entries of each pointer's buffer: kernels clamp every index to them
-    std::vector<int64_t> strides;
-    std::vector<at::Tensor> keep;  // contiguous copies stay alive during the call
-    std::vector<std::vector<at::Tensor>> operand_buffers(spec.operands.size());
-    std::vector<int64_t> operand_nnz(spec.operands.size(), 0);
-    size_t at = 0;
-    for (size_t t = 0; t < spec.operands.size(); ++t) {
-      const Storage& s = spec.operands[t];
-      if (s.strided()) {
-        const at::Tensor& x = inputs[at++];
-        SCORCH_CHECK_TYPE(x.scalar_type() == vt, "operand {} must be {}, got {}", t, c10::toString(vt),
-                          c10::toString(x.scalar_type()));
-        SCORCH_CHECK(x.device().is_cpu(), "operand {} must be on the CPU", t);
-        SCORCH_CHECK(std::vector<int64_t>(x.sizes().begin(), x.sizes().end()) == shapes[t],
-                     "operand {} has shape {}, the statement needs {}", t, c10::str(x.sizes()), fmt::join(shapes[t], ", "));
-        keep.push_back(x.contiguous());  // kernels assume row-major strided operands
-        ptrs.push_back(keep.back().data_ptr());
-        lengths.push_back(keep.back().numel());
-        for (auto st : keep.back().strides()) strides.push_back(st);
-        continue;
-      }
-      const auto names = s.format->buffer_names();
-      std::vector<at::Tensor> bufs;
-      for (const auto& name : names) {
-        const at::Tensor& b = inputs[at++];
-        SCORCH_CHECK_TYPE(b.scalar_type() == it, "operand {}: index buffer {} must be {}, got {}", t, name,
-                          c10::toString(it), c10::toString(b.scalar_type()));
-        SCORCH_CHECK(b.dim() == 1 && b.device().is_cpu(), "operand {}: index buffer {} must be a 1-D CPU tensor", t, name);
-        bufs.push_back(b.contiguous());
-      }
-      const at::Tensor& v = inputs[at++];
-      SCORCH_CHECK_TYPE(v.scalar_type() == vt, "operand {}: values must be {}, got {}", t, c10::toString(vt),
-                        c10::toString(v.scalar_type()));
-      SCORCH_CHECK(v.dim() == 1 && v.device().is_cpu(), "operand {}: values must be a 1-D CPU tensor", t);
-      const auto spans = spans_of(bufs);
-      try {
-        check_lengths(*s.format, shapes[t], spans, v.size(0));
-      } catch (const Error& err) {
-        throw_error(err.kind(), fmt::format("operand {}: {}", t, err.what()));
-      }
-      for (auto& b : bufs) {
-        ptrs.push_back(b.data_ptr());
-        lengths.push_back(b.numel());
-        keep.push_back(b);
-      }
-      operand_buffers[t] = bufs;
-      operand_nnz[t] = v.size(0);
-      keep.push_back(v.contiguous());
-      ptrs.push_back(keep.back().data_ptr());
-      lengths.push_back(v.size(0));
-    }
+    PreparedCall c = prepare(e, inputs, sizes);
+    auto& shapes = c.shapes;
+    auto& ptrs = c.ptrs;
+    auto& lengths = c.lengths;
+    auto& strides = c.strides;
+    auto& operand_buffers = c.operand_buffers;
+    auto& operand_nnz = c.operand_nnz;
 
     std::vector<int64_t> out_shape;
     for (int v : spec.stmt.out_vars) out_shape.push_back(sizes[v]);
@@ -266,6 +304,32 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
 }
 
 }  // namespace
+
+double time_kernel(const std::string& spec_text, at::TensorList inputs, c10::IntArrayRef sizes, int64_t num_threads,
+                   int repeats) {
+  return translate_errors([&] {
+    const Entry& e = lookup(spec_text);
+    SCORCH_CHECK(e.spec.output.strided(), "time_kernel times kernels with a dense output only");
+    PreparedCall c = prepare(e, inputs, sizes);
+    std::vector<int64_t> out_shape;
+    for (int v : e.spec.stmt.out_vars) out_shape.push_back(sizes[v]);
+    at::Tensor out = at::zeros(out_shape, e.spec.f64 ? at::kDouble : at::kFloat);
+    scorch_kernel_args args{c.ptrs.data(), sizes.data(), c.strides.data(), out.data_ptr(), 0, nullptr, nullptr,
+                            static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, c.lengths.data()};
+    const size_t bytes = out.numel() * out.element_size();
+    std::vector<double> times;
+    for (int r = 0; r < std::max(repeats, 1) + 3; ++r) {  // three warm-up calls
+      const auto t0 = std::chrono::steady_clock::now();
+      std::memset(out.data_ptr(), 0, bytes);  // the kernel accumulates into a zeroed output, as a call does
+      const int rc = e.kernel->fn(&args);
+      const auto t1 = std::chrono::steady_clock::now();
+      SCORCH_CHECK(rc == SCORCH_STATUS_OK, "kernel '{}' failed with status {}", e.spec.stmt.str(), rc);
+      if (r >= 3) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    return times[times.size() / 2];
+  });
+}
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
   m.def("kernel(str spec, Tensor[] inputs, int[] sizes, int num_threads) -> (Tensor, Tensor[])");

@@ -1,11 +1,23 @@
-// The Python extension scorch_backend._C: format metadata for the Python layer. Loading it also loads
-// libscorch_ops, which registers the torch.ops.scorch operators.
+// The Python extension scorch_backend._C: format metadata for the Python layer, planning and kernel tools,
+// and the eager entry points `einsum` and `compute`, which hand operands straight to the C++ executor
+// (csrc/torch/executor.h). Loading it also loads libscorch_ops, which registers the torch.ops.scorch operators.
 #include <atomic>
 #include <mutex>
 #include <thread>
 
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include "executor.h"
+#include "kernel_call.h"
+#include "lower/kernel_spec.h"
+#include "runtime/settings.h"
 
 #include "common/error.h"
 #include "format/format.h"
@@ -181,6 +193,130 @@ py::dict target_dict(const scorch::Target& t) {
   return d;
 }
 
+// --- the eager entry points ------------------------------------------------------------------------------
+namespace glue = scorch::torch_glue;
+
+// The Python side's SparseTensor class and the function that wraps a sparse result into one, handed over
+// once by the package (never freed: they live as long as the interpreter).
+py::object* sparse_class = nullptr;
+py::object* wrap_sparse = nullptr;
+
+void register_python_types(py::object cls, py::object wrap) {
+  sparse_class = new py::object(std::move(cls));
+  wrap_sparse = new py::object(std::move(wrap));
+}
+
+// Tensors the executor may not touch directly: fake or functional tensors, functorch wrappers, symbolic
+// sizes, other devices. Python handles those calls (and their errors).
+bool plain(const at::Tensor& t) {
+  const auto ks = t.key_set();
+  if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize) ||
+      ks.has(c10::DispatchKey::FuncTorchBatched) || ks.has(c10::DispatchKey::FuncTorchGradWrapper))
+    return false;
+  if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+  return t.device().is_cpu();
+}
+
+// One operand from Python, or false when the call is not for the fast path.
+bool operand_from_py(py::handle h, glue::Operand& out) {
+  static const py::str s_format("_format"), s_canonical("canonical"), s_names("_buffer_names"),
+      s_versions("_checked_versions"), s_check("check_unchanged"), s_values("_values"),
+      s_diff_values("differentiable_values");
+  if (!THPVariable_Check(h.ptr())) return false;
+  const at::Tensor& t = THPVariable_Unpack(h.ptr());
+  if (sparse_class && py::isinstance(h, *sparse_class)) {
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return false;
+    const std::string text = py::cast<std::string>(h.attr(s_format).attr(s_canonical));
+    out.shape = t.sizes().vec();
+    out.format = &glue::interned_format(text, static_cast<int>(out.shape.size()));
+    const py::tuple names = h.attr(s_names);
+    const py::tuple checked = h.attr(s_versions);
+    bool changed = checked.size() != names.size();
+    out.buffers.clear();
+    for (size_t k = 0; k < names.size(); ++k) {
+      py::object b = h.attr(names[k]);
+      if (!THPVariable_Check(b.ptr())) return false;
+      out.buffers.push_back(THPVariable_Unpack(b.ptr()));
+      if (!plain(out.buffers.back())) return false;
+      if (!changed && py::cast<int64_t>(checked[k]) != static_cast<int64_t>(out.buffers.back()._version())) changed = true;
+    }
+    if (changed) h.attr(s_check)();  // re-validates buffers written in place since they were checked
+    py::object v = t.requires_grad() ? h.attr(s_diff_values)() : h.attr(s_values);
+    if (!THPVariable_Check(v.ptr())) return false;
+    out.values = THPVariable_Unpack(v.ptr());
+    return plain(out.values);
+  }
+  if (t.layout() != c10::kStrided || !t.is_floating_point() || !plain(t)) return false;
+  out.format = nullptr;
+  out.shape = t.sizes().vec();
+  out.buffers.clear();
+  out.values = t;
+  return true;
+}
+
+bool operands_from_py(const py::sequence& seq, std::vector<glue::Operand>& ops) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;  // a mode (fake tensors, tracing) is active
+  ops.resize(seq.size());
+  for (size_t k = 0; k < ops.size(); ++k)
+    if (!operand_from_py(seq[k], ops[k])) return false;
+  return true;
+}
+
+py::object result_to_py(glue::Operand&& r) {
+  if (!r.sparse()) return py::cast(std::move(r.values));
+  return (*wrap_sparse)(r.format->text, r.shape, r.buffers, r.values);
+}
+
+py::dict plan_summary(const scorch::Plan& p, const std::string& statement) {
+  py::dict d;
+  d["spec"] = p.spec;
+  d["reasons"] = p.reasons;
+  d["out_format"] = p.out_format;
+  d["statement"] = statement;
+  return d;
+}
+
+// einsum on the executor. Returns (result, why, plan): result None means Python runs the call itself, with
+// why "python" (an operand the fast path does not take), "calibrate" (the cost model needs its measurement
+// first) or the reason a dense run was chosen whose result is stored sparse. `plan` is given when `explain`.
+// `decide` false runs the sparse kernel without asking the cost model (the caller decided). SCORCH_DEBUG >= 1
+// turns `explain` on: why is then non-empty for every call that ran.
+py::tuple einsum_call(const std::string& equation, const py::sequence& operands, const std::string& out_format,
+                      int64_t threads, bool explain, bool decide) {
+  std::vector<glue::Operand> ops;
+  if (!operands_from_py(operands, ops)) return py::make_tuple(py::none(), "python", py::none());
+  explain = explain || scorch::debug_level() >= 1;
+  glue::Outcome o = glue::run_einsum(equation, ops, out_format, threads, explain, decide);
+  py::object plan = py::none();
+  if (explain && o.plan) {  // the statement as the user's equation reads, operands named by position
+    std::vector<int> ndims;
+    for (const auto& op : ops) ndims.push_back(static_cast<int>(op.shape.size()));
+    plan = plan_summary(*o.plan, scorch::ir::parse_einsum(equation, ndims).str());
+  }
+  const char* route = o.route == glue::Route::dense ? "dense ATen" : "sparse kernel";
+  if (o.route == glue::Route::caller) return py::make_tuple(py::none(), o.why, plan);
+  return py::make_tuple(result_to_py(std::move(o.result)), explain ? fmt::format("{} ({})", route, o.why) : "", plan);
+}
+
+// compute on the executor; None when Python must run it.
+py::object compute_call(const std::string& text, const std::vector<std::string>& names, const py::sequence& operands,
+                        const std::string& out_format, int64_t threads) {
+  std::vector<glue::Operand> ops;
+  if (!operands_from_py(operands, ops)) return py::none();
+  return result_to_py(glue::run_compute(text, names, ops, out_format, threads));
+}
+
+// What the fake kernel of scorch::kernel needs from a spec.
+py::dict spec_info(const std::string& spec_text) {
+  const auto spec = scorch::KernelSpec::parse(spec_text);
+  py::dict d;
+  d["out_vars"] = spec.stmt.out_vars;
+  d["out_format"] = spec.output.str();
+  d["f64"] = spec.f64;
+  d["idx64"] = spec.idx64;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -193,8 +329,43 @@ PYBIND11_MODULE(_C, m) {
                        : e.kind() == scorch::ErrorKind::value ? PyExc_ValueError
                                                               : PyExc_RuntimeError;
       PyErr_SetString(type, e.what());
+    } catch (python_error& e) {  // a Python kernel or callback raised inside an op: its own exception
+      e.restore();
+    } catch (const c10::TypeError& e) {  // ops raise c10 errors; Python sees what torch's bindings would show
+      PyErr_SetString(PyExc_TypeError, e.msg().c_str());
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.msg().c_str());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.msg().c_str());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.msg().c_str());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.msg().c_str());
     }
   });
+  m.def("register_python_types", &register_python_types, py::arg("sparse_class"), py::arg("wrap"));
+  m.def("einsum", &einsum_call, py::arg("equation"), py::arg("operands"), py::arg("out_format"), py::arg("threads"),
+        py::arg("explain"), py::arg("decide") = true, "Run an einsum on the C++ executor: (result or None, why, plan or None).");
+  m.def("compute", &compute_call, py::arg("text"), py::arg("names"), py::arg("operands"), py::arg("out_format"),
+        py::arg("threads"), "Run index notation on the C++ executor; None when Python must run it.");
+  m.def("set_calibrated_crossover", &glue::set_calibrated_crossover, py::arg("threads"), py::arg("target"),
+        py::arg("crossover"), "The measured dense/sparse crossover density for a thread count and target.");
+  m.def("dispatch_mode", [] { return std::string(scorch::dispatch_mode_name(scorch::dispatch_mode())); },
+        "SCORCH_DISPATCH, parsed strictly (ValueError naming it when malformed).");
+  m.def("time_kernel", [](const std::string& spec, const std::vector<at::Tensor>& inputs,
+                          const std::vector<int64_t>& sizes, int64_t threads, int repeats) {
+          return glue::time_kernel(spec, inputs, sizes, threads, repeats);
+        }, py::arg("spec"), py::arg("inputs"), py::arg("sizes"), py::arg("threads"), py::arg("repeats") = 200,
+        "Median seconds of one call of a kernel alone (a benchmark tool; dense outputs only).");
+  m.def("executor_stats", [] {
+    const auto c = glue::route_counts();
+    py::dict d;
+    d["kernel"] = c.kernel;
+    d["dense"] = c.dense;
+    d["caller"] = c.caller;
+    return d;
+  }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
+  m.def("spec_info", &spec_info, py::arg("spec"), "Output variables, format and dtypes of a kernel spec.");
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");
   m.def("plan_einsum", &plan_einsum, py::arg("equation"), py::arg("operands"), py::arg("out_format"), py::arg("f64"),

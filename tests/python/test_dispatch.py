@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
+from scorch_backend import _C
 from conftest import random_dense
 
 A = random_dense((12, 9), 0.3, dtype=torch.float64, seed=1)
@@ -85,13 +86,23 @@ def test_torch_einsum_and_matmul():
 # --- the contract does not depend on dispatch (issue 10, item 7): unstored entries are never multiplied, as in
 # torch.sparse, so inf or NaN in another operand meets no implicit zero. The dense path would make 0 * inf NaN;
 # it is not taken when an operand holds a non-finite value.
-def _count_dense_runs(monkeypatch):
-    import scorch_backend.frontend as F
+class _DenseRuns:
+    """Dense runs since it was made: the C++ executor's (dense result) plus Python's (sparse result)."""
 
-    calls = []
-    real = F._run_dense
-    monkeypatch.setattr(F, "_run_dense", lambda *a: calls.append(1) or real(*a))
-    return calls
+    def __init__(self, monkeypatch):
+        import scorch_backend.frontend as F
+
+        self.start = _C.executor_stats()["dense"]
+        self.python = []
+        real = F._run_dense
+        monkeypatch.setattr(F, "_run_dense", lambda *a: self.python.append(1) or real(*a))
+
+    def __len__(self):
+        return _C.executor_stats()["dense"] - self.start + len(self.python)
+
+
+def _count_dense_runs(monkeypatch):
+    return _DenseRuns(monkeypatch)
 
 
 @pytest.mark.parametrize("mode", ["auto", "dense", "sparse"])

@@ -1,0 +1,87 @@
+#include "runtime/settings.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+
+#include "common/error.h"
+
+namespace scorch {
+namespace {
+
+// The variable's value with surrounding blanks removed; empty when unset.
+std::string raw(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return "";
+  std::string s(v);
+  const auto b = s.find_first_not_of(" \t\n\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\n\r");
+  return s.substr(b, e - b + 1);
+}
+
+// A parse cached per distinct value of one variable.
+template <typename T, typename Parse>
+T cached(const char* name, Parse parse) {
+  static std::mutex mu;
+  static std::string last_text = "\x01unset";
+  static T last_value{};
+  const std::string text = raw(name);
+  std::lock_guard lock(mu);
+  if (text != last_text) {
+    last_value = parse(text);  // throws for a bad value, leaving the cache as it was
+    last_text = text;
+  }
+  return last_value;
+}
+
+}  // namespace
+
+DispatchMode dispatch_mode() {
+  return cached<DispatchMode>("SCORCH_DISPATCH", [](const std::string& v) {
+    if (v.empty() || v == "auto") return DispatchMode::automatic;
+    if (v == "sparse") return DispatchMode::sparse;
+    if (v == "dense") return DispatchMode::dense;
+    throw_error(ErrorKind::value, fmt::format("SCORCH_DISPATCH='{}': expected one of auto, sparse, dense", v));
+  });
+}
+
+const char* dispatch_mode_name(DispatchMode m) {
+  switch (m) {
+    case DispatchMode::sparse: return "sparse";
+    case DispatchMode::dense: return "dense";
+    default: return "auto";
+  }
+}
+
+std::optional<double> dense_crossover_override() {
+  return cached<std::optional<double>>("SCORCH_DENSE_CROSSOVER", [](const std::string& v) -> std::optional<double> {
+    if (v.empty()) return std::nullopt;
+    double x = NAN;
+    try {
+      size_t used = 0;
+      x = std::stod(v, &used);
+      if (used != v.size()) x = NAN;
+    } catch (const std::exception&) {
+      x = NAN;
+    }
+    if (!(x > 0.0 && x <= 1.0))
+      throw_error(ErrorKind::value, fmt::format("SCORCH_DENSE_CROSSOVER='{}': expected a density, a number greater "
+                                                "than 0 and at most 1 (e.g. 0.3)", v));
+    return x;
+  });
+}
+
+int debug_level() {
+  return cached<int>("SCORCH_DEBUG", [](const std::string& v) {
+    if (v.empty()) return 0;
+    bool digits = v.size() <= 9;
+    for (char c : v) digits = digits && c >= '0' && c <= '9';
+    if (!digits)
+      throw_error(ErrorKind::value, fmt::format("SCORCH_DEBUG='{}': expected a non-negative integer (0 = quiet, 1 = "
+                                                "print decisions and plans, 2 = more)", v));
+    return std::stoi(v);
+  });
+}
+
+}  // namespace scorch

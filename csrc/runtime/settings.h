@@ -1,0 +1,25 @@
+// Settings the run-time path reads from the environment, parsed strictly in one place (the Python package's
+// config.py mirrors these messages for the variables only Python reads). Each reader looks at the variable
+// on every call, because tests and users change it while a process runs; parsing is cached per distinct
+// value, so a call costs one getenv and a string compare.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace scorch {
+
+enum class DispatchMode { automatic, sparse, dense };
+
+// SCORCH_DISPATCH: auto (default) | sparse | dense. Anything else is a ValueError naming the variable.
+DispatchMode dispatch_mode();
+const char* dispatch_mode_name(DispatchMode m);
+
+// SCORCH_DENSE_CROSSOVER: a density in (0, 1] overriding the calibrated crossover, or none when unset.
+std::optional<double> dense_crossover_override();
+
+// SCORCH_DEBUG: 0 (default) quiet, 1 decisions and plans, 2 and up more. Anything but a non-negative
+// integer is a ValueError naming the variable.
+int debug_level();
+
+}  // namespace scorch

@@ -1,0 +1,478 @@
+#include "executor.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "convert.h"
+#include "ir/parser.h"
+#include "ir/split_reductions.h"
+#include "runtime/settings.h"
+#include "runtime/target.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+constexpr int64_t kTinyDenseElements = 4096;  // below this many dense elements in all operands, dense ATen
+                                              // code wins on overhead alone (cost_model.TINY_DENSE_ELEMENTS)
+constexpr size_t kMaxCachedPlans = 8192;      // a process planning more distinct calls starts over
+
+using TensorVec = std::vector<at::Tensor>;
+
+// The ops the executor calls go through the dispatcher, so their autograd and profiler rows apply.
+const auto& kernel_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::kernel", "").typed<
+      std::tuple<at::Tensor, TensorVec>(c10::string_view, at::TensorList, c10::IntArrayRef, int64_t)>();
+  return h;
+}
+const auto& to_dense_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::to_dense", "").typed<
+      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+  return h;
+}
+const auto& pack_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
+      std::tuple<TensorVec, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, c10::string_view,
+                                        at::ScalarType)>();
+  return h;
+}
+const auto& unpack_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::unpack", "").typed<
+      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+  return h;
+}
+
+const std::string& text_of(const FormatRef* f) {
+  static const std::string strided = "strided";
+  return f ? f->text : strided;
+}
+
+// A plan with the formats it names already parsed.
+struct PlanEntry {
+  Plan plan;
+  std::vector<int> convert;              // per operand: 0 keep, 1 densify, 2 convert to convert_to[i]
+  std::vector<const FormatRef*> convert_to;
+  const FormatRef* out = nullptr;        // null: strided output
+};
+
+std::shared_ptr<const PlanEntry> make_entry(Plan plan, const std::vector<Operand>& ops) {
+  auto e = std::make_shared<PlanEntry>();
+  for (size_t i = 0; i < plan.convert.size(); ++i) {
+    const std::string& c = plan.convert[i];
+    e->convert.push_back(c.empty() ? 0 : c == "strided" ? 1 : 2);
+    e->convert_to.push_back(c.empty() || c == "strided" ? nullptr
+                                                        : &interned_format(c, static_cast<int>(ops[i].shape.size())));
+  }
+  if (plan.out_format != "strided") e->out = &interned_format(plan.out_format, static_cast<int>(plan.out_shape.size()));
+  e->plan = std::move(plan);
+  return e;
+}
+
+// Plans keyed by everything they depend on.
+template <typename Build>
+std::shared_ptr<const PlanEntry> cached_plan(const std::string& key, Build build) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<const PlanEntry>> plans;
+  {
+    std::lock_guard lock(mu);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+  }
+  auto e = build();  // may throw: nothing is cached then
+  std::lock_guard lock(mu);
+  if (plans.size() >= kMaxCachedPlans) plans.clear();
+  return plans.emplace(key, std::move(e)).first->second;
+}
+
+void append_int(std::string& key, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  key.append(buf, r.ptr);
+}
+
+// Appends what a plan depends on of each operand (runs on every call: no formatting library).
+void append_descs(std::string& key, const std::vector<Operand>& ops) {
+  for (const auto& o : ops) {
+    key += '|';
+    key += text_of(o.format);
+    key += ':';
+    for (auto s : o.shape) {
+      append_int(key, s);
+      key += ',';
+    }
+    key += ':';
+    append_int(key, o.sparse() ? o.nnz() : o.numel());
+  }
+}
+
+std::vector<OperandDesc> descs_of(const std::vector<Operand>& ops) {
+  std::vector<OperandDesc> d;
+  d.reserve(ops.size());
+  for (const auto& o : ops) d.push_back(o.desc());
+  return d;
+}
+
+std::vector<int> ndims_of(const std::vector<Operand>& ops) {
+  std::vector<int> n;
+  for (const auto& o : ops) n.push_back(static_cast<int>(o.shape.size()));
+  return n;
+}
+
+at::ScalarType compute_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+at::ScalarType index_dtype(const std::vector<Operand>& ops) {
+  constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
+  for (const auto& o : ops) {
+    if (o.sparse() && ((!o.buffers.empty() && o.buffers[0].scalar_type() == at::kLong) || o.nnz() > int32_max))
+      return at::kLong;
+    if (o.sparse() && o.buffers.empty()) {
+      // an all-dense format has no buffers; int64 is what SparseTensor.index_dtype reports then
+      return at::kLong;
+    }
+    for (auto s : o.shape)
+      if (s > int32_max) return at::kLong;
+  }
+  return at::kInt;
+}
+
+}  // namespace
+
+Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx) {
+  SCORCH_ASSERT(x.sparse(), "the plan converts only sparse operands");
+  const Format& to = target.format;
+  if (to.all_dense()) {
+    std::vector<int64_t> order;
+    for (const auto& l : to.levels()) order.push_back(l.expr.dim);
+    at::Tensor d = x.to_dense().detach();
+    return Operand{&target, x.shape, {}, d.permute(order).reshape({-1}).clone()};
+  }
+  at::Tensor coords = x.coordinates();
+  at::Tensor values = x.values.detach();
+  const auto& levels = x.format->format.levels();
+  if (!levels.empty() && levels.back().kind->name() == "dense") {
+    const at::Tensor keep = values != 0;
+    coords = coords.index({at::indexing::Slice(), keep});
+    values = values.index({keep});
+  }
+  // Through the op, so that fake tensors (a backward traced by torch.compile) get its fake kernel.
+  auto [buffers, packed] = pack_handle().call(coords, values, x.shape, target.text, idx);
+  return Operand{&target, x.shape, std::move(buffers), packed};
+}
+
+namespace {
+
+Operand run_kernel(const PlanEntry& e, const std::vector<Operand>& ops, int64_t threads, at::ScalarType result) {
+  const at::ScalarType compute = compute_dtype(result);
+  const at::ScalarType idx = e.plan.spec.find("; i64") != std::string::npos ? at::kLong : at::kInt;
+  TensorVec inputs;
+  inputs.reserve(ops.size() * 3);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Operand* o = &ops[i];
+    Operand converted;
+    if (e.convert[i] == 1 && o->sparse()) {
+      converted = Operand{nullptr, o->shape, {}, o->to_dense()};
+      o = &converted;
+    } else if (e.convert[i] == 2) {
+      converted = to_format(*o, *e.convert_to[i], idx);
+      o = &converted;
+    }
+    for (const auto& b : o->buffers) inputs.push_back(b.scalar_type() == idx ? b : b.to(idx));
+    inputs.push_back(o->values.scalar_type() == compute ? o->values : o->values.to(compute));
+  }
+  auto [values, buffers] = kernel_handle().call(e.plan.spec, inputs, e.plan.var_sizes, threads);
+  if (values.scalar_type() != result) values = values.to(result);
+  if (!e.out) return Operand{nullptr, e.plan.out_shape, {}, values};
+  return Operand{e.out, e.plan.out_shape, std::move(buffers), values};
+}
+
+bool all_finite(const std::vector<Operand>& ops) {
+  for (const auto& o : ops) {
+    if (o.values.numel() == 0) continue;
+    const auto acc = o.values.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    if (!at::isfinite(o.values.detach().sum(acc)).item<bool>()) return false;
+  }
+  return true;
+}
+
+std::atomic<int64_t> routed_kernel{0}, routed_dense{0}, routed_caller{0};
+
+// Calibrated crossover densities by (threads, target name), handed in by the Python cost model.
+std::mutex crossover_mu;
+std::unordered_map<std::string, double> crossovers;
+
+std::string crossover_key(int64_t threads) {
+  std::string k;
+  append_int(k, threads);
+  k += '|';
+  k += target_name();
+  return k;
+}
+
+}  // namespace
+
+RouteCounts route_counts() { return {routed_kernel.load(), routed_dense.load(), routed_caller.load()}; }
+
+void set_calibrated_crossover(int64_t threads, const std::string& target, double crossover) {
+  std::lock_guard lock(crossover_mu);
+  crossovers[fmt::format("{}|{}", threads, target)] = crossover;
+}
+
+const FormatRef& interned_format(const std::string& text, int ndim) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<FormatRef>> table;
+  std::string key = fmt::format("{}#{}", text, ndim);
+  std::lock_guard lock(mu);
+  auto it = table.find(key);
+  if (it != table.end()) return *it->second;
+  auto f = std::make_unique<FormatRef>();
+  f->format = Format::parse(text, ndim);  // throws for bad text: nothing is cached then
+  f->text = f->format.str();
+  return *table.emplace(std::move(key), std::move(f)).first->second;
+}
+
+int64_t Operand::nnz() const {
+  const c10::SymInt n = values.sym_numel();
+  const auto known = n.maybe_as_int();
+  return known ? *known : 0;
+}
+
+int64_t Operand::numel() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+double Operand::density() const {
+  const int64_t n = numel();
+  return n ? static_cast<double>(nnz()) / static_cast<double>(n) : 0.0;
+}
+
+OperandDesc Operand::desc() const { return {text_of(format), shape, sparse() ? nnz() : numel()}; }
+
+at::Tensor Operand::to_dense() const {
+  if (!sparse()) return values;
+  return to_dense_handle().call(buffers, values, shape, text_of(format));
+}
+
+at::Tensor Operand::coordinates() const {
+  return unpack_handle().call(buffers, values.detach(), shape, text_of(format));
+}
+
+Operand Operand::with_values(at::Tensor v) const { return Operand{format, shape, buffers, std::move(v)}; }
+
+at::ScalarType result_dtype(const std::vector<Operand>& ops) {
+  if (ops.empty()) return at::kFloat;
+  at::ScalarType t = ops[0].values.scalar_type();
+  for (size_t i = 1; i < ops.size(); ++i) t = c10::promoteTypes(t, ops[i].values.scalar_type());
+  return t;
+}
+
+Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) {
+  Decision d;
+  const DispatchMode mode = dispatch_mode();
+  if (mode == DispatchMode::sparse) {
+    if (explain) d.why = "SCORCH_DISPATCH=sparse";
+    return d;
+  }
+  if (mode == DispatchMode::dense) {
+    d.dense = true;
+    if (explain) d.why = "SCORCH_DISPATCH=dense";
+  }
+  const auto override_ = mode == DispatchMode::automatic ? dense_crossover_override()  // read (and checked)
+                                                        : std::nullopt;              // whenever the model decides
+  double combined = 1.0;
+  bool any_sparse = false;
+  int64_t elements = 0;
+  for (const auto& o : ops) {
+    elements += o.numel();
+    if (o.sparse()) {
+      any_sparse = true;
+      combined *= o.density();
+    }
+  }
+  if (mode == DispatchMode::dense) {
+    // forced: only the non-finite check below can overrule it
+  } else if (!any_sparse) {
+    if (explain) d.why = "no sparse operand";
+    return d;
+  } else if (elements <= kTinyDenseElements) {
+    d.dense = true;
+    if (explain) d.why = fmt::format("tiny problem ({} dense elements): dense ATen code has less overhead", elements);
+  } else {
+    double threshold = -1;
+    if (override_) {
+      threshold = *override_;
+    } else {
+      std::lock_guard lock(crossover_mu);
+      auto it = crossovers.find(crossover_key(threads));
+      if (it != crossovers.end()) threshold = it->second;
+    }
+    if (threshold < 0) {  // not calibrated yet for this thread count and target: the caller measures
+      d.why = "calibrate";
+      return d;
+    }
+    d.dense = combined >= threshold;
+    if (explain)
+      d.why = d.dense ? fmt::format("sparse operands' combined density {:.3g} >= crossover {:.3g} (measured on this "
+                                    "machine): dense is faster", combined, threshold)
+                      : fmt::format("combined density {:.3g} < crossover {:.3g}: sparse kernel", combined, threshold);
+  }
+  if (d.dense && !all_finite(ops)) {
+    d.dense = false;
+    if (explain)
+      d.why = "an operand holds inf or NaN: unstored entries are never multiplied, which only the kernel keeps (a "
+              "dense product would make 0 * inf = NaN)";
+  }
+  return d;
+}
+
+Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
+                   int64_t threads, bool explain, bool decide) {
+  const at::ScalarType result = result_dtype(ops);
+  const at::ScalarType idx = index_dtype(ops);
+  const bool f64 = compute_dtype(result) == at::kDouble;
+  std::string key;
+  key.reserve(128);
+  key += 'E';
+  key += equation;
+  key += '|';
+  key += out_format;
+  key += f64 ? "|d" : "|f";
+  key += idx == at::kLong ? 'L' : 'I';
+  append_descs(key, ops);
+  auto entry = cached_plan(key, [&] {
+    const auto st = ir::parse_einsum(equation, ndims_of(ops));
+    return make_entry(make_plan(st, descs_of(ops), out_format, f64, idx == at::kLong), ops);
+  });
+
+  Outcome out;
+  out.plan = &entry->plan;
+  Decision d;
+  if (decide) {
+    d = choose(ops, threads, explain);
+  } else if (explain) {
+    d.why = "the caller chose the sparse kernel";
+  }
+  if (d.why == "calibrate" && !d.dense) {  // not counted: the caller measures and calls again
+    out.route = Route::caller;
+    out.why = "calibrate";
+    return out;
+  }
+  out.why = std::move(d.why);
+  if (!d.dense) {
+    ++routed_kernel;
+    out.route = Route::kernel;
+    out.result = run_kernel(*entry, ops, threads, result);
+    return out;
+  }
+  if (entry->out) {  // a dense run whose result is stored sparse: the caller converts (and keeps gradients)
+    ++routed_caller;
+    out.route = Route::caller;
+    return out;
+  }
+  TensorVec dense;
+  for (const auto& o : ops) {
+    at::Tensor t = o.to_dense();
+    dense.push_back(t.scalar_type() == result ? t : t.to(result));
+  }
+  ++routed_dense;
+  out.route = Route::dense;
+  out.result = Operand{nullptr, entry->plan.out_shape, {}, at::einsum(equation, dense)};
+  return out;
+}
+
+namespace {
+
+struct Steps {
+  std::vector<std::string> texts;          // canonical text of each step over t0..
+  std::vector<std::vector<int>> operands;  // global operand ids of each step
+};
+
+template <typename Parse>
+std::shared_ptr<const Steps> split_statement(const std::string& key, Parse parse,
+                                             const std::vector<std::vector<int64_t>>& shapes) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<const Steps>> cache;
+  {
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const ir::Statement st = parse();
+  ir::infer_var_sizes(st, shapes);
+  auto s = std::make_shared<Steps>();
+  for (const auto& step : ir::split_reductions(st)) {
+    s->texts.push_back(step.stmt.canonical());
+    s->operands.push_back(step.operands);
+  }
+  std::lock_guard lock(mu);
+  if (cache.size() >= kMaxCachedPlans) cache.clear();
+  return cache.emplace(key, std::move(s)).first->second;
+}
+
+std::vector<std::string> local_names(size_t n) {
+  std::vector<std::string> names;
+  for (size_t t = 0; t < n; ++t) names.push_back(fmt::format("t{}", t));
+  return names;
+}
+
+Operand run_steps(const Steps& steps, const std::vector<Operand>& ops, const std::string& out_format, int64_t threads) {
+  const at::ScalarType result = result_dtype(ops);
+  const bool f64 = compute_dtype(result) == at::kDouble;
+  std::vector<Operand> all = ops;
+  for (size_t k = 0; k < steps.texts.size(); ++k) {
+    std::vector<Operand> step_ops;
+    for (int g : steps.operands[k]) step_ops.push_back(all[g]);
+    const at::ScalarType idx = index_dtype(step_ops);
+    const std::string& out = k + 1 == steps.texts.size() ? out_format : std::string();
+    std::string key = fmt::format("S{}|{}|{}{}", steps.texts[k], out, f64 ? 'd' : 'f', idx == at::kLong ? 'L' : 'I');
+    append_descs(key, step_ops);
+    auto entry = cached_plan(key, [&] {
+      const auto st = ir::parse_index_notation(steps.texts[k], local_names(step_ops.size()), ndims_of(step_ops));
+      return make_entry(make_plan(st, descs_of(step_ops), out, f64, idx == at::kLong), step_ops);
+    });
+    all.push_back(run_kernel(*entry, step_ops, threads, result));
+  }
+  return all.back();
+}
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<Operand>& ops) {
+  std::vector<std::vector<int64_t>> s;
+  for (const auto& o : ops) s.push_back(o.shape);
+  return s;
+}
+
+}  // namespace
+
+Operand run_statement(const ir::Statement& st, const std::vector<Operand>& ops, const std::string& out_format,
+                      int64_t threads) {
+  fmt::memory_buffer key;
+  fmt::format_to(std::back_inserter(key), "S{}", st.canonical());
+  for (const auto& o : ops) fmt::format_to(std::back_inserter(key), "|{}", fmt::join(o.shape, ","));
+  // The split works on the statement as its canonical text parses (as every other caller's does).
+  const auto steps = split_statement(
+      fmt::to_string(key),
+      [&] { return ir::parse_index_notation(st.canonical(), local_names(ops.size()), ndims_of(ops)); },
+      shapes_of(ops));
+  return run_steps(*steps, ops, out_format, threads);
+}
+
+Operand run_compute(const std::string& text, const std::vector<std::string>& names, const std::vector<Operand>& ops,
+                    const std::string& out_format, int64_t threads) {
+  fmt::memory_buffer key;
+  fmt::format_to(std::back_inserter(key), "C{}|{}", text, fmt::join(names, ","));
+  for (const auto& o : ops) fmt::format_to(std::back_inserter(key), "|{}", fmt::join(o.shape, ","));
+  const auto steps = split_statement(
+      fmt::to_string(key), [&] { return ir::parse_index_notation(text, names, ndims_of(ops)); }, shapes_of(ops));
+  return run_steps(*steps, ops, out_format, threads);
+}
+
+}  // namespace scorch::torch_glue

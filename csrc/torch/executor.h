@@ -1,0 +1,101 @@
+// The run-time path of a sparse call, owned by C++: given an einsum equation (or a parsed statement) and its
+// operands, find the plan (cached per equation, formats, shapes and sizes), make the dense-or-sparse choice,
+// convert the operands the plan asks for, and run the kernel through the scorch::kernel op (so autograd, the
+// profiler and fake tensors see one op). Eager einsum and compute, and the backward of scorch::kernel, all
+// come through here; Python only hands operands in and wraps the result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "format/format.h"
+#include "ir/expr.h"
+#include "lower/plan.h"
+
+namespace scorch::torch_glue {
+
+// A format parsed once per process (per text and rank) and never freed, so that operands and plans can
+// point at it; `text` is its canonical form.
+struct FormatRef {
+  Format format;
+  std::string text;
+};
+const FormatRef& interned_format(const std::string& text, int ndim);
+
+// An operand as the executor holds it: an ordinary dense tensor (`format` null, the tensor in `values`), or
+// a format's index buffers and stored values.
+struct Operand {
+  const FormatRef* format = nullptr;
+  std::vector<int64_t> shape;
+  std::vector<at::Tensor> buffers;
+  at::Tensor values;
+
+  bool sparse() const { return format != nullptr; }
+  int64_t nnz() const;  // stored values; 0 when symbolic and unknown (under tracing: planning needs no more)
+  int64_t numel() const;
+  double density() const;
+  OperandDesc desc() const;
+  at::Tensor to_dense() const;      // differentiable in the values (scorch::to_dense)
+  at::Tensor coordinates() const;   // (ndim, nnz) int64, storage order (scorch::unpack)
+  Operand with_values(at::Tensor v) const;
+};
+
+// Where a call ran, and why.
+enum class Route { kernel, dense, caller };  // caller: a dense run whose result must be sparse (Python does it)
+
+struct Decision {
+  bool dense = false;
+  std::string why;  // filled only when asked for (it formats numbers)
+};
+
+// The dense-or-sparse choice for an einsum over these operands: SCORCH_DISPATCH forces a side; else a tiny
+// problem or sparse operands denser (combined) than `crossover` go dense. Operands holding inf or NaN
+// always run the kernel, which never multiplies unstored entries.
+// The crossover is the one calibrated for `threads` and the current target (set_calibrated_crossover), unless
+// SCORCH_DENSE_CROSSOVER overrides it; when there is none, why is "calibrate" (the caller measures first).
+Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain);
+
+struct Outcome {
+  Route route = Route::kernel;
+  Operand result;
+  std::string why;
+  const Plan* plan = nullptr;  // the kernel plan (also when the dense side ran)
+};
+
+// einsum("ij,jk->ik", ...). `out_format`: "" infer, "strided" dense, else a format's text. When the cost
+// model must decide and no crossover is calibrated for this thread count and target (nor set by
+// SCORCH_DENSE_CROSSOVER), returns Route::caller with why == "calibrate": the caller measures, hands the
+// result to set_calibrated_crossover and calls again.
+// `decide` false skips the cost model: the sparse kernel runs (the caller decided).
+Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
+                   int64_t threads, bool explain, bool decide = true);
+
+// How many einsum calls went each way since the process started (for tests and tools).
+struct RouteCounts {
+  int64_t kernel = 0, dense = 0, caller = 0;
+};
+RouteCounts route_counts();
+
+// The crossover density measured for a thread count and target (the Python cost model measures it).
+void set_calibrated_crossover(int64_t threads, const std::string& target, double crossover);
+
+// A parsed statement over ops (t0..t{n-1}): split into steps by reduction scope, each run as one kernel.
+// `out_format` applies to the last step.
+Operand run_statement(const ir::Statement& st, const std::vector<Operand>& ops, const std::string& out_format,
+                      int64_t threads);
+
+// Index notation text with operand names, as sb.compute takes it.
+Operand run_compute(const std::string& text, const std::vector<std::string>& names, const std::vector<Operand>& ops,
+                    const std::string& out_format, int64_t threads);
+
+// The operand in another format (coordinates re-packed; zeros a dense last level pads are dropped). The values
+// are not differentiable through it.
+Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType index_dtype);
+
+// The result dtype of a call (type promotion over the operands' values) and the dtype kernels compute in.
+at::ScalarType result_dtype(const std::vector<Operand>& ops);
+
+}  // namespace scorch::torch_glue

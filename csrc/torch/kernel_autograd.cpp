@@ -1,0 +1,188 @@
+// Autograd of scorch::kernel, registered in C++ so that Python, TorchScript and C++ programs get the same
+// gradients and an eager call pays no Python wrapper.
+//
+// For out(O) = e and an operand T, lower/differentiate.cpp derives the gradient statement; it runs through
+// the executor like any other statement (planned, converted, compiled once). For a sparse operand the
+// statement is multiplied by T's pattern, so only its stored positions are computed, and the result is
+// aligned with T's stored values by a union with explicit zeros in T's format; for a dense operand it is a
+// dense tensor of T's shape.
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "convert.h"
+#include "executor.h"
+#include "ir/parser.h"
+#include "lower/differentiate.h"
+#include "lower/kernel_spec.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using TensorVec = std::vector<at::Tensor>;
+
+const KernelSpec& spec_of(const std::string& text) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<KernelSpec>> specs;
+  std::lock_guard lock(mu);
+  auto it = specs.find(text);
+  if (it != specs.end()) return *it->second;
+  auto s = std::make_unique<KernelSpec>(KernelSpec::parse(text));
+  return *specs.emplace(text, std::move(s)).first->second;
+}
+
+std::tuple<at::Tensor, TensorVec> kernel_below_autograd(c10::string_view spec, at::TensorList inputs,
+                                                        c10::IntArrayRef sizes, int64_t threads) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::kernel", "").typed<
+      std::tuple<at::Tensor, TensorVec>(c10::string_view, at::TensorList, c10::IntArrayRef, int64_t)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return h.call(spec, inputs, sizes, threads);
+}
+
+// Each operand's shape, from the index sizes through its first access.
+std::vector<std::vector<int64_t>> operand_shapes(const KernelSpec& spec, c10::IntArrayRef sizes) {
+  std::vector<std::vector<int64_t>> shapes(spec.operands.size());
+  std::vector<bool> seen(spec.operands.size(), false);
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  for (const ir::Expr* a : acc) {
+    if (seen[a->tensor]) continue;
+    for (int v : a->vars) shapes[a->tensor].push_back(sizes[v]);
+    seen[a->tensor] = true;
+  }
+  return shapes;
+}
+
+// The gradient of a sparse operand's stored values: the pattern-sampled gradient statement, aligned with
+// the operand's positions.
+at::Tensor sparse_gradient(const ir::Statement& g_stmt, std::vector<Operand> ops, const Operand& op, int64_t threads) {
+  ops.push_back(op.with_values(at::ones_like(op.values)));
+  Operand g = run_statement(g_stmt, ops, "", threads);
+  if (!g.sparse()) {  // dense result: read it at the operand's coordinates
+    at::Tensor values;
+    if (op.shape.empty()) {
+      values = g.values.reshape({1});
+    } else {
+      const at::Tensor coords = op.coordinates();
+      c10::List<std::optional<at::Tensor>> index;
+      for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
+      values = at::index(g.values, index);
+    }
+    g = op.with_values(values.to(op.values.scalar_type()));
+  }
+  const Operand zero = op.with_values(at::zeros_like(op.values));
+  std::string letters;
+  for (size_t d = 0; d < op.shape.size(); ++d) letters += (d ? ",i" : "i") + std::to_string(d);
+  const std::string text = op.shape.empty() ? "g = t0 + t1" : fmt::format("g({0}) = t0({0}) + t1({0})", letters);
+  const ir::Statement sum = ir::parse_index_notation(text, {"t0", "t1"});
+  // The union's output is stored in the operand's format; the gradient term is converted to it first.
+  const Operand r = g.format == op.format ? g : to_format(g, *op.format, op.buffers.empty() ? at::kLong
+                                                                                            : op.buffers[0].scalar_type());
+  const Operand s = run_statement(sum, {zero, r}, op.format->text, threads);
+  at::Tensor v = s.sparse() ? s.values : s.values.reshape(op.values.sizes());
+  return v.to(op.values.scalar_type());
+}
+
+class KernelFunction : public torch::autograd::Function<KernelFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const std::string& spec, at::TensorList inputs,
+                               const std::vector<int64_t>& sizes, int64_t threads) {
+    TensorVec in(inputs.begin(), inputs.end());
+    auto [values, buffers] = kernel_below_autograd(spec, in, sizes, threads);
+    ctx->saved_data["spec"] = spec;
+    ctx->saved_data["sizes"] = sizes;
+    ctx->saved_data["threads"] = threads;
+    ctx->saved_data["n_in"] = static_cast<int64_t>(in.size());
+    ctx->saved_data["out_nnz"] = values.sym_numel();  // symbolic under tracing
+    TensorVec saved = in;
+    saved.insert(saved.end(), buffers.begin(), buffers.end());
+    ctx->save_for_backward(saved);
+    ctx->mark_non_differentiable(buffers);
+    variable_list out{values};
+    out.insert(out.end(), buffers.begin(), buffers.end());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const std::string spec_text = ctx->saved_data["spec"].toStringRef();
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t threads = ctx->saved_data["threads"].toInt();
+    const size_t n_in = static_cast<size_t>(ctx->saved_data["n_in"].toInt());
+    const KernelSpec& spec = spec_of(spec_text);
+    const auto shapes = operand_shapes(spec, sizes);
+
+    std::vector<Operand> ops;
+    std::vector<size_t> value_slot;
+    size_t at = 0;
+    for (size_t t = 0; t < spec.operands.size(); ++t) {
+      const Storage& s = spec.operands[t];
+      if (s.strided()) {
+        ops.push_back(Operand{nullptr, shapes[t], {}, saved[at]});
+        value_slot.push_back(at++);
+        continue;
+      }
+      const FormatRef& f = interned_format(s.str(), static_cast<int>(shapes[t].size()));
+      const size_t nb = f.format.buffer_names().size();
+      ops.push_back(Operand{&f, shapes[t], TensorVec(saved.begin() + at, saved.begin() + at + nb), saved[at + nb]});
+      value_slot.push_back(at + nb);
+      at += nb + 1;
+    }
+    std::vector<int64_t> out_shape;
+    for (int v : spec.stmt.out_vars) out_shape.push_back(sizes[v]);
+    const auto vt = spec.f64 ? at::kDouble : at::kFloat;
+    Operand grad_out;
+    if (spec.output.strided()) {
+      grad_out = Operand{nullptr, out_shape, {}, grads[0].defined() ? grads[0] : at::zeros(out_shape, vt)};
+    } else {
+      const FormatRef& f = interned_format(spec.output.str(), static_cast<int>(out_shape.size()));
+      TensorVec out_buffers(saved.begin() + n_in, saved.end());
+      at::Tensor g = grads[0].defined() ? grads[0]
+                                        : at::zeros_symint({ctx->saved_data["out_nnz"].toSymInt()}, at::TensorOptions(vt));
+      grad_out = Operand{&f, out_shape, out_buffers, g};
+    }
+
+    variable_list result(1 + n_in + 2);  // spec, the inputs, sizes, threads
+    for (size_t t = 0; t < ops.size(); ++t) {
+      const size_t slot = value_slot[t];
+      if (!ctx->needs_input_grad(slot)) continue;
+      const Operand& op = ops[t];
+      const auto g_stmt = differentiate(spec.stmt, static_cast<int>(t), op.sparse());
+      if (!g_stmt) {
+        result[1 + slot] = at::zeros_like(op.values);
+        continue;
+      }
+      std::vector<Operand> g_ops = ops;
+      g_ops.push_back(grad_out);
+      if (op.sparse()) {
+        result[1 + slot] = sparse_gradient(*g_stmt, std::move(g_ops), op, threads);
+      } else {
+        Operand g = run_statement(*g_stmt, g_ops, "strided", threads);
+        result[1 + slot] = g.values.to(op.values.scalar_type()).reshape(op.values.sizes());
+      }
+    }
+    return result;
+  }
+};
+
+std::tuple<at::Tensor, TensorVec> kernel_autograd(c10::string_view spec, at::TensorList inputs,
+                                                  c10::IntArrayRef sizes, int64_t threads) {
+  bool wants_grad = false;
+  if (at::GradMode::is_enabled())
+    for (const auto& t : inputs) wants_grad = wants_grad || t.requires_grad();
+  if (!wants_grad) return kernel_below_autograd(spec, inputs, sizes, threads);
+  variable_list out = KernelFunction::apply(std::string(spec), inputs, sizes.vec(), threads);
+  return std::make_tuple(out[0], TensorVec(out.begin() + 1, out.end()));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("kernel", kernel_autograd); }
+
+}  // namespace scorch::torch_glue
