@@ -21,7 +21,6 @@ import json
 import math
 import os
 import pathlib
-import sys
 import threading
 import time
 
@@ -208,8 +207,11 @@ def calibration(threads: int | None = None) -> dict:
                 result = dict(_shipped())  # this process only (the next one measures again)
                 result["source"] += f"; measuring failed: {type(e).__name__}: {e}"
         if config.debug_level() >= 1:
-            print(f"[scorch] cost model ({threads} threads): crossover density "
-                  f"{result['dense_crossover_density']:.3g}, {result['source']}", file=sys.stderr)
+            from . import log
+
+            log.sync()
+            log.get("cost_model").info("cost model (%d threads): crossover density %.3g, %s", threads,
+                                       result["dense_crossover_density"], result["source"])
         _memo[key["key"]] = _memo[fast_key] = result
         return result
 

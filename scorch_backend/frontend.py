@@ -13,12 +13,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import sys
 from dataclasses import dataclass
 
 import torch
 
-from . import _C, config, cost_model
+from . import _C, config, cost_model, log
 from ._native import ops
 from .format import Format, make_format
 from .tensor import SparseTensor
@@ -193,10 +192,8 @@ def _einsum(equation: str, operands, out_format, choose: bool):
                 _calibrate(threads)
                 result, why, plan = _C.einsum(equation, operands, out_text, threads, False, choose)
             if result is not None:
-                if why:
-                    print(f"[scorch] einsum {equation}: {why}", file=sys.stderr)
-                    if plan is not None and why.startswith("sparse"):
-                        _debug(f"einsum {equation}: {plan['statement']}", plan)
+                if why:  # SCORCH_DEBUG >= 1
+                    _explain(equation, why, plan if why.startswith("sparse") else None)
                 return result
     return _einsum_python(equation, operands, out_format, choose)
 
@@ -222,10 +219,9 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
             dense, why = False, ("an operand holds inf or NaN: unstored entries are never multiplied, which only "
                                  "the kernel keeps (a dense product would make 0 * inf = NaN)")
     if _debug_level() >= 1:
-        print(f"[scorch] einsum {equation}: {'dense ATen' if dense else 'sparse kernel'} ({why})", file=sys.stderr)
+        _explain(equation, f"{'dense ATen' if dense else 'sparse kernel'} ({why})", None if dense else plan)
     if dense:
         return _run_dense(equation, ops_, plan, dtype)
-    _debug(f"einsum {equation}: {plan['statement']}", plan)
     return _run(plan, ops_, dtype, idx)
 
 
@@ -319,11 +315,32 @@ def _debug_level() -> int:
     return config.debug_level()
 
 
+_log = log.get("eager")
+
+
+def _plan_lines(what: str, plan: dict) -> str:
+    lines = [what, f"  kernel spec: {plan['spec']}"]
+    lines += [f"    - {r}" for r in plan["reasons"]]
+    return "\n".join(lines)
+
+
+def _explain(equation: str, why: str, plan: dict | None) -> None:
+    """An eager call's decision (and its kernel's plan): at INFO once per equation, plan and decision, then
+    at DEBUG on every call (SCORCH_DEBUG=2)."""
+    log.sync()
+    msg = f"einsum {equation}: {why}"
+    if plan is not None:
+        msg += "\n" + _plan_lines(f"einsum {equation}: {plan['statement']}", plan)
+    if not log.once(_log, (equation, why, plan["spec"] if plan else ""), msg):
+        _log.debug(msg)
+
+
 def _debug(what: str, plan: dict) -> None:
     if _debug_level() >= 1:
-        lines = [f"[scorch] {what}", f"  kernel spec: {plan['spec']}"]
-        lines += [f"    - {r}" for r in plan["reasons"]]
-        print("\n".join(lines), file=sys.stderr)
+        log.sync()
+        msg = _plan_lines(what, plan)
+        if not log.once(_log, (what, plan["spec"]), msg):
+            _log.debug(msg)
 
 
 def precompile(specs, workers: int = 2) -> None:
