@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""What the generated kernels' index checks cost: CSR SpMV (and optionally SpMM) against the same loop with no checks.
+"""What the generated kernels' index checks cost: CSR SpMV against the same loop with no checks.
 
     flock /tmp/scorch-heavy.lock .venv/bin/python benchmarks/check_cost.py                 # SpMV, 1 and 2 threads
-    flock /tmp/scorch-heavy.lock .venv/bin/python benchmarks/check_cost.py --kernels spmv,spmm --target x86-64-v3
+    flock /tmp/scorch-heavy.lock .venv/bin/python benchmarks/check_cost.py --target x86-64-v3 --compare-lib OLD.so
 
 Generated kernels check every index value they load (coordinates against their extent, pos segments against
 the crd buffer; csrc/lower/README.md). This measures what that costs, two ways, with the same operands:
@@ -14,9 +14,12 @@ the crd buffer; csrc/lower/README.md). This measures what that costs, two ways, 
 * einsum: `sb.einsum` end to end with SCORCH_DISPATCH=sparse (what a user sees; includes the op's own
   checks of buffer lengths and versions), median of repeats.
 
-Default matrix: 400k x 400k, 16 nonzeros in every row (one at a random column of each sixteenth of
-the columns; 6.4M in all), float32 values,
-int32 indices, as in the measurement that motivated the hoisted checks. Run it at two commits to compare.
+Default matrix: 400k x 400k, 16 nonzeros in every row (one at a random column of each sixteenth of the
+columns; 6.4M in all), float32 values, int32 indices, as in the measurement that motivated the hoisted
+checks. --compare-lib times another build of the same kernel in the same alternation (e.g. one compiled from
+an older commit's generated source, found in the kernel cache as KEY.cpp) so both see the same machine noise.
+(SpMM is left out: its register tiles keep a check per load, and its cost shows on benchmarks/spmm_yardstick.py,
+where the reference loop has no checks.)
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ UNCHECKED = r"""
 #include <omp.h>
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 namespace {
 int64_t split(const int32_t* pos, int64_t m, int t, int nt) {
   if (t <= 0) return 0;
@@ -66,43 +68,6 @@ extern "C" void spmv_unchecked(int64_t m, const int32_t* pos, const int32_t* crd
       float acc = 0;
       for (int64_t k = pos[i]; k < pos[i + 1]; ++k) acc += val[k] * x[crd[k]];
       y[i] += acc;
-    }
-  }
-}
-#if defined(__AVX512F__)
-#define VB 64
-#elif defined(__AVX__)
-#define VB 32
-#else
-#define VB 16
-#endif
-typedef float vf __attribute__((vector_size(VB)));
-constexpr int W = VB / 4;
-template <int V>
-static inline void tile(const int32_t* crd, const float* val, int64_t kb, int64_t ke, const float* B, int64_t n,
-                        int64_t j0, float* c) {
-  vf acc[V];
-  for (int q = 0; q < V; ++q) acc[q] = vf{};
-  for (int64_t k = kb; k < ke; ++k) {
-    const float a = val[k];
-    const float* b = B + (int64_t)crd[k] * n + j0;
-    for (int q = 0; q < V; ++q) { vf v; std::memcpy(&v, b + q * W, sizeof v); acc[q] += a * v; }
-  }
-  for (int q = 0; q < V; ++q) { vf o; std::memcpy(&o, c + j0 + q * W, sizeof o); o += acc[q]; std::memcpy(c + j0 + q * W, &o, sizeof o); }
-}
-// n a multiple of W: tiles of 8 vectors, then 4, 2, 1.
-extern "C" void spmm_unchecked(int64_t m, int64_t n, const int32_t* pos, const int32_t* crd, const float* val,
-                               const float* B, float* C, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t lo = split(pos, m, t, nt), hi = split(pos, m, t + 1, nt);
-    for (int64_t i = lo; i < hi; ++i) {
-      int64_t j = 0;
-      for (; j + 8 * W <= n; j += 8 * W) tile<8>(crd, val, pos[i], pos[i + 1], B, n, j, C + i * n);
-      for (; j + 4 * W <= n; j += 4 * W) tile<4>(crd, val, pos[i], pos[i + 1], B, n, j, C + i * n);
-      for (; j + 2 * W <= n; j += 2 * W) tile<2>(crd, val, pos[i], pos[i + 1], B, n, j, C + i * n);
-      for (; j + W <= n; j += W) tile<1>(crd, val, pos[i], pos[i + 1], B, n, j, C + i * n);
     }
   }
 }
@@ -159,11 +124,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="kernel target (default: SCORCH_TARGET or native)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
-    ap.add_argument("--kernels", default="spmv", help="spmv and/or spmm (default spmv)")
     ap.add_argument("--rows", type=int, default=400_000, help="rows = columns of the SpMV matrix (default 400k)")
     ap.add_argument("--per-row", type=int, default=16, help="nonzeros per row (default 16)")
-    ap.add_argument("--spmm-rows", type=int, default=50_000, help="rows = columns of the SpMM matrix (default 50k)")
-    ap.add_argument("--n", type=int, default=64, help="SpMM dense columns (default 64)")
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compare-lib", default=None,
@@ -180,28 +142,19 @@ def main(argv=None) -> int:
     ref = build_unchecked(target, tmp)
     p_i32, p_f32 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
     rows_out = []
-    for kernel in args.kernels.split(","):
-        m = args.rows if kernel == "spmv" else args.spmm_rows
+    for kernel in ["spmv"]:
+        m = args.rows
         pos, crd, val = random_csr(m, m, args.per_row)
         nnz = int(pos[-1])
         A = sb.SparseTensor("csr", (m, m), [torch.from_numpy(pos), torch.from_numpy(crd)], torch.from_numpy(val))
         rng = np.random.default_rng(1)
-        if kernel == "spmv":
-            x = rng.standard_normal(m, dtype=np.float32)
-            plan = _C.plan_einsum("ij,j->i", [("dense(0),compressed(1)", [m, m], nnz), ("strided", [m], 0)],
-                                  "", False, False)
-            sizes, strides = i64s(m, m), i64s(1)
-            lengths = i64s(m + 1, nnz, nnz, m)
-            out_shape = (m,)
-            eq, dense_in = "ij,j->i", x
-        else:
-            x = rng.standard_normal((m, args.n), dtype=np.float32)
-            plan = _C.plan_einsum("ij,jk->ik", [("dense(0),compressed(1)", [m, m], nnz), ("strided", [m, args.n], 0)],
-                                  "", False, False)
-            sizes, strides = i64s(m, args.n, m), i64s(args.n, 1)
-            lengths = i64s(m + 1, nnz, nnz, m * args.n)
-            out_shape = (m, args.n)
-            eq, dense_in = "ij,jk->ik", x
+        x = rng.standard_normal(m, dtype=np.float32)
+        plan = _C.plan_einsum("ij,j->i", [("dense(0),compressed(1)", [m, m], nnz), ("strided", [m], 0)],
+                              "", False, False)
+        sizes, strides = i64s(m, m), i64s(1)
+        lengths = i64s(m + 1, nnz, nnz, m)
+        out_shape = (m,)
+        eq, dense_in = "ij,j->i", x
         info = sb.kernel_info(plan["spec"])
         fns = []
         for path in [info["library_path"]] + ([args.compare_lib] if args.compare_lib else []):
@@ -226,19 +179,11 @@ def main(argv=None) -> int:
 
             gens = [make(fn, y) for fn, y in zip(fns, y_gens)]
 
-            if kernel == "spmv":
-                ref.spmv_unchecked.argtypes = [ctypes.c_int64, p_i32, p_i32, p_f32, p_f32, p_f32, ctypes.c_int]
+            ref.spmv_unchecked.argtypes = [ctypes.c_int64, p_i32, p_i32, p_f32, p_f32, p_f32, ctypes.c_int]
 
-                def unchecked(t=t):
-                    ref.spmv_unchecked(m, pos.ctypes.data_as(p_i32), crd.ctypes.data_as(p_i32),
-                                       val.ctypes.data_as(p_f32), x.ctypes.data_as(p_f32), y_ref.ctypes.data_as(p_f32), t)
-            else:
-                ref.spmm_unchecked.argtypes = [ctypes.c_int64, ctypes.c_int64, p_i32, p_i32, p_f32, p_f32, p_f32,
-                                               ctypes.c_int]
-
-                def unchecked(t=t):
-                    ref.spmm_unchecked(m, args.n, pos.ctypes.data_as(p_i32), crd.ctypes.data_as(p_i32),
-                                       val.ctypes.data_as(p_f32), x.ctypes.data_as(p_f32), y_ref.ctypes.data_as(p_f32), t)
+            def unchecked(t=t):
+                ref.spmv_unchecked(m, pos.ctypes.data_as(p_i32), crd.ctypes.data_as(p_i32),
+                                   val.ctypes.data_as(p_f32), x.ctypes.data_as(p_f32), y_ref.ctypes.data_as(p_f32), t)
 
             y_ref[...] = 0
             unchecked()
@@ -251,13 +196,13 @@ def main(argv=None) -> int:
                     return 1
             t_gen, t_ref, *t_cmp = median_interleaved([gens[0], unchecked, *gens[1:]], args.repeats, args.warmup)
             (t_einsum,) = median_interleaved([lambda: sb.einsum(eq, A, xt)], args.repeats, args.warmup)
-            row = {"kernel": kernel, "shape": [m, m], "nnz": nnz, "n": args.n if kernel == "spmm" else 1,
+            row = {"kernel": kernel, "shape": [m, m], "nnz": nnz,
                    "threads": t, "generated_s": t_gen, "unchecked_s": t_ref, "einsum_s": t_einsum,
                    "check_cost": t_gen / t_ref - 1}
             if t_cmp:
                 row.update(compare_lib_s=t_cmp[0], compare_lib_check_cost=t_cmp[0] / t_ref - 1)
             rows_out.append(row)
-            print(f"{kernel} {m}x{m} nnz={nnz}{f' N={args.n}' if kernel == 'spmm' else ''} threads={t}: "
+            print(f"{kernel} {m}x{m} nnz={nnz} threads={t}: "
                   f"generated kernel {t_gen * 1e3:.2f} ms, unchecked loop {t_ref * 1e3:.2f} ms "
                   f"(checks cost {100 * (t_gen / t_ref - 1):+.1f}%); sb.einsum {t_einsum * 1e3:.2f} ms"
                   + (f"; --compare-lib {t_cmp[0] * 1e3:.2f} ms (checks cost {100 * (t_cmp[0] / t_ref - 1):+.1f}%)"
