@@ -1,51 +1,48 @@
 """Differential fuzzing of the compiler: random einsum equations and index-notation expressions over random
 formats, mode orders, densities, dtypes and index widths, compared with torch on dense copies.
 
-Seeded and reproducible. SCORCH_FUZZ_CASES sets the number of cases of each kind (default 1200 einsum + 800
-expressions), SCORCH_FUZZ_SEED the seed. A failure prints the case and a one-line reproducer. The einsum cases
-run with the kernels forced (SCORCH_DISPATCH=sparse), and the first AUTO_CASES of them again under the default
-dispatch, where the cost model sends most of these small problems to dense ATen code: both must agree with
-torch. (Index notation has no dense path, so its cases run once.)
+Seeded and reproducible. SCORCH_FUZZ_CASES sets the number of einsum cases (default 1200; two thirds as many
+index-notation cases run too, so 1200 + 800), SCORCH_FUZZ_SEED the seed. A failure prints the case and a
+one-line reproducer. The einsum cases run with the kernels forced (SCORCH_DISPATCH=sparse), and the first
+SCORCH_FUZZ_AUTO_CASES of them (default 400) again under the default dispatch, where the cost model sends most
+of these small problems to dense ATen code: both must agree with torch. (Index notation has no dense path, so
+its cases run once.)
+
+Kernels are compiled a block (CHUNK cases) at a time, just before the block runs, two compilers at a time, so a
+long run starts at once. A long run (more than ISOLATE_ABOVE cases in all, e.g. SCORCH_FUZZ_CASES=12000 for
+12,000 + 8,000) runs its blocks in child processes, each replaced after CASES_PER_PROCESS cases: nearly every
+case needs its own kernel, a process keeps every kernel it loads (about five memory mappings each), and Linux
+allows 65,530 mappings per process by default, so one process cannot hold the ~17,000 kernels of 20,000 cases.
+SCORCH_FUZZ_ISOLATE=1 or 0 forces either way.
 """
 
+import concurrent.futures
+import multiprocessing
 import os
 import random
+import time
 
 import pytest
 import torch
 
 import scorch_backend as sb
 import scorch_backend.frontend as einsum_module
+from scorch_backend import _C
 from reference import evaluate
 
 SEED = int(os.environ.get("SCORCH_FUZZ_SEED", "20261121"))
 EINSUM_CASES = int(os.environ.get("SCORCH_FUZZ_CASES", "1200"))
 COMPUTE_CASES = max(1, EINSUM_CASES * 2 // 3)
 CHUNK = 100
-AUTO_CASES = min(EINSUM_CASES, 400)
+AUTO_CASES = min(EINSUM_CASES, int(os.environ.get("SCORCH_FUZZ_AUTO_CASES", "400")))
+ISOLATE_ABOVE = 4000
+ISOLATE = bool(int(os.environ.get("SCORCH_FUZZ_ISOLATE", str(int(EINSUM_CASES + COMPUTE_CASES > ISOLATE_ABOVE)))))
+CASES_PER_PROCESS = 3000
 DENSITIES = [0.0, 1e-3, 0.1, 0.9]
 LETTERS = "ijklm"
 
-stats = {"cases": 0, "specs": set()}
-
-
-class _RecordingOps:
-    """Wraps torch.ops.scorch to record the spec of every kernel run."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def kernel(self, spec, *args):
-        stats["specs"].add(spec)
-        return self._inner.kernel(spec, *args)
-
-
-@pytest.fixture(autouse=True)
-def record_kernels(monkeypatch):
-    monkeypatch.setattr(einsum_module, "ops", _RecordingOps(einsum_module.ops))
+stats = {"einsum sparse": 0, "einsum auto": 0, "compute": 0, "specs": set(),
+         "routes": {"einsum sparse": {}, "einsum auto": {}, "compute": {}}}
 
 
 def random_format(rng: random.Random, rank: int):
@@ -151,26 +148,54 @@ def to_dense(x):
     return x.to_dense() if isinstance(x, sb.SparseTensor) else x
 
 
-@pytest.fixture(scope="module", autouse=True)
-def precompiled():
-    """Compile the einsum cases' kernels up front, two compilers at a time (cold caches build twice as fast)."""
-    specs = set()
-    for k in range(EINSUM_CASES):
-        eq, ops, _, _, _ = einsum_case(k)
-        try:
-            specs.add(sb.plan_einsum(eq, *ops)["spec"])
-        except (ValueError, TypeError):
-            pass
-    sb.precompile(sorted(specs), workers=os.cpu_count() or 2)
+def einsum_spec(eq, ops):
+    """The kernel spec `sb.einsum` plans for a case, or None when it plans none (then the call says why)."""
+    try:
+        return sb.plan_einsum(eq, *ops)["spec"]
+    except (ValueError, TypeError, RuntimeError):
+        return None
 
 
-@pytest.mark.parametrize("chunk,scorch_dispatch",
-                         [(c, "sparse") for c in range((EINSUM_CASES + CHUNK - 1) // CHUNK)] +
-                         [(c, "auto") for c in range((AUTO_CASES + CHUNK - 1) // CHUNK)], indirect=["scorch_dispatch"])
-def test_fuzz_einsum(chunk, scorch_dispatch):
-    last = EINSUM_CASES if scorch_dispatch == "sparse" else AUTO_CASES
-    for k in range(chunk * CHUNK, min((chunk + 1) * CHUNK, last)):
-        eq, ops, dense, formats, dtype = einsum_case(k)
+def compute_specs(text, operands):
+    """The kernel specs of the steps of `sb.compute(text, **operands)` that read only the operands (a step that
+    reads an earlier step's result is planned when that result exists, so its kernel compiles at run time)."""
+    names = list(operands)
+    try:
+        ops_ = [einsum_module._operand(operands[n], n) for n in names]
+        f64 = einsum_module._COMPUTE_DTYPES[einsum_module._result_dtype(ops_)] == torch.float64
+        specs = []
+        for step, ids in _C.split_compute(text, names, [list(o.tensor.shape) for o in ops_]):
+            if any(g >= len(names) for g in ids):
+                continue
+            step_ops = [ops_[g] for g in ids]
+            idx64 = einsum_module._index_dtype(step_ops) == torch.int64
+            specs.append(_C.plan_compute(step, [f"t{j}" for j in range(len(ids))], [o.desc() for o in step_ops],
+                                         "", f64, idx64)["spec"])
+        return specs
+    except Exception:  # noqa: BLE001 - compiling ahead only saves time; the case itself reports any error
+        return []
+
+
+def precompile(specs) -> float:
+    """Compiles (or loads from the disk cache) the kernels a block of cases needs, two compilers at a time
+    (cold caches build twice as fast). A kernel that fails to build is left to its case to report."""
+    t = time.perf_counter()
+    try:
+        sb.precompile(sorted(specs), workers=os.cpu_count() or 2)
+    except Exception:  # noqa: BLE001
+        pass
+    return time.perf_counter() - t
+
+
+def run_einsum_cases(first: int, last: int, dispatch: str) -> dict:
+    """Runs einsum cases first..last-1 under SCORCH_DISPATCH=dispatch, their kernels compiled just before (under
+    "sparse"; the "auto" run reuses them or compiles on demand). Raises AssertionError on the first mismatch."""
+    os.environ["SCORCH_DISPATCH"] = dispatch
+    cases = [einsum_case(k) for k in range(first, last)]
+    specs = {s for s in (einsum_spec(c[0], c[1]) for c in cases) if s is not None}
+    compile_s = precompile(specs) if dispatch == "sparse" else 0.0
+    routes = dict(_C.executor_stats())
+    for k, (eq, ops, dense, formats, dtype) in zip(range(first, last), cases):
         ref = torch.einsum(eq, *[d.double() for d in dense])
         try:
             got = to_dense(sb.einsum(eq, *ops))
@@ -178,17 +203,22 @@ def test_fuzz_einsum(chunk, scorch_dispatch):
             torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol)
             assert got.dtype == dtype
         except Exception as e:
-            raise AssertionError(f"einsum case {k} failed (SCORCH_DISPATCH={scorch_dispatch}): {eq} "
+            raise AssertionError(f"einsum case {k} failed (SCORCH_DISPATCH={dispatch}): {eq} "
                                  f"formats={formats} dtype={dtype}\n"
                                  f"reproduce: SCORCH_FUZZ_SEED={SEED} python -c \"import test_fuzz as f; "
                                  f"print(f.einsum_case({k})[:4])\"\n{type(e).__name__}: {e}") from e
-        stats["cases"] += 1
+    after = _C.executor_stats()
+    return {"cases": last - first, "specs": specs, "compile_s": compile_s,
+            "routes": {r: after[r] - routes[r] for r in after}}
 
 
-@pytest.mark.parametrize("chunk", range((COMPUTE_CASES + CHUNK - 1) // CHUNK))
-def test_fuzz_compute(chunk):
-    for k in range(chunk * CHUNK, min((chunk + 1) * CHUNK, COMPUTE_CASES)):
-        text, operands, dense, formats, dtype = compute_case(k)
+def run_compute_cases(first: int, last: int, dispatch: str) -> dict:
+    """Runs index-notation cases first..last-1 (kernels of their first steps compiled just before)."""
+    os.environ["SCORCH_DISPATCH"] = dispatch
+    cases = [compute_case(k) for k in range(first, last)]
+    specs = {s for c in cases for s in compute_specs(c[0], c[1])}
+    compile_s = precompile(specs)
+    for k, (text, operands, dense, formats, dtype) in zip(range(first, last), cases):
         ref = evaluate(text, dense)
         try:
             got = to_dense(sb.compute(text, **operands))
@@ -196,14 +226,74 @@ def test_fuzz_compute(chunk):
             torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol)
         except Exception as e:
             raise AssertionError(f"compute case {k} failed: {text} formats={formats} dtype={dtype}\n"
-                                 f"{type(e).__name__}: {e}") from e
-        stats["cases"] += 1
+                                 f"reproduce: SCORCH_FUZZ_SEED={SEED} python -c \"import test_fuzz as f; "
+                                 f"print(f.compute_case({k})[:4])\"\n{type(e).__name__}: {e}") from e
+    return {"cases": last - first, "specs": specs, "compile_s": compile_s, "routes": {}}
+
+
+_worker = {"pool": None, "cases": 0}
+
+
+def run_block(fn, *args) -> dict:
+    """Runs a block of cases here, or in a child process when ISOLATE (a long run): a process keeps every kernel
+    it loads, so children are replaced every CASES_PER_PROCESS cases. A child that dies fails the test."""
+    if not ISOLATE:
+        return fn(*args)
+    if _worker["pool"] is None or _worker["cases"] >= CASES_PER_PROCESS:
+        if _worker["pool"] is not None:
+            _worker["pool"].shutdown()
+        _worker["pool"] = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        _worker["cases"] = 0
+    result = _worker["pool"].submit(fn, *args).result()
+    _worker["cases"] += result["cases"]
+    return result
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker_processes():
+    yield
+    if _worker["pool"] is not None:
+        _worker["pool"].shutdown()
+        _worker["pool"] = None
+
+
+def record(kind: str, first: int, last: int, result: dict, started: float) -> None:
+    stats[kind] += result["cases"]
+    stats["specs"] |= result["specs"]
+    for r, n in result["routes"].items():
+        stats["routes"][kind][r] = stats["routes"][kind].get(r, 0) + n
+    print(f"\nfuzz {kind} cases {first}-{last - 1}: ok, {len(result['specs'])} kernels "
+          f"({result['compile_s']:.1f} s to compile or load), {time.perf_counter() - started:.1f} s; "
+          f"so far {stats['einsum sparse']} einsum (sparse) + {stats['einsum auto']} einsum (auto) + "
+          f"{stats['compute']} compute", flush=True)
+
+
+@pytest.mark.parametrize("chunk,scorch_dispatch",
+                         [(c, "sparse") for c in range((EINSUM_CASES + CHUNK - 1) // CHUNK)] +
+                         [(c, "auto") for c in range((AUTO_CASES + CHUNK - 1) // CHUNK)], indirect=["scorch_dispatch"])
+def test_fuzz_einsum(chunk, scorch_dispatch):
+    started = time.perf_counter()
+    last = EINSUM_CASES if scorch_dispatch == "sparse" else AUTO_CASES
+    first, last = chunk * CHUNK, min((chunk + 1) * CHUNK, last)
+    record(f"einsum {scorch_dispatch}", first, last, run_block(run_einsum_cases, first, last, scorch_dispatch), started)
+
+
+@pytest.mark.parametrize("chunk", range((COMPUTE_CASES + CHUNK - 1) // CHUNK))
+def test_fuzz_compute(chunk):
+    started = time.perf_counter()
+    first, last = chunk * CHUNK, min((chunk + 1) * CHUNK, COMPUTE_CASES)
+    dispatch = os.environ.get("SCORCH_DISPATCH", "sparse")
+    record("compute", first, last, run_block(run_compute_cases, first, last, dispatch), started)
 
 
 def test_fuzz_coverage():
     """The default run must cover at least 2,000 cases and 150 distinct kernels."""
-    if EINSUM_CASES + COMPUTE_CASES < 2000 or stats["cases"] == 0:
+    cases = stats["einsum sparse"] + stats["einsum auto"] + stats["compute"]
+    print(f"\nfuzz: {stats['einsum sparse']} einsum cases under SCORCH_DISPATCH=sparse (routes "
+          f"{stats['routes']['einsum sparse']}), {stats['einsum auto']} under the default dispatch (routes "
+          f"{stats['routes']['einsum auto']}), {stats['compute']} index-notation cases: {cases} in all, "
+          f"{len(stats['specs'])} distinct kernels compiled ahead (seed {SEED})")
+    if EINSUM_CASES + COMPUTE_CASES < 2000 or cases == 0:
         pytest.skip("a reduced fuzz run (SCORCH_FUZZ_CASES) or the fuzz tests were deselected")
-    assert stats["cases"] >= 2000, stats["cases"]
+    assert cases >= 2000, cases
     assert len(stats["specs"]) >= 150, len(stats["specs"])
-    print(f"\nfuzz: {stats['cases']} cases, {len(stats['specs'])} distinct kernels")
