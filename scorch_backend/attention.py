@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from . import cost_model
+from . import _C, cost_model
 from . import log as _log
 from . import region as _region
 
@@ -30,12 +30,14 @@ def _flat(q, k, v):
         v.reshape(nb, v.shape[-2], v.shape[-1])
 
 
-_PATTERN = _region.Operand("aij", "pattern", cached=True, grad=False, expand=1, weight=True)
-
-
 def _pattern(mask: torch.Tensor, nb: int, dtype: torch.dtype, frozen: bool = False):
-    e = _region._entry(mask, True, frozen, False)  # masks share the small cache of data inputs
-    return e, _region._sparse_of(mask, e, _PATTERN, dtype, {"a": nb})
+    """(density, the mask's pattern compressed and broadcast over nb): masks share the region op's small cache
+    of data inputs (C++)."""
+    return _C.region_compressed(mask, "aij", "pattern", 1, [nb], dtype, frozen)
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
 def _rows(P) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -62,7 +64,7 @@ def _checksum(t: torch.Tensor) -> tuple:
 def _version_key(q, k, mask, scale) -> tuple:
     # Address, layout and version counter, plus checksums of q and k: writes that bypass the version
     # counter (through .data, as gradcheck's perturbations do) change the checksums.
-    return tuple((_region._key(t), t._version) for t in (q, k, mask)) + (scale, _checksum(q), _checksum(k))
+    return tuple((_key(t), t._version) for t in (q, k, mask)) + (scale, _checksum(q), _checksum(k))
 
 
 def _keep_alive(q, k, mask) -> tuple:
@@ -103,8 +105,8 @@ def _dense_backward(q, k, v, mask, scale, g):
 
 
 def _use_dense(mask, q, k) -> bool:
-    e = _region._entry(mask, True, False, False)
-    dense, _ = cost_model.choose_dense([e.density], q.numel() + k.numel() + mask.numel())
+    density = _C.region_density(mask)
+    dense, _ = cost_model.choose_dense([density], q.numel() + k.numel() + mask.numel())
     return dense
 
 

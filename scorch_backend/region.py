@@ -27,14 +27,14 @@ import functools
 import json
 import logging
 import math
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
-from . import config, cost_model
+from . import _C
 from . import log as _log
+from .tensor import SparseTensor
 
 _INDEX_DTYPE = torch.int32
 
@@ -103,36 +103,19 @@ def _validate(p: Program) -> None:
 
 
 # --- layouts ---------------------------------------------------------------------------------------------
-# The kernel's loop order puts the sparse operands' dimensions outermost, then the output's in storage order.
-# Dense operands are laid out in that loop order (innermost dimension contiguous) and the output is stored in
-# it too; the result is handed back as a permuted view. Real and fake runs use the same layout.
-
-def _loop_letters(p: Program) -> str:
-    order = ""
-    for o in p.operands:
-        if o.kind != "dense":
-            order += "".join(c for c in o.letters if c not in order)
-    order += "".join(c for c in p.out if c not in order)
-    for o in p.operands:
-        order += "".join(c for c in o.letters if c not in order)
-    return order
-
+# The kernel's loop order puts the compressed operands' dimensions outermost, then the output's in storage
+# order; dense operands are laid out in it and the output is stored in it, handed back as a permuted view. The
+# C++ op owns that rule (csrc/torch/region.cpp: derive); tools read it from there.
 
 @functools.lru_cache(maxsize=4096)
+def layout(text: str) -> dict:
+    """The program's loop letters, output storage letters and permutation back, kernel equation and letters."""
+    return _C.region_layout(text)
+
+
 def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
-    """The output's storage letters and the permutation giving back the requested dimension order."""
-    p = parse_program(text)
-    order = _loop_letters(p)
-    storage = "".join(sorted(p.out, key=order.index))
-    return storage, tuple(storage.index(c) for c in p.out)
-
-
-def _out_shape(p: Program, operands) -> list:
-    sizes = {}
-    for o, t in zip(p.operands, operands):
-        for c, n in zip(o.tensor_letters, t.shape):
-            sizes.setdefault(c, n)
-    return [sizes[c] for c in p.out]
+    lay = layout(text)
+    return lay["storage"], tuple(lay["back"])
 
 
 def _result_dtype(p: Program, operands) -> torch.dtype:
@@ -142,13 +125,6 @@ def _result_dtype(p: Program, operands) -> torch.dtype:
             continue
         dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
     return dtype or torch.float32
-
-
-def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
-    storage, back = _out_storage(text)
-    shape = dict(zip(p.out, _out_shape(p, operands)))
-    out = operands[0].new_empty([shape[c] for c in storage], dtype=_result_dtype(p, operands))
-    return out.permute(back)
 
 
 # --- compressed operands, cached by tensor version ------------------------------------------------------
@@ -164,130 +140,23 @@ def _empty_out(text: str, p: Program, operands) -> torch.Tensor:
 # The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
 # Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
 # tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
-MAX_WEIGHTS = 512
-MAX_INPUTS = 8
-FINGERPRINT = 32
+# The cache lives in C++ (csrc/torch/region.cpp): 512 weights, 8 data inputs, 32 fingerprint entries.
 
 
-@dataclass
-class _Entry:
-    alias: torch.Tensor
-    version: int
-    fingerprint: torch.Tensor | None
-    density: float
-    sparse: dict = field(default_factory=dict)  # (kind, dtype, broadcast sizes) -> SparseTensor
-    layouts: dict = field(default_factory=dict)  # (perm, dtype) -> dense copy in that dimension order
+class _Stats(Mapping):
+    """Counters of the C++ region op: compressions, cache_hits, sparse_runs, dense_runs, grouped_runs."""
+
+    def __getitem__(self, key):
+        return _C.region_stats()[key]
+
+    def __iter__(self):
+        return iter(_C.region_stats())
+
+    def __len__(self):
+        return len(_C.region_stats())
 
 
-_weights: "OrderedDict[tuple, _Entry]" = OrderedDict()
-_inputs: "OrderedDict[tuple, _Entry]" = OrderedDict()
-_lock = threading.Lock()
-stats = {"compressions": 0, "cache_hits": 0, "sparse_runs": 0, "dense_runs": 0, "grouped_runs": 0}
-
-
-def _key(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-@functools.lru_cache(maxsize=1024)
-def _fingerprint_positions(shape: tuple) -> tuple:
-    n = math.prod(shape)
-    k = min(FINGERPRINT, n)
-    flat = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)  # integer spread: exact for any n
-    return torch.unravel_index(flat, shape) if shape else ()
-
-
-def _fingerprint(t: torch.Tensor) -> torch.Tensor | None:
-    """FINGERPRINT entries spread over the tensor (any strides), as raw bytes (NaN-safe); None if empty."""
-    if t.numel() == 0:
-        return None
-    return t.detach()[_fingerprint_positions(tuple(t.shape))].contiguous().view(torch.uint8).clone()
-
-
-def _lookup(t: torch.Tensor, frozen: bool, weight: bool):
-    cache = _weights if weight else _inputs
-    key = _key(t)
-    with _lock:
-        e = cache.get(key)
-        if e is not None:
-            cache.move_to_end(key)
-    if e is None or e.version != t._version:  # always: optimizer steps and in-place updates are never missed
-        return None
-    if not frozen and e.fingerprint is not None and not torch.equal(e.fingerprint, _fingerprint(t)):
-        return None
-    return e
-
-
-def _remember(t: torch.Tensor, e: _Entry, weight: bool) -> None:
-    cache, limit = (_weights, MAX_WEIGHTS) if weight else (_inputs, MAX_INPUTS)
-    with _lock:
-        cache[_key(t)] = e
-        cache.move_to_end(_key(t))
-        while len(cache) > limit:
-            cache.popitem(last=False)
-
-
-def _density(t: torch.Tensor) -> float:
-    n = t.numel()
-    return float(torch.count_nonzero(t)) / n if n else 0.0
-
-
-def _entry(t: torch.Tensor, cached: bool, frozen: bool, weight: bool) -> _Entry:
-    if cached:
-        e = _lookup(t, frozen, weight)
-        if e is not None:
-            if e.density < 0:  # known so far only as a dense operand
-                e.density = _density(t)
-            stats["cache_hits"] += 1
-            return e
-    e = _Entry(t.detach(), t._version, _fingerprint(t) if cached else None, _density(t))
-    if cached:
-        _remember(t, e, weight)
-    return e
-
-
-def _entries(p: Program, operands) -> list:
-    """The cache entry of each compressed (sparse or pattern) operand, None for dense ones."""
-    return [(_entry(t, o.cached, p.frozen and o.weight, o.weight) if o.kind != "dense" else None)
-            for o, t in zip(p.operands, operands)]
-
-
-def _sparse_of(t: torch.Tensor, e: _Entry, o: Operand, dtype: torch.dtype, sizes: dict):
-    from .convert import sparse
-
-    lead = tuple(sizes[c] for c in o.letters[:o.expand])
-    got = e.sparse.get((o.kind, dtype, lead))
-    if got is None:
-        stats["compressions"] += 1
-        src = t.detach()
-        if o.kind == "pattern":
-            src = (src != 0).to(dtype)
-            if lead:
-                src = src.reshape((1,) * len(lead) + tuple(src.shape)).expand(lead + tuple(src.shape))
-        elif src.dtype != dtype:
-            src = src.to(dtype)
-        got = sparse(src, "csr" if src.dim() >= 2 else ["compressed"] if src.dim() == 1 else "dense",
-                     index_dtype=_INDEX_DTYPE)
-        e.sparse[(o.kind, dtype, lead)] = got
-    return got
-
-
-def _laid_out(t: torch.Tensor, perm: list, dtype: torch.dtype, cached: bool, frozen: bool,
-              weight: bool) -> torch.Tensor:
-    """t in the dimension order `perm`, contiguous; for a weight, kept until the weight changes."""
-    if perm == sorted(perm) and t.dtype == dtype and t.is_contiguous():
-        return t.detach()
-    key = (tuple(perm), dtype)
-    e = _lookup(t, frozen, weight) if cached else None
-    if e is not None and key in e.layouts:
-        return e.layouts[key]
-    out = t.detach().to(dtype).permute(perm).contiguous()
-    if cached:
-        if e is None:  # a dense operand: no density needed
-            e = _Entry(t.detach(), t._version, _fingerprint(t), -1.0)
-            _remember(t, e, weight)
-        e.layouts[key] = out
-    return out
+stats = _Stats()
 
 
 def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tensor:
@@ -301,33 +170,6 @@ def _sizes(p: Program, operands) -> dict:
     for o, t in zip(p.operands, operands):
         sizes.update(zip(o.tensor_letters, t.shape))
     return sizes
-
-
-@functools.lru_cache(maxsize=4096)
-def _kernel_letters(text: str) -> tuple[str, tuple[str, ...]]:
-    """The equation the sparse kernel runs and each operand's letters in it: a compressed operand keeps its
-    own (with broadcast letters), a dense one is laid out in loop order; the output is in storage order."""
-    p = parse_program(text)
-    storage, _ = _out_storage(text)
-    order = _loop_letters(p)
-    letters = tuple(o.letters if o.kind != "dense" else "".join(sorted(o.letters, key=order.index))
-                    for o in p.operands)
-    return ",".join(letters) + "->" + storage, letters
-
-
-def _sparse_call(p: Program, text: str, operands, entries, dtype):
-    """The einsum the sparse kernel runs: compressed operands as SparseTensors, dense ones laid out in loop
-    order, the output in its storage order."""
-    eq, letters = _kernel_letters(text)
-    sizes = _sizes(p, operands)
-    args = []
-    for o, t, e, want in zip(p.operands, operands, entries, letters):
-        if e is not None:
-            args.append(_sparse_of(t, e, o, dtype, sizes))
-        else:
-            args.append(_laid_out(t, [o.letters.index(c) for c in want], dtype, o.cached, p.frozen and o.weight,
-                                  o.weight))
-    return eq, args
 
 
 def _compressed_format(rank: int) -> str:
@@ -348,7 +190,8 @@ def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
     sizes = {}
     for o, shape in zip(p.operands, shapes):
         sizes.update(zip(o.tensor_letters, (int(n) for n in shape)))
-    eq, letters = _kernel_letters(text)
+    lay = layout(text)
+    eq, letters = lay["kernel_equation"], lay["kernel_letters"]
     descs = []
     for o, want in zip(p.operands, letters):
         shape = [sizes[c] for c in want]
@@ -382,17 +225,6 @@ def grouped_plan(text: str):
                 any(pl in t for t in operands):
             return s, pl, ql
     return None
-
-
-def _grouped_worth_it(text: str, operands, entry) -> bool:
-    plan = grouped_plan(text)
-    if plan is None or entry.density <= 0:
-        return False
-    s, pl, ql = plan
-    S = operands[s]
-    q_size = S.shape[parse_program(text).operands[s].letters.index(ql)]
-    rows_per_group = entry.density * S.numel() / max(q_size, 1)
-    return rows_per_group >= GROUPED_MIN_ROWS
 
 
 GROUPED_MIN_ROWS = 8
@@ -457,24 +289,20 @@ def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
     return out
 
 
-def _choose(text: str, operands, entries) -> str:
-    """"dense", "sparse" or "grouped": the cost model on the measured densities, then the grouped plan."""
-    densities = [e.density for e in entries if e is not None]
-    if any(t.numel() == 0 for t in operands) or not densities:
-        return "dense"
-    if cost_model.choose_dense(densities, sum(t.numel() for t in operands))[0]:
-        return "dense"
-    if _grouped_worth_it(text, operands, next(e for e in entries if e is not None)) and \
-            config.dispatch_mode() != "sparse":
-        return "grouped"
-    return "sparse"
+def _grouped_worth_it(text: str, operands, density: float) -> bool:
+    plan = grouped_plan(text)
+    if plan is None or density <= 0:
+        return False
+    s, pl, ql = plan
+    S = operands[s]
+    q_size = S.shape[parse_program(text).operands[s].letters.index(ql)]
+    rows_per_group = density * S.numel() / max(q_size, 1)
+    return rows_per_group >= GROUPED_MIN_ROWS
 
 
 def choose_path(text: str, operands) -> str:
-    """The path `run` takes for these operands."""
-    p = parse_program(text)
-    entries = _entries(p, operands)
-    return _choose(text, operands, entries)
+    """The path the op takes for these operands: "dense", "sparse" or "grouped"."""
+    return _C.region_choose(text, list(operands))
 
 
 def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, others, out, dtype):
@@ -522,40 +350,13 @@ def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, 
 
 
 def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:
-    """Run a region program; `force` ("dense", "sparse" or "grouped") overrides the run-time choice."""
-    p = parse_program(text)
-    if len(operands) != len(p.operands):
-        raise ValueError(f"scorch::region {p.name}: {len(p.operands)} operands expected, got {len(operands)}")
-    for rec in _captures:
-        rec.append((text, [t.detach() for t in operands]))
-    dtype = _result_dtype(p, operands)
-    storage, back = _out_storage(text)
-    entries = _entries(p, operands)
-    path = force or _choose(text, operands, entries)
-    if _logger.isEnabledFor(logging.INFO):
-        _log_path(p, text, path, entries)
-    if path == "grouped":
-        stats["grouped_runs"] += 1
-        out = _run_grouped(p, text, operands, dtype)
-        out = out.permute([p.out.index(c) for c in storage])
-    elif path == "dense":
-        stats["dense_runs"] += 1
-        eq = ",".join(o.tensor_letters for o in p.operands) + "->" + storage
-        out = torch.einsum(eq, *[_dense_factor(t, o, dtype) for o, t in zip(p.operands, operands)])
-        if any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in operands):
-            out = out.clone()  # einsum may hand back an operand itself ("ij->ij"): never alias an input
-    else:
-        from .frontend import _einsum
+    """Run a region program (below autograd); `force` ("dense", "sparse" or "grouped") overrides the choice."""
+    return _C.region_run(text, list(operands), force or "")
 
-        stats["sparse_runs"] += 1
-        eq, args = _sparse_call(p, text, operands, entries, dtype)
-        if _log.dumping():
-            note_kernel(p.title, eq, args)
-        out = _einsum(eq, args, "dense", choose=False)
-    out = out.contiguous()
-    if p.coef != 1.0:
-        out.mul_(p.coef)
-    return _owning(out.permute(back))
+
+def _run_grouped_hook(text: str, operands) -> torch.Tensor:
+    p = parse_program(text)
+    return _run_grouped(p, text, operands, _result_dtype(p, operands))
 
 
 _logger = _log.get("region")
@@ -563,10 +364,16 @@ _PATHS = {"sparse": "the sparse kernel", "dense": "the dense einsum (not sparse 
           "grouped": "grouped dense products (one per group of rows)"}
 
 
-def _log_path(p: Program, text: str, path: str, entries) -> None:
-    """The run-time path: once per region and path at INFO (it changes only when the data does), every call
-    at DEBUG."""
-    densities = ", ".join(f"{e.density:.3g}" for e in entries if e is not None)
+def _log_path(text: str, path: str, densities_, operands) -> None:
+    """The run-time path (the C++ op calls this while SCORCH_DEBUG >= 1): once per region and path at INFO (it
+    changes only when the data does), every call at DEBUG; at SCORCH_DEBUG=2 the sparse kernel's loop IR is
+    dumped (once per kernel)."""
+    _log.sync()
+    p = parse_program(text)
+    if path == "sparse" and _log.dumping():
+        eq, args = _C.region_sparse_call(text, list(operands))
+        note_kernel(p.title, eq, args)
+    densities = ", ".join(f"{d:.3g}" for d in densities_)
     how = _PATHS.get(path, path) if densities else "the dense einsum (no compressed operand)"
     if not _log.once(_logger, (text, path), "%s runs %s%s", p.title, how,
                      f" (densities of its compressed operands: {densities})" if densities else ""):
@@ -606,91 +413,68 @@ def sparse_plan(text: str, operands) -> dict:
     from .frontend import kernel_info, plan_einsum
 
     p = parse_program(text)
-    dtype = _result_dtype(p, operands)
-    entries = _entries(p, operands)
-    eq, args = _sparse_call(p, text, operands, entries, dtype)
+    eq, args = _C.region_sparse_call(text, list(operands))
+    densities = [float(a.density) if isinstance(a, SparseTensor) else 1.0 for a in args]
     plan = plan_einsum(eq, *args, out_format="dense")
     info = kernel_info(plan["spec"])
     return {"equation": eq, "formats": [str(a.format) if hasattr(a, "format") else "dense" for a in args],
-            "densities": [e.density if e is not None else 1.0 for e in entries], "statement": plan["statement"],
+            "densities": [d if o.kind != "dense" else 1.0 for d, o in zip(densities, p.operands)],
+            "statement": plan["statement"],
             "spec": plan["spec"], "reasons": list(plan["reasons"]) + list(info["reasons"]),
             "schedule": info["schedule"]}
 
 
-_captures: list[list] = []  # explain() records the operands each region is run with
+class _Captures(list):
+    """Recorders of region operands (explain): the C++ op calls back only while one is registered."""
+
+    def append(self, rec) -> None:
+        super().append(rec)
+        _C.region_capture(True)
+
+    def remove(self, rec) -> None:
+        super().remove(rec)
+        _C.region_capture(bool(self))
+
+
+_captures = _Captures()
+
+
+def _capture_hook(text: str, operands) -> None:
+    for rec in list(_captures):
+        rec.append((text, [t.detach() for t in operands]))
 
 
 # --- the op ----------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4096)
+# scorch::region is a C++ op (csrc/torch/region.cpp): CPU, Meta and Autograd kernels; its gradient is another
+# region call. Python supplies the grouped execution and explain's recording through these hooks.
+region = torch.ops.scorch.region
+
+
 def profile_name(text: str) -> str:
     """The profiler row of a region: "scorch::region region0 fc1 (Linear): linear"."""
-    return f"scorch::region {parse_program(text).title}"
+    return f"scorch::region {layout(text)['title']}"
 
 
-@torch.library.custom_op("scorch::region", mutates_args=())
-def region(program: str, operands: list[torch.Tensor]) -> torch.Tensor:
-    if torch.autograd.profiler._is_profiler_enabled:  # a row that names the region (only while profiling)
-        with torch.profiler.record_function(profile_name(program)):
-            return run(program, operands)
-    return run(program, operands)
+def _calibrate_hook(threads: int) -> None:
+    from .frontend import _calibrate
+
+    _calibrate(threads)
 
 
-@region.register_fake
-def _region_fake(program, operands):
-    p = parse_program(program)
-    return _empty_out(program, p, operands)
+_C.install_region_hooks(lambda text: grouped_plan(text) is not None, _grouped_worth_it, _run_grouped_hook,
+                        _capture_hook, _log_path, _calibrate_hook)
 
 
 def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:
     """The program of d out / d operand k (an einsum of the output gradient and the other operands), the
-    operands it takes (indices; -1 is the output gradient) and the letters it produces."""
-    p = parse_program(text)
-    target = p.operands[k]
-    others = [j for j in range(len(p.operands)) if j != k]
-    present = set(p.out)
-    for j in others:
-        present.update(p.operands[j].letters)
-    produced = "".join(c for c in target.letters if c in present)
-    ops = (Operand(p.out, "dense"),) + tuple(p.operands[j] for j in others)
-    g = Program(ops, produced, p.coef, p.frozen, f"{p.name}.grad{k}", p.label)
-    return g.text(), [-1] + others, produced
-
-
-def _setup_context(ctx, inputs, output):
-    program, operands = inputs
-    ctx.program = program
-    ctx.wants = [t.requires_grad for t in operands]
-    ctx.save_for_backward(*operands)
-
-
-def _backward(ctx, grad):
-    p = parse_program(ctx.program)
-    operands = ctx.saved_tensors
-    grads = []
-    for k, (o, t) in enumerate(zip(p.operands, operands)):
-        if not ctx.wants[k] or not o.grad or not t.is_floating_point():
-            grads.append(None)
-            continue
-        text, which, produced = gradient_program(ctx.program, k)
-        args = [grad if j < 0 else operands[j] for j in which]
-        g = torch.ops.scorch.region(text, args)
-        if produced != o.letters:  # letters summed only within operand k: the gradient is constant along them
-            for d, c in enumerate(o.letters):
-                if c not in produced:
-                    g = g.unsqueeze(d)
-            g = g.expand(t.shape)
-        grads.append(g.to(t.dtype))
-    return None, grads
-
-
-region.register_autograd(_backward, setup_context=_setup_context)
+    operands it takes (indices; -1 is the output gradient) and the letters it produces (the C++ op's own)."""
+    g, which, produced = _C.region_gradient(text, k)
+    return g, list(which), produced
 
 
 def clear_cache() -> None:
     """Forget every compressed weight (they are rebuilt on next use)."""
-    with _lock:
-        _weights.clear()
-        _inputs.clear()
+    _C.region_clear_cache()
 
 
 __all__ = ["Operand", "Program", "parse_program", "region", "run", "stats", "clear_cache"]

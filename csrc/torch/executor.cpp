@@ -218,6 +218,26 @@ std::string crossover_key(int64_t threads) {
 
 }  // namespace
 
+namespace {
+std::function<void(int64_t)> calibration_hook;
+constexpr double kFallbackCrossover = 0.3;  // a program without the Python package and without SCORCH_DENSE_CROSSOVER
+
+double calibrated_crossover(int64_t threads) {
+  const std::string key = crossover_key(threads);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard lock(crossover_mu);
+      auto it = crossovers.find(key);
+      if (it != crossovers.end()) return it->second;
+    }
+    if (attempt == 0 && calibration_hook) calibration_hook(threads);  // measures once, then stored here
+  }
+  return kFallbackCrossover;
+}
+}  // namespace
+
+void set_calibration_hook(std::function<void(int64_t)> hook) { calibration_hook = std::move(hook); }
+
 RouteCounts route_counts() { return {routed_kernel.load(), routed_dense.load(), routed_caller.load()}; }
 
 void set_calibrated_crossover(int64_t threads, const std::string& target, double crossover) {
@@ -275,57 +295,44 @@ at::ScalarType result_dtype(const std::vector<Operand>& ops) {
   return t;
 }
 
-Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) {
+Decision choose_by_density(const std::vector<double>& densities, int64_t elements, int64_t threads, bool explain) {
   Decision d;
   const DispatchMode mode = dispatch_mode();
-  if (mode == DispatchMode::sparse) {
-    if (explain) d.why = "SCORCH_DISPATCH=sparse";
+  if (mode != DispatchMode::automatic) {
+    d.dense = mode == DispatchMode::dense;
+    if (explain) d.why = fmt::format("SCORCH_DISPATCH={}", dispatch_mode_name(mode));
     return d;
   }
-  if (mode == DispatchMode::dense) {
-    d.dense = true;
-    if (explain) d.why = "SCORCH_DISPATCH=dense";
+  const auto override_ = dense_crossover_override();  // read (and checked) whenever the cost model decides
+  if (densities.empty()) {
+    if (explain) d.why = "no sparse operand";
+    return d;
   }
-  const auto override_ = mode == DispatchMode::automatic ? dense_crossover_override()  // read (and checked)
-                                                        : std::nullopt;              // whenever the model decides
+  if (elements <= kTinyDenseElements) {
+    d.dense = true;
+    if (explain) d.why = fmt::format("tiny problem ({} dense elements): dense ATen code has less overhead", elements);
+    return d;
+  }
   double combined = 1.0;
-  bool any_sparse = false;
+  for (double x : densities) combined *= x;
+  const double threshold = override_ ? *override_ : calibrated_crossover(threads);
+  d.dense = combined >= threshold;
+  if (explain)
+    d.why = d.dense ? fmt::format("sparse operands' combined density {:.3g} >= crossover {:.3g} (measured on this "
+                                  "machine): dense is faster", combined, threshold)
+                    : fmt::format("combined density {:.3g} < crossover {:.3g}: sparse kernel", combined, threshold);
+  return d;
+}
+
+Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) {
+  std::vector<double> densities;
   int64_t elements = 0;
   for (const auto& o : ops) {
     elements += o.numel();
-    if (o.sparse()) {
-      any_sparse = true;
-      combined *= o.density();
-    }
+    if (o.sparse()) densities.push_back(o.density());
   }
-  if (mode == DispatchMode::dense) {
-    // forced: only the non-finite check below can overrule it
-  } else if (!any_sparse) {
-    if (explain) d.why = "no sparse operand";
-    return d;
-  } else if (elements <= kTinyDenseElements) {
-    d.dense = true;
-    if (explain) d.why = fmt::format("tiny problem ({} dense elements): dense ATen code has less overhead", elements);
-  } else {
-    double threshold = -1;
-    if (override_) {
-      threshold = *override_;
-    } else {
-      std::lock_guard lock(crossover_mu);
-      auto it = crossovers.find(crossover_key(threads));
-      if (it != crossovers.end()) threshold = it->second;
-    }
-    if (threshold < 0) {  // not calibrated yet for this thread count and target: the caller measures
-      d.why = "calibrate";
-      return d;
-    }
-    d.dense = combined >= threshold;
-    if (explain)
-      d.why = d.dense ? fmt::format("sparse operands' combined density {:.3g} >= crossover {:.3g} (measured on this "
-                                    "machine): dense is faster", combined, threshold)
-                      : fmt::format("combined density {:.3g} < crossover {:.3g}: sparse kernel", combined, threshold);
-  }
-  if (d.dense && !all_finite(ops)) {
+  Decision d = choose_by_density(densities, elements, threads, explain);
+  if (d.dense && !all_finite(ops)) {  // also when forced: the contract does not depend on dispatch
     d.dense = false;
     if (explain)
       d.why = "an operand holds inf or NaN: unstored entries are never multiplied, which only the kernel keeps (a "
@@ -360,11 +367,6 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
     d = choose(ops, threads, explain);
   } else if (explain) {
     d.why = "the caller chose the sparse kernel";
-  }
-  if (d.why == "calibrate" && !d.dense) {  // not counted: the caller measures and calls again
-    out.route = Route::caller;
-    out.why = "calibrate";
-    return out;
   }
   out.why = std::move(d.why);
   if (!d.dense) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,17 @@ struct Decision {
 // The dense-or-sparse choice for an einsum over these operands: SCORCH_DISPATCH forces a side; else a tiny
 // problem or sparse operands denser (combined) than `crossover` go dense. Operands holding inf or NaN
 // always run the kernel, which never multiplies unstored entries.
-// The crossover is the one calibrated for `threads` and the current target (set_calibrated_crossover), unless
-// SCORCH_DENSE_CROSSOVER overrides it; when there is none, why is "calibrate" (the caller measures first).
+// The same choice from the sparse operands' densities and the dense elements of all operands (no check of
+// the values). Forced modes as above.
+Decision choose_by_density(const std::vector<double>& densities, int64_t elements, int64_t threads, bool explain);
+
+// Measures (or loads) the crossover for a thread count and the current target and hands it to
+// set_calibrated_crossover; the Python package installs it. Without one (a C++ program), the crossover is
+// SCORCH_DENSE_CROSSOVER or a fixed fallback.
+void set_calibration_hook(std::function<void(int64_t threads)> hook);
+
+// The crossover is the one calibrated for `threads` and the current target (set_calibrated_crossover, measured
+// through the calibration hook the first time), unless SCORCH_DENSE_CROSSOVER overrides it.
 Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain);
 
 struct Outcome {
@@ -65,10 +75,7 @@ struct Outcome {
   const Plan* plan = nullptr;  // the kernel plan (also when the dense side ran)
 };
 
-// einsum("ij,jk->ik", ...). `out_format`: "" infer, "strided" dense, else a format's text. When the cost
-// model must decide and no crossover is calibrated for this thread count and target (nor set by
-// SCORCH_DENSE_CROSSOVER), returns Route::caller with why == "calibrate": the caller measures, hands the
-// result to set_calibrated_crossover and calls again.
+// einsum("ij,jk->ik", ...). `out_format`: "" infer, "strided" dense, else a format's text.
 // `decide` false skips the cost model: the sparse kernel runs (the caller decided).
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
                    int64_t threads, bool explain, bool decide = true);

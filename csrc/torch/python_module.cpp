@@ -16,6 +16,7 @@
 
 #include "executor.h"
 #include "kernel_call.h"
+#include "region.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
 
@@ -306,6 +307,70 @@ py::object compute_call(const std::string& text, const std::vector<std::string>&
   return result_to_py(glue::run_compute(text, names, ops, out_format, threads));
 }
 
+// --- regions -----------------------------------------------------------------------------------------------
+py::object operand_to_py(glue::Operand&& o) { return result_to_py(std::move(o)); }
+
+// Python's side of regions: the grouped execution, explain's recording and the run-time path's log line.
+// Every hook takes the GIL (the op may be called from C++ code holding none).
+void install_region_hooks(py::object groupable, py::object grouped_worth, py::object run_grouped, py::object capture,
+                          py::object note_path, py::object calibrate) {
+  auto keep = [](py::object f) { return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* p) {
+                                   // at interpreter exit the object may outlive Python: never decref then
+                                   if (Py_IsInitialized()) {
+                                     py::gil_scoped_acquire g;
+                                     delete p;
+                                   }
+                                 }); };
+  auto g = keep(std::move(groupable)), w = keep(std::move(grouped_worth)), r = keep(std::move(run_grouped)),
+       c = keep(std::move(capture)), n = keep(std::move(note_path)), cal = keep(std::move(calibrate));
+  glue::RegionHooks h;
+  h.groupable = [g](const std::string& text) {
+    py::gil_scoped_acquire gil;
+    return py::cast<bool>((*g)(text));
+  };
+  h.grouped_worth = [w](const std::string& text, at::TensorList ops, double density) {
+    py::gil_scoped_acquire gil;
+    return py::cast<bool>((*w)(text, ops.vec(), density));
+  };
+  h.run_grouped = [r](const std::string& text, at::TensorList ops) {
+    py::gil_scoped_acquire gil;
+    return py::cast<at::Tensor>((*r)(text, ops.vec()));
+  };
+  h.capture = [c](const std::string& text, at::TensorList ops) {
+    py::gil_scoped_acquire gil;
+    (*c)(text, ops.vec());
+  };
+  h.note_path = [n](const std::string& text, const std::string& path, const std::vector<double>& densities,
+                     at::TensorList ops) {
+    py::gil_scoped_acquire gil;
+    (*n)(text, path, densities, ops.vec());
+  };
+  glue::set_region_hooks(std::move(h));
+  glue::set_calibration_hook([cal](int64_t threads) {
+    py::gil_scoped_acquire gil;
+    (*cal)(threads);
+  });
+}
+
+py::tuple region_sparse_call(const std::string& text, const std::vector<at::Tensor>& operands) {
+  auto [eq, args] = glue::region_sparse_call(text, operands);
+  py::list out;
+  for (auto& a : args) out.append(operand_to_py(std::move(a)));
+  return py::make_tuple(eq, out);
+}
+
+py::dict region_layout(const std::string& text) {
+  const auto& p = glue::region_program(text);
+  py::dict d;
+  d["loop_letters"] = p.loop_letters;
+  d["storage"] = p.storage;
+  d["back"] = p.back;
+  d["kernel_equation"] = p.kernel_equation;
+  d["kernel_letters"] = p.kernel_letters;
+  d["title"] = p.title;
+  return d;
+}
+
 // What the fake kernel of scorch::kernel needs from a spec.
 py::dict spec_info(const std::string& spec_text) {
   const auto spec = scorch::KernelSpec::parse(spec_text);
@@ -365,6 +430,59 @@ PYBIND11_MODULE(_C, m) {
     d["caller"] = c.caller;
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
+  m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),
+        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"), py::arg("calibrate"));
+  m.def("region_run", [](const std::string& text, const std::vector<at::Tensor>& operands, const std::string& force) {
+    return glue::run_region(text, operands, force);
+  }, py::arg("text"), py::arg("operands"), py::arg("force") = "",
+        "Run a region program below autograd; force: '' (choose), dense, sparse or grouped.");
+  m.def("region_choose", [](const std::string& text, const std::vector<at::Tensor>& operands) {
+    return glue::region_choose(text, operands);
+  }, py::arg("text"), py::arg("operands"));
+  m.def("region_sparse_call", &region_sparse_call, py::arg("text"), py::arg("operands"),
+        "The kernel equation and operands (compressed from the cache) of a region's sparse path.");
+  m.def("region_layout", &region_layout, py::arg("text"));
+  m.def("region_gradient", [](const std::string& text, int k) {
+    const auto g = glue::region_gradient(text, k);
+    return py::make_tuple(g.text, g.operands, g.produced);
+  }, py::arg("text"), py::arg("k"));
+  m.def("region_compressed", [](const at::Tensor& t, const std::string& letters, const std::string& kind, int expand,
+                                 const std::vector<int64_t>& lead, at::ScalarType dtype, bool frozen) {
+    glue::RegionOperand o;
+    o.letters = letters;
+    SCORCH_CHECK(kind == "sparse" || kind == "pattern", "kind must be sparse or pattern, got '{}'", kind);
+    o.kind = kind == "pattern" ? glue::RegionOperand::Kind::pattern : glue::RegionOperand::Kind::sparse;
+    o.expand = expand;
+    auto [density, op] = glue::cached_compressed(t, o, dtype, lead, frozen);
+    return py::make_tuple(density, operand_to_py(std::move(op)));
+  }, py::arg("tensor"), py::arg("letters"), py::arg("kind"), py::arg("expand"), py::arg("lead"), py::arg("dtype"),
+        py::arg("frozen"), "A tensor compressed through the region cache (as a data input), and its density.");
+  m.def("region_density", &glue::cached_density, py::arg("tensor"), py::arg("frozen") = false);
+  m.def("region_stats", [] {
+    const auto s = glue::region_stats();
+    py::dict d;
+    d["compressions"] = s.compressions;
+    d["cache_hits"] = s.cache_hits;
+    d["sparse_runs"] = s.sparse_runs;
+    d["dense_runs"] = s.dense_runs;
+    d["grouped_runs"] = s.grouped_runs;
+    return d;
+  });
+  m.def("region_clear_cache", &glue::region_clear_cache);
+  m.def("region_fingerprint", [](const at::Tensor& t) {
+    const auto f = glue::region_fingerprint(t);
+    return py::bytes(reinterpret_cast<const char*>(f.data()), f.size());
+  }, py::arg("tensor"));
+  m.def("region_cache_sizes", [] {
+    const auto c = glue::region_cache_sizes();
+    py::dict d;
+    d["weights"] = c.weights;
+    d["inputs"] = c.inputs;
+    d["max_weights"] = c.max_weights;
+    d["max_inputs"] = c.max_inputs;
+    return d;
+  });
+  m.def("region_capture", &glue::set_region_capture, py::arg("on"));
   m.def("spec_info", &spec_info, py::arg("spec"), "Output variables, format and dtypes of a kernel spec.");
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");

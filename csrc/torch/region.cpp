@@ -1,0 +1,799 @@
+#include "region.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "convert.h"
+#include "runtime/settings.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+// --- the program text: a small JSON reader and writer -----------------------------------------------------
+struct Json;
+using JsonArray = std::vector<Json>;
+using JsonObject = std::map<std::string, Json>;
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, JsonArray, JsonObject> v;
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& s) : s_(s) {}
+  Json document() {
+    Json j = value(0);
+    skip();
+    check(p_ == s_.size(), "trailing text");
+    return j;
+  }
+
+ private:
+  void check(bool ok, const char* what) const {
+    SCORCH_CHECK(ok, "scorch::region: malformed program text ({} at character {})", what, p_);
+  }
+  void skip() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\n' || s_[p_] == '\t' || s_[p_] == '\r')) ++p_;
+  }
+  bool eat(char c) {
+    skip();
+    if (p_ < s_.size() && s_[p_] == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  Json value(int depth) {
+    check(depth < 32, "nesting too deep");
+    skip();
+    check(p_ < s_.size(), "unexpected end");
+    const char c = s_[p_];
+    if (c == '{') {
+      ++p_;
+      JsonObject o;
+      if (eat('}')) return Json{o};
+      do {
+        skip();
+        std::string k = string();
+        check(eat(':'), "':' expected");
+        o[k] = value(depth + 1);
+      } while (eat(','));
+      check(eat('}'), "'}' expected");
+      return Json{o};
+    }
+    if (c == '[') {
+      ++p_;
+      JsonArray a;
+      if (eat(']')) return Json{a};
+      do a.push_back(value(depth + 1));
+      while (eat(','));
+      check(eat(']'), "']' expected");
+      return Json{a};
+    }
+    if (c == '"') return Json{string()};
+    if (s_.compare(p_, 4, "true") == 0) return p_ += 4, Json{true};
+    if (s_.compare(p_, 5, "false") == 0) return p_ += 5, Json{false};
+    if (s_.compare(p_, 4, "null") == 0) return p_ += 4, Json{nullptr};
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(s_.substr(p_, 32), &used);
+    } catch (const std::exception&) {
+      check(false, "value expected");
+    }
+    p_ += used;
+    return Json{d};
+  }
+  std::string string() {
+    check(p_ < s_.size() && s_[p_] == '"', "string expected");
+    ++p_;
+    std::string out;
+    while (true) {
+      check(p_ < s_.size(), "unterminated string");
+      const char c = s_[p_++];
+      if (c == '"') return out;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      check(p_ < s_.size(), "unterminated escape");
+      const char e = s_[p_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          check(p_ + 4 <= s_.size(), "short \\u escape");
+          unsigned cp = std::stoul(s_.substr(p_, 4), nullptr, 16);
+          p_ += 4;
+          if (cp >= 0xD800 && cp < 0xDC00 && p_ + 6 <= s_.size() && s_[p_] == '\\' && s_[p_ + 1] == 'u') {
+            const unsigned lo = std::stoul(s_.substr(p_ + 2, 4), nullptr, 16);
+            p_ += 6;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          // UTF-8
+          if (cp < 0x80) {
+            out += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            out += static_cast<char>(0xC0 | (cp >> 6));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            out += static_cast<char>(0xE0 | (cp >> 12));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else {
+            out += static_cast<char>(0xF0 | (cp >> 18));
+            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          }
+          break;
+        }
+        default: check(false, "bad escape");
+      }
+    }
+  }
+  const std::string& s_;
+  size_t p_ = 0;
+};
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+template <typename T>
+const T& as(const Json& j, const char* what) {
+  const T* p = std::get_if<T>(&j.v);
+  SCORCH_CHECK(p != nullptr, "scorch::region: malformed program text ({})", what);
+  return *p;
+}
+
+const Json* field(const JsonObject& o, const char* name) {
+  auto it = o.find(name);
+  return it == o.end() ? nullptr : &it->second;
+}
+
+const char* kind_name(RegionOperand::Kind k) {
+  return k == RegionOperand::Kind::sparse ? "sparse" : k == RegionOperand::Kind::pattern ? "pattern" : "dense";
+}
+
+void derive(RegionProgram& p) {
+  // The kernel's loop order: the compressed operands' letters outermost, then the output's, then the rest.
+  std::string& order = p.loop_letters;
+  auto add = [&](const std::string& letters) {
+    for (char c : letters)
+      if (order.find(c) == std::string::npos) order += c;
+  };
+  for (const auto& o : p.operands)
+    if (o.kind != RegionOperand::Kind::dense) add(o.letters);
+  add(p.out);
+  for (const auto& o : p.operands) add(o.letters);
+  auto by_order = [&](std::string s) {
+    std::sort(s.begin(), s.end(), [&](char a, char b) { return order.find(a) < order.find(b); });
+    return s;
+  };
+  p.storage = by_order(p.out);
+  for (char c : p.out) p.back.push_back(static_cast<int64_t>(p.storage.find(c)));
+  std::string kernel, dense;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const auto& o = p.operands[k];
+    p.kernel_letters.push_back(o.kind != RegionOperand::Kind::dense ? o.letters : by_order(o.letters));
+    kernel += (k ? "," : "") + p.kernel_letters.back();
+    dense += (k ? "," : "") + o.tensor_letters();
+  }
+  p.kernel_equation = kernel + "->" + p.storage;
+  p.dense_equation = dense + "->" + p.storage;
+  p.title = p.name.empty() && p.label.empty() ? "region" : p.label.empty() ? p.name
+                                                         : p.name.empty() ? p.label : p.name + " " + p.label;
+  p.profile_name = "scorch::region " + p.title;
+}
+
+RegionProgram parse_text(const std::string& text) {
+  const Json doc = JsonReader(text).document();
+  const auto& o = as<JsonObject>(doc, "an object expected");
+  RegionProgram p;
+  const Json* ops = field(o, "operands");
+  const Json* out = field(o, "out");
+  SCORCH_CHECK(ops && out, "scorch::region: malformed program text (operands and out are required)");
+  for (const Json& e : as<JsonArray>(*ops, "operands must be a list")) {
+    const auto& a = as<JsonArray>(e, "an operand must be a list");
+    SCORCH_CHECK(a.size() == 6, "scorch::region: malformed program text (an operand has 6 fields)");
+    RegionOperand r;
+    r.letters = as<std::string>(a[0], "operand letters");
+    const std::string kind = as<std::string>(a[1], "operand kind");
+    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern", "scorch::region: unknown operand kind '{}'",
+                 kind);
+    r.kind = kind == "sparse" ? RegionOperand::Kind::sparse
+             : kind == "pattern" ? RegionOperand::Kind::pattern
+                                 : RegionOperand::Kind::dense;
+    r.cached = as<bool>(a[2], "cached flag");
+    r.grad = as<bool>(a[3], "grad flag");
+    const double expand = as<double>(a[4], "expand count");
+    SCORCH_CHECK(expand >= 0 && expand <= 26 && expand == static_cast<int>(expand),
+                 "scorch::region: bad expand count {}", expand);
+    r.expand = static_cast<int>(expand);
+    r.weight = as<bool>(a[5], "weight flag");
+    p.operands.push_back(std::move(r));
+  }
+  p.out = as<std::string>(*out, "out letters");
+  if (const Json* c = field(o, "coef")) p.coef = as<double>(*c, "coef");
+  if (const Json* f = field(o, "frozen")) p.frozen = as<bool>(*f, "frozen flag");
+  if (const Json* n = field(o, "name")) p.name = as<std::string>(*n, "name");
+  if (const Json* l = field(o, "label")) p.label = as<std::string>(*l, "label");
+
+  std::string seen;
+  for (const auto& r : p.operands) {
+    bool ok = !r.letters.empty() || r.kind == RegionOperand::Kind::dense;
+    for (size_t i = 0; i < r.letters.size(); ++i) {
+      const char c = r.letters[i];
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) && r.letters.find(c) == i;
+    }
+    SCORCH_CHECK(ok || r.letters.empty(), "scorch::region: bad operand letters '{}'", r.letters);
+    SCORCH_CHECK(!r.expand || (r.kind == RegionOperand::Kind::pattern && r.expand <= static_cast<int>(r.letters.size())),
+                 "scorch::region: only pattern operands broadcast");
+    seen += r.letters;
+  }
+  for (size_t i = 0; i < p.out.size(); ++i)
+    SCORCH_CHECK(seen.find(p.out[i]) != std::string::npos && p.out.find(p.out[i]) == i,
+                 "scorch::region: bad output letters '{}'", p.out);
+  derive(p);
+  return p;
+}
+
+// --- compressed operands, cached by tensor version (see scorch_backend/region.py for the contract) ---------
+constexpr size_t kMaxWeights = 512;  // most recently used parameters and buffers
+constexpr size_t kMaxInputs = 8;     // data inputs: a new batch is a new tensor
+constexpr int64_t kFingerprint = 32; // entries spread over a tensor, compared on every hit unless frozen
+
+struct Entry {
+  at::Tensor alias;  // keeps the memory from being reused by another tensor while the entry lives
+  int64_t version = 0;
+  std::vector<uint8_t> fingerprint;
+  double density = -1;  // < 0: not measured (known so far only as a dense operand)
+  std::map<std::string, Operand> sparse;   // (kind, dtype, broadcast sizes) -> compressed
+  std::map<std::string, at::Tensor> layouts;  // (permutation, dtype) -> dense copy in that order
+};
+using EntryPtr = std::shared_ptr<Entry>;
+
+struct Lru {
+  size_t limit;
+  std::list<std::pair<std::string, EntryPtr>> order;  // most recent first
+  std::unordered_map<std::string, std::list<std::pair<std::string, EntryPtr>>::iterator> index;
+
+  EntryPtr get(const std::string& k) {
+    auto it = index.find(k);
+    if (it == index.end()) return nullptr;
+    order.splice(order.begin(), order, it->second);
+    return it->second->second;
+  }
+  void put(const std::string& k, EntryPtr e) {
+    auto it = index.find(k);
+    if (it != index.end()) order.erase(it->second);
+    order.emplace_front(k, std::move(e));
+    index[k] = order.begin();
+    while (order.size() > limit) {
+      index.erase(order.back().first);
+      order.pop_back();
+    }
+  }
+  void clear() {
+    order.clear();
+    index.clear();
+  }
+};
+
+std::mutex cache_mu;
+Lru weights{kMaxWeights, {}, {}};
+Lru inputs{kMaxInputs, {}, {}};
+std::atomic<int64_t> n_compressions{0}, n_hits{0}, n_sparse{0}, n_dense{0}, n_grouped{0};
+
+RegionHooks hooks;
+std::atomic<bool> capturing{false};
+
+std::string tensor_key(const at::Tensor& t) {
+  std::string k = fmt::format("{}|{}|", reinterpret_cast<uintptr_t>(t.data_ptr()), c10::toString(t.scalar_type()));
+  for (auto s : t.sizes()) k += std::to_string(s) + ",";
+  k += '|';
+  for (auto s : t.strides()) k += std::to_string(s) + ",";
+  return k;
+}
+
+// kFingerprint elements spread evenly over the tensor (any strides), as raw bytes (NaN-safe).
+std::vector<uint8_t> fingerprint(const at::Tensor& t) {
+  std::vector<uint8_t> out;
+  const int64_t n = t.numel();
+  if (n == 0) return out;
+  const int64_t k = std::min(kFingerprint, n);
+  const size_t elem = t.element_size();
+  const auto* base = static_cast<const uint8_t*>(t.data_ptr());
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  out.resize(k * elem);
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t flat = i * (n - 1) / std::max<int64_t>(k - 1, 1);
+    int64_t offset = 0;
+    for (int64_t d = t.dim() - 1; d >= 0; --d) {
+      offset += (flat % sizes[d]) * strides[d];
+      flat /= sizes[d];
+    }
+    std::memcpy(&out[i * elem], base + offset * static_cast<int64_t>(elem), elem);
+  }
+  return out;
+}
+
+double density_of(const at::Tensor& t) {
+  const int64_t n = t.numel();
+  return n ? static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n) : 0.0;
+}
+
+EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
+  const std::string key = tensor_key(t);
+  EntryPtr e;
+  {
+    std::lock_guard lock(cache_mu);
+    e = (weight ? weights : inputs).get(key);
+  }
+  if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;  // optimizer steps are never missed
+  if (!frozen && !e->fingerprint.empty() && e->fingerprint != fingerprint(t)) return nullptr;
+  return e;
+}
+
+void remember(const at::Tensor& t, EntryPtr e, bool weight) {
+  std::lock_guard lock(cache_mu);
+  (weight ? weights : inputs).put(tensor_key(t), std::move(e));
+}
+
+EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
+  if (cached) {
+    if (EntryPtr e = lookup(t, frozen, weight)) {
+      if (e->density < 0) e->density = density_of(t);
+      ++n_hits;
+      return e;
+    }
+  }
+  auto e = std::make_shared<Entry>();
+  e->alias = t.detach();
+  e->version = static_cast<int64_t>(t._version());
+  if (cached) e->fingerprint = fingerprint(t);
+  e->density = density_of(t);
+  if (cached) remember(t, e, weight);
+  return e;
+}
+
+std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands) {
+  std::vector<EntryPtr> out;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const auto& o = p.operands[k];
+    out.push_back(o.kind == RegionOperand::Kind::dense ? nullptr
+                                                       : entry_of(operands[k], o.cached, p.frozen && o.weight, o.weight));
+  }
+  return out;
+}
+
+at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands) {
+  std::optional<at::ScalarType> t;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    if (p.operands[k].kind == RegionOperand::Kind::pattern || !operands[k].is_floating_point()) continue;
+    t = t ? c10::promoteTypes(*t, operands[k].scalar_type()) : operands[k].scalar_type();
+  }
+  return t.value_or(at::kFloat);
+}
+
+// A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
+// levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
+Operand compress(const at::Tensor& src) {
+  static const auto pack = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
+      std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
+                                                      c10::string_view, at::ScalarType)>();
+  const int nd = static_cast<int>(src.dim());
+  const FormatRef& f = interned_format(nd >= 2 ? "csr" : nd == 1 ? "compressed(0)" : "dense", nd);
+  if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
+  const at::Tensor idx = src.nonzero().t().contiguous();
+  c10::List<std::optional<at::Tensor>> index;
+  for (int d = 0; d < nd; ++d) index.push_back(idx[d]);
+  const at::Tensor values = at::index(src, index);
+  auto [buffers, packed] = pack.call(idx, values, src.sizes(), f.text, at::kInt);
+  return Operand{&f, src.sizes().vec(), std::move(buffers), packed};
+}
+
+Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::ScalarType dtype,
+                  const std::map<char, int64_t>& sizes) {
+  std::vector<int64_t> lead;
+  for (int i = 0; i < o.expand; ++i) lead.push_back(sizes.at(o.letters[i]));
+  std::string key = fmt::format("{}|{}|", kind_name(o.kind), c10::toString(dtype));
+  for (auto s : lead) key += std::to_string(s) + ",";
+  auto it = e.sparse.find(key);
+  if (it != e.sparse.end()) return it->second;
+  ++n_compressions;
+  at::Tensor src = t.detach();
+  if (o.kind == RegionOperand::Kind::pattern) {
+    src = (src != 0).to(dtype);
+    if (!lead.empty()) {
+      std::vector<int64_t> ones(lead.size(), 1), shape = lead;
+      ones.insert(ones.end(), src.sizes().begin(), src.sizes().end());
+      shape.insert(shape.end(), src.sizes().begin(), src.sizes().end());
+      src = src.reshape(ones).expand(shape);
+    }
+  } else if (src.scalar_type() != dtype) {
+    src = src.to(dtype);
+  }
+  Operand c = compress(src);
+  e.sparse.emplace(key, c);
+  return c;
+}
+
+at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::ScalarType dtype, bool cached,
+                    bool frozen, bool weight) {
+  if (std::is_sorted(perm.begin(), perm.end()) && t.scalar_type() == dtype && t.is_contiguous()) return t.detach();
+  std::string key = fmt::format("{}|", c10::toString(dtype));
+  for (auto d : perm) key += std::to_string(d) + ",";
+  EntryPtr e = cached ? lookup(t, frozen, weight) : nullptr;
+  if (e) {
+    auto it = e->layouts.find(key);
+    if (it != e->layouts.end()) return it->second;
+  }
+  at::Tensor out = t.detach().to(dtype).permute(perm).contiguous();
+  if (cached) {
+    if (!e) {  // a dense operand: no density needed
+      e = std::make_shared<Entry>();
+      e->alias = t.detach();
+      e->version = static_cast<int64_t>(t._version());
+      e->fingerprint = fingerprint(t);
+      remember(t, e, weight);
+    }
+    e->layouts[key] = out;
+  }
+  return out;
+}
+
+std::map<char, int64_t> letter_sizes(const RegionProgram& p, at::TensorList operands) {
+  std::map<char, int64_t> sizes;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const std::string letters = p.operands[k].tensor_letters();
+    SCORCH_CHECK(static_cast<int64_t>(letters.size()) == operands[k].dim(),
+                 "scorch::region {}: operand {} has {} dimensions, the program gives it {} ('{}')", p.title, k,
+                 operands[k].dim(), letters.size(), letters);
+    for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], operands[k].size(d));
+  }
+  return sizes;
+}
+
+std::vector<Operand> sparse_args(const RegionProgram& p, at::TensorList operands, const std::vector<EntryPtr>& entries,
+                                 at::ScalarType dtype) {
+  const auto sizes = letter_sizes(p, operands);
+  std::vector<Operand> args;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const auto& o = p.operands[k];
+    if (entries[k]) {
+      args.push_back(sparse_of(operands[k], *entries[k], o, dtype, sizes));
+      continue;
+    }
+    std::vector<int64_t> perm;
+    for (char c : p.kernel_letters[k]) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
+    at::Tensor t = laid_out(operands[k], perm, dtype, o.cached, p.frozen && o.weight, o.weight);
+    args.push_back(Operand{nullptr, t.sizes().vec(), {}, t});
+  }
+  return args;
+}
+
+bool groupable(const std::string& text) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, bool> known;
+  {
+    std::lock_guard lock(mu);
+    auto it = known.find(text);
+    if (it != known.end()) return it->second;
+  }
+  const bool g = hooks.groupable && hooks.groupable(text);
+  std::lock_guard lock(mu);
+  known.emplace(text, g);
+  return g;
+}
+
+std::string choose_path(const RegionProgram& p, const std::string& text, at::TensorList operands,
+                        const std::vector<EntryPtr>& entries) {
+  std::vector<double> densities;
+  int64_t elements = 0;
+  bool empty = false;
+  for (size_t k = 0; k < operands.size(); ++k) {
+    elements += operands[k].numel();
+    empty = empty || operands[k].numel() == 0;
+    if (entries[k]) densities.push_back(entries[k]->density);
+  }
+  if (empty || densities.empty()) return "dense";
+  if (choose_by_density(densities, elements, at::get_num_threads(), false).dense) return "dense";
+  if (dispatch_mode() != DispatchMode::sparse && groupable(text) && hooks.grouped_worth &&
+      hooks.grouped_worth(text, operands, densities[0]))
+    return "grouped";
+  return "sparse";
+}
+
+// The same memory and strides as a tensor of its own, not a view: autograd forbids in-place updates of a
+// custom op's output that is a view (out += b after a region, under the eager fallback).
+at::Tensor owning(const at::Tensor& view) {
+  if (!view.is_view()) return view;
+  at::Tensor out = at::empty({0}, view.options());
+  out.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+  return out;
+}
+
+bool shares_memory(const at::Tensor& a, at::TensorList others) {
+  for (const auto& t : others)
+    if (t.has_storage() && a.has_storage() && t.storage().data() == a.storage().data() && a.storage().data()) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string RegionProgram::text() const {
+  std::string s = "{\"operands\":[";
+  for (size_t k = 0; k < operands.size(); ++k) {
+    const auto& o = operands[k];
+    s += fmt::format("{}[{},\"{}\",{},{},{},{}]", k ? "," : "", json_string(o.letters), kind_name(o.kind),
+                     o.cached ? "true" : "false", o.grad ? "true" : "false", o.expand, o.weight ? "true" : "false");
+  }
+  s += fmt::format("],\"out\":{},\"coef\":{},\"frozen\":{},\"name\":{}", json_string(out), coef,
+                   frozen ? "true" : "false", json_string(name));
+  if (!label.empty()) s += ",\"label\":" + json_string(label);
+  return s + "}";
+}
+
+const RegionProgram& region_program(const std::string& text) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<RegionProgram>> programs;
+  {
+    std::lock_guard lock(mu);
+    auto it = programs.find(text);
+    if (it != programs.end()) return *it->second;
+  }
+  auto p = std::make_unique<RegionProgram>(parse_text(text));
+  std::lock_guard lock(mu);  // never shrinks: callers hold references (a process has a bounded set of regions)
+  return *programs.emplace(text, std::move(p)).first->second;
+}
+
+RegionGradient region_gradient(const std::string& text, int k) {
+  const RegionProgram& p = region_program(text);
+  SCORCH_CHECK(k >= 0 && k < static_cast<int>(p.operands.size()), "scorch::region: no operand {}", k);
+  const RegionOperand& target = p.operands[k];
+  std::string present = p.out;
+  RegionProgram g;
+  RegionOperand grad_out;
+  grad_out.letters = p.out;
+  g.operands.push_back(grad_out);
+  RegionGradient r;
+  r.operands.push_back(-1);
+  for (int j = 0; j < static_cast<int>(p.operands.size()); ++j) {
+    if (j == k) continue;
+    present += p.operands[j].letters;
+    g.operands.push_back(p.operands[j]);
+    r.operands.push_back(j);
+  }
+  for (char c : target.letters)
+    if (present.find(c) != std::string::npos) r.produced += c;
+  g.out = r.produced;
+  g.coef = p.coef;
+  g.frozen = p.frozen;
+  g.name = p.name + ".grad" + std::to_string(k);
+  g.label = p.label;
+  r.text = g.text();
+  return r;
+}
+
+std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
+  const RegionProgram& p = region_program(text);
+  const auto entries = entries_of(p, operands);
+  return {p.kernel_equation, sparse_args(p, operands, entries, region_dtype(p, operands))};
+}
+
+std::string region_choose(const std::string& text, at::TensorList operands) {
+  const RegionProgram& p = region_program(text);
+  return choose_path(p, text, operands, entries_of(p, operands));
+}
+
+at::Tensor run_region(const std::string& text, at::TensorList operands, const std::string& force) {
+  const RegionProgram& p = region_program(text);
+  SCORCH_CHECK(operands.size() == p.operands.size(), "scorch::region {}: {} operands expected, got {}", p.title,
+               p.operands.size(), operands.size());
+  for (size_t k = 0; k < operands.size(); ++k)
+    SCORCH_CHECK(operands[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
+                 p.title, k, operands[k].device().str());
+  if (capturing && hooks.capture) hooks.capture(text, operands);
+  const at::ScalarType dtype = region_dtype(p, operands);
+  const auto entries = entries_of(p, operands);
+  const std::string path = force.empty() ? choose_path(p, text, operands, entries) : force;
+  if (hooks.note_path && debug_level() >= 1) {
+    std::vector<double> densities;
+    for (const auto& e : entries)
+      if (e) densities.push_back(e->density);
+    hooks.note_path(text, path, densities, operands);
+  }
+  at::Tensor out;
+  if (path == "grouped") {
+    SCORCH_CHECK(static_cast<bool>(hooks.run_grouped), "scorch::region {}: the grouped path needs Python", p.title);
+    ++n_grouped;
+    out = hooks.run_grouped(text, operands);  // in the requested order
+    std::vector<int64_t> to_storage;
+    for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
+    out = out.permute(to_storage);
+  } else if (path == "dense") {
+    ++n_dense;
+    std::vector<at::Tensor> factors;
+    for (size_t k = 0; k < operands.size(); ++k) {
+      const at::Tensor& t = operands[k];
+      factors.push_back(p.operands[k].kind == RegionOperand::Kind::pattern ? (t != 0).to(dtype)
+                        : t.scalar_type() == dtype                          ? t
+                                                                            : t.to(dtype));
+    }
+    out = at::einsum(p.dense_equation, factors);
+    if (shares_memory(out, operands)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
+  } else {
+    SCORCH_CHECK(path == "sparse", "scorch::region: unknown path '{}' (dense, sparse or grouped)", path);
+    ++n_sparse;
+    const auto args = sparse_args(p, operands, entries, dtype);
+    out = run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
+  }
+  out = out.contiguous();
+  if (p.coef != 1.0) out.mul_(p.coef);
+  return owning(out.permute(p.back));
+}
+
+std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,
+                                             const std::vector<int64_t>& lead, bool frozen) {
+  SCORCH_CHECK(static_cast<int>(lead.size()) == o.expand, "expected {} broadcast sizes, got {}", o.expand, lead.size());
+  EntryPtr e = entry_of(t, /*cached=*/true, frozen, /*weight=*/false);
+  std::map<char, int64_t> sizes;
+  for (int i = 0; i < o.expand; ++i) sizes[o.letters[i]] = lead[i];
+  return {e->density, sparse_of(t, *e, o, dtype, sizes)};
+}
+
+std::vector<uint8_t> region_fingerprint(const at::Tensor& t) { return fingerprint(t); }
+
+double cached_density(const at::Tensor& t, bool frozen) {
+  return entry_of(t, /*cached=*/true, frozen, /*weight=*/false)->density;
+}
+
+RegionStats region_stats() {
+  return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load()};
+}
+
+RegionCacheSizes region_cache_sizes() {
+  std::lock_guard lock(cache_mu);
+  return {weights.order.size(), inputs.order.size(), kMaxWeights, kMaxInputs};
+}
+
+void region_clear_cache() {
+  std::lock_guard lock(cache_mu);
+  weights.clear();
+  inputs.clear();
+}
+
+void set_region_hooks(RegionHooks h) { hooks = std::move(h); }
+void set_region_capture(bool on) { capturing = on; }
+
+// --- the op ------------------------------------------------------------------------------------------------
+namespace {
+
+at::Tensor region_cpu(c10::string_view program, at::TensorList operands) {
+  return translate_errors([&] {
+    const std::string text(program);
+    const RegionProgram& p = region_program(text);
+    RECORD_FUNCTION(p.profile_name.c_str(), std::vector<c10::IValue>());
+    return run_region(text, operands);
+  });
+}
+
+// Shapes only: the output in its storage order, handed back permuted (as the real kernel does).
+at::Tensor region_meta(c10::string_view program, at::TensorList operands) {
+  return translate_errors([&] {
+    const RegionProgram& p = region_program(std::string(program));
+    SCORCH_CHECK(operands.size() == p.operands.size() && !operands.empty(), "scorch::region {}: {} operands expected, got {}",
+                 p.title, p.operands.size(), operands.size());
+    std::map<char, c10::SymInt> sizes;
+    for (size_t k = 0; k < operands.size(); ++k) {
+      const std::string letters = p.operands[k].tensor_letters();
+      const auto s = operands[k].sym_sizes();
+      SCORCH_CHECK(s.size() == letters.size(), "scorch::region {}: operand {} has {} dimensions, the program gives it {}",
+                   p.title, k, s.size(), letters.size());
+      for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], s[d]);
+    }
+    std::vector<c10::SymInt> shape;
+    for (char c : p.storage) shape.push_back(sizes.at(c));
+    return at::empty_symint(shape, operands[0].options().dtype(region_dtype(p, operands))).permute(p.back);
+  });
+}
+
+at::Tensor region_below_autograd(const std::string& program, at::TensorList operands) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::region", "").typed<
+      at::Tensor(c10::string_view, at::TensorList)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return h.call(program, operands);
+}
+
+at::Tensor region_call(const std::string& program, at::TensorList operands) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::region", "").typed<
+      at::Tensor(c10::string_view, at::TensorList)>();
+  return h.call(program, operands);
+}
+
+class RegionFunction : public torch::autograd::Function<RegionFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const std::string& program,
+                                                at::TensorList operands) {
+    ctx->saved_data["program"] = program;
+    ctx->save_for_backward(operands.vec());
+    return {region_below_autograd(program, operands)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::string program = ctx->saved_data["program"].toStringRef();
+    const RegionProgram& p = region_program(program);
+    const auto operands = ctx->get_saved_variables();
+    torch::autograd::variable_list result(1 + operands.size());
+    at::Tensor grad = grads[0];
+    for (size_t k = 0; k < operands.size(); ++k) {
+      const auto& o = p.operands[k];
+      const at::Tensor& t = operands[k];
+      if (!ctx->needs_input_grad(k) || !o.grad || !t.is_floating_point()) continue;
+      if (!grad.defined()) {
+        result[1 + k] = at::zeros_like(t);
+        continue;
+      }
+      const RegionGradient rg = region_gradient(program, static_cast<int>(k));
+      std::vector<at::Tensor> args;
+      for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);
+      at::Tensor g = region_call(rg.text, args);
+      if (rg.produced != o.letters) {  // letters summed only within operand k: constant along them
+        for (size_t d = 0; d < o.letters.size(); ++d)
+          if (rg.produced.find(o.letters[d]) == std::string::npos) g = g.unsqueeze(static_cast<int64_t>(d));
+        g = g.expand(t.sizes());
+      }
+      result[1 + k] = g.to(t.scalar_type());
+    }
+    return result;
+  }
+};
+
+at::Tensor region_autograd(c10::string_view program, at::TensorList operands) {
+  bool wants_grad = false;
+  if (at::GradMode::is_enabled())
+    for (const auto& t : operands) wants_grad = wants_grad || t.requires_grad();
+  if (!wants_grad) return region_below_autograd(std::string(program), operands);
+  return RegionFunction::apply(std::string(program), operands)[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(scorch, m) { m.def("region(str program, Tensor[] operands) -> Tensor"); }
+TORCH_LIBRARY_IMPL(scorch, CPU, m) { m.impl("region", region_cpu); }
+TORCH_LIBRARY_IMPL(scorch, Meta, m) { m.impl("region", region_meta); }
+TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("region", region_autograd); }
+
+}  // namespace scorch::torch_glue

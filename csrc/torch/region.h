@@ -1,0 +1,107 @@
+// scorch::region in C++: a region of a compiled model (one einsum over graph tensors, some of them
+// compressed), run with the operand cache, the dense-or-sparse choice and the executor, and differentiated
+// by more region calls. The program text is the JSON the backend writes (scorch_backend/region.py: Program);
+// it is parsed once per text.
+//
+// Python is asked for two things only, through hooks the _C module installs: the grouped dense execution of a
+// one-hot gated product (a mixture of experts; scorch_backend/region.py) and the recording of operands that
+// `explain` asks for. A program without Python (TorchScript from C++) runs the other paths.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "executor.h"
+
+namespace scorch::torch_glue {
+
+struct RegionOperand {
+  std::string letters;
+  enum class Kind { dense, sparse, pattern } kind = Kind::dense;
+  bool cached = false;  // a parameter or buffer: compressed once per version
+  bool grad = true;     // false for pattern factors
+  int expand = 0;       // pattern factors: leading letters the tensor lacks (broadcast along them)
+  bool weight = false;  // frozen_weights: checked by version counter only
+  std::string tensor_letters() const { return letters.substr(expand); }
+};
+
+struct RegionProgram {
+  std::vector<RegionOperand> operands;
+  std::string out;
+  double coef = 1.0;
+  bool frozen = false;
+  std::string name, label;
+
+  // Derived once: the loop order's letters, the output's storage letters and the permutation giving back the
+  // requested order, the kernel's equation and each operand's letters in it, the dense path's equation.
+  std::string loop_letters, storage;
+  std::vector<int64_t> back;
+  std::string kernel_equation, dense_equation;
+  std::vector<std::string> kernel_letters;
+  std::string title, profile_name;
+
+  std::string text() const;  // JSON, as the backend writes it
+};
+
+// Parsed and validated once per text (ValueError for a malformed program).
+const RegionProgram& region_program(const std::string& text);
+
+// The program of d out / d operand k: its text, the operands it takes (-1 is the output gradient) and the
+// letters it produces.
+struct RegionGradient {
+  std::string text;
+  std::vector<int> operands;
+  std::string produced;
+};
+RegionGradient region_gradient(const std::string& text, int k);
+
+// Run a program. `force`: "" (choose), "dense", "sparse" or "grouped".
+at::Tensor run_region(const std::string& text, at::TensorList operands, const std::string& force = "");
+
+// What the sparse path would run: the kernel's equation and its operands (compressed ones from the cache).
+std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands);
+
+// The path the choice takes for these operands ("dense", "sparse" or "grouped").
+std::string region_choose(const std::string& text, at::TensorList operands);
+
+// A tensor compressed as operand `o` of a program would be (through the same cache, as a data input), and
+// its density: for ops that share the cache (masked attention's mask). `lead`: the broadcast sizes of a
+// pattern operand's leading letters.
+std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,
+                                             const std::vector<int64_t>& lead, bool frozen);
+
+// The bytes of the fingerprint entries of a tensor (32 entries spread over it, any strides).
+std::vector<uint8_t> region_fingerprint(const at::Tensor& t);
+
+// The density of a tensor, through the same cache (measured once per version).
+double cached_density(const at::Tensor& t, bool frozen);
+
+struct RegionStats {
+  int64_t compressions = 0, cache_hits = 0, sparse_runs = 0, dense_runs = 0, grouped_runs = 0;
+};
+RegionStats region_stats();
+// Entries in the cache of weights and of data inputs, and their limits.
+struct RegionCacheSizes {
+  size_t weights, inputs, max_weights, max_inputs;
+};
+RegionCacheSizes region_cache_sizes();
+void region_clear_cache();
+
+struct RegionHooks {
+  // Is the program of this text one that can run grouped at all (asked once per text)? Does grouping pay
+  // for these operands (given the compressed one's density)? Run it (the result in the requested order).
+  std::function<bool(const std::string&)> groupable;
+  std::function<bool(const std::string&, at::TensorList, double)> grouped_worth;
+  std::function<at::Tensor(const std::string&, at::TensorList)> run_grouped;
+  std::function<void(const std::string&, at::TensorList)> capture;  // while `explain` records
+  // The run-time path while SCORCH_DEBUG >= 1 (logged once per region and path; loop IR dumped at 2).
+  std::function<void(const std::string&, const std::string&, const std::vector<double>&, at::TensorList)> note_path;
+};
+void set_region_hooks(RegionHooks hooks);
+void set_region_capture(bool on);
+
+}  // namespace scorch::torch_glue
