@@ -175,9 +175,13 @@ def _fast_out_text(out_format):
 
 
 def _calibrate(threads: int) -> None:
-    """Measure (or load) this machine's crossover for the thread count and target, and hand it to C++."""
+    """Measure (or load) this machine's crossover for the thread count and target, and hand it to C++ (the
+    executor calls this the first time a thread count and target need it)."""
     _C.set_calibrated_crossover(threads, _C.target_name(),
                                 float(cost_model.calibration(threads)["dense_crossover_density"]))
+
+
+_C.set_calibration_hook(_calibrate)
 
 
 def _einsum(equation: str, operands, out_format, choose: bool):
@@ -188,9 +192,6 @@ def _einsum(equation: str, operands, out_format, choose: bool):
             threads = torch.get_num_threads()
             # (SCORCH_DEBUG >= 1 makes the executor explain itself: `why` is then non-empty)
             result, why, plan = _C.einsum(equation, operands, out_text, threads, False, choose)
-            if result is None and why == "calibrate":
-                _calibrate(threads)
-                result, why, plan = _C.einsum(equation, operands, out_text, threads, False, choose)
             if result is not None:
                 if why:  # SCORCH_DEBUG >= 1
                     _explain(equation, why, plan if why.startswith("sparse") else None)

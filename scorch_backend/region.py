@@ -455,14 +455,8 @@ def profile_name(text: str) -> str:
     return f"scorch::region {layout(text)['title']}"
 
 
-def _calibrate_hook(threads: int) -> None:
-    from .frontend import _calibrate
-
-    _calibrate(threads)
-
-
 _C.install_region_hooks(lambda text: grouped_plan(text) is not None, _grouped_worth_it, _run_grouped_hook,
-                        _capture_hook, _log_path, _calibrate_hook)
+                        _capture_hook, _log_path)
 
 
 def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:

@@ -278,8 +278,8 @@ py::dict plan_summary(const scorch::Plan& p, const std::string& statement) {
 }
 
 // einsum on the executor. Returns (result, why, plan): result None means Python runs the call itself, with
-// why "python" (an operand the fast path does not take), "calibrate" (the cost model needs its measurement
-// first) or the reason a dense run was chosen whose result is stored sparse. `plan` is given when `explain`.
+// why "python" (an operand the fast path does not take) or the reason a dense run was chosen whose result is
+// stored sparse. `plan` is given when `explain`.
 // `decide` false runs the sparse kernel without asking the cost model (the caller decided). SCORCH_DEBUG >= 1
 // turns `explain` on: why is then non-empty for every call that ran.
 py::tuple einsum_call(const std::string& equation, const py::sequence& operands, const std::string& out_format,
@@ -312,17 +312,28 @@ py::object operand_to_py(glue::Operand&& o) { return result_to_py(std::move(o));
 
 // Python's side of regions: the grouped execution, explain's recording and the run-time path's log line.
 // Every hook takes the GIL (the op may be called from C++ code holding none).
+// Python objects kept by C++ hooks: released with the GIL held, and never after the interpreter is gone.
+std::shared_ptr<py::object> keep_py(py::object f) {
+  return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* p) {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire g;
+      delete p;
+    }
+  });
+}
+
+void set_calibration_hook(py::object calibrate) {
+  auto cal = keep_py(std::move(calibrate));
+  glue::set_calibration_hook([cal](int64_t threads) {
+    py::gil_scoped_acquire gil;
+    (*cal)(threads);
+  });
+}
+
 void install_region_hooks(py::object groupable, py::object grouped_worth, py::object run_grouped, py::object capture,
-                          py::object note_path, py::object calibrate) {
-  auto keep = [](py::object f) { return std::shared_ptr<py::object>(new py::object(std::move(f)), [](py::object* p) {
-                                   // at interpreter exit the object may outlive Python: never decref then
-                                   if (Py_IsInitialized()) {
-                                     py::gil_scoped_acquire g;
-                                     delete p;
-                                   }
-                                 }); };
-  auto g = keep(std::move(groupable)), w = keep(std::move(grouped_worth)), r = keep(std::move(run_grouped)),
-       c = keep(std::move(capture)), n = keep(std::move(note_path)), cal = keep(std::move(calibrate));
+                          py::object note_path) {
+  auto g = keep_py(std::move(groupable)), w = keep_py(std::move(grouped_worth)), r = keep_py(std::move(run_grouped)),
+       c = keep_py(std::move(capture)), n = keep_py(std::move(note_path));
   glue::RegionHooks h;
   h.groupable = [g](const std::string& text) {
     py::gil_scoped_acquire gil;
@@ -346,10 +357,6 @@ void install_region_hooks(py::object groupable, py::object grouped_worth, py::ob
     (*n)(text, path, densities, ops.vec());
   };
   glue::set_region_hooks(std::move(h));
-  glue::set_calibration_hook([cal](int64_t threads) {
-    py::gil_scoped_acquire gil;
-    (*cal)(threads);
-  });
 }
 
 py::tuple region_sparse_call(const std::string& text, const std::vector<at::Tensor>& operands) {
@@ -431,7 +438,9 @@ PYBIND11_MODULE(_C, m) {
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
   m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),
-        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"), py::arg("calibrate"));
+        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"));
+  m.def("set_calibration_hook", &set_calibration_hook, py::arg("calibrate"),
+        "The function the executor calls (with a thread count) the first time it needs the crossover density.");
   m.def("region_run", [](const std::string& text, const std::vector<at::Tensor>& operands, const std::string& force) {
     return glue::run_region(text, operands, force);
   }, py::arg("text"), py::arg("operands"), py::arg("force") = "",
