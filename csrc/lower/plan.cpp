@@ -284,7 +284,9 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
   }
   Storage o;
   if (out != "strided" && out != "dense") o.format = Format::parse(out, out_rank);
-  if (out == "dense") plan.reasons.push_back("output requested dense");
+  if (!out_format.empty())  // the caller chose: say so, whatever the choice
+    plan.reasons.push_back(o.strided() ? "output requested dense"
+                                       : fmt::format("output requested as {}", o.format->short_name()));
   plan.out_format = o.strided() ? "strided" : o.format->str();
   spec.output = o;
   plan.spec = spec.str();
