@@ -1,0 +1,316 @@
+// Region programs: the JSON text the backend writes (scorch_backend/region.py: Program), read once per text
+// into a RegionProgram with its derived layouts (loop order, storage order, kernel equation), written back,
+// and differentiated (the program of d out / d operand k).
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "region.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+// --- the program text: a small JSON reader and writer -----------------------------------------------------
+struct Json;
+using JsonArray = std::vector<Json>;
+using JsonObject = std::map<std::string, Json>;
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, JsonArray, JsonObject> v;
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(const std::string& s) : s_(s) {}
+  Json document() {
+    Json j = value(0);
+    skip();
+    check(p_ == s_.size(), "trailing text");
+    return j;
+  }
+
+ private:
+  void check(bool ok, const char* what) const {
+    SCORCH_CHECK(ok, "scorch::region: malformed program text ({} at character {})", what, p_);
+  }
+  void skip() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\n' || s_[p_] == '\t' || s_[p_] == '\r')) ++p_;
+  }
+  bool eat(char c) {
+    skip();
+    if (p_ < s_.size() && s_[p_] == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  Json value(int depth) {
+    check(depth < 32, "nesting too deep");
+    skip();
+    check(p_ < s_.size(), "unexpected end");
+    const char c = s_[p_];
+    if (c == '{') {
+      ++p_;
+      JsonObject o;
+      if (eat('}')) return Json{o};
+      do {
+        skip();
+        std::string k = string();
+        check(eat(':'), "':' expected");
+        o[k] = value(depth + 1);
+      } while (eat(','));
+      check(eat('}'), "'}' expected");
+      return Json{o};
+    }
+    if (c == '[') {
+      ++p_;
+      JsonArray a;
+      if (eat(']')) return Json{a};
+      do a.push_back(value(depth + 1));
+      while (eat(','));
+      check(eat(']'), "']' expected");
+      return Json{a};
+    }
+    if (c == '"') return Json{string()};
+    if (s_.compare(p_, 4, "true") == 0) return p_ += 4, Json{true};
+    if (s_.compare(p_, 5, "false") == 0) return p_ += 5, Json{false};
+    if (s_.compare(p_, 4, "null") == 0) return p_ += 4, Json{nullptr};
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(s_.substr(p_, 32), &used);
+    } catch (const std::exception&) {
+      check(false, "value expected");
+    }
+    p_ += used;
+    return Json{d};
+  }
+  std::string string() {
+    check(p_ < s_.size() && s_[p_] == '"', "string expected");
+    ++p_;
+    std::string out;
+    while (true) {
+      check(p_ < s_.size(), "unterminated string");
+      const char c = s_[p_++];
+      if (c == '"') return out;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      check(p_ < s_.size(), "unterminated escape");
+      const char e = s_[p_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          check(p_ + 4 <= s_.size(), "short \\u escape");
+          unsigned cp = std::stoul(s_.substr(p_, 4), nullptr, 16);
+          p_ += 4;
+          if (cp >= 0xD800 && cp < 0xDC00 && p_ + 6 <= s_.size() && s_[p_] == '\\' && s_[p_ + 1] == 'u') {
+            const unsigned lo = std::stoul(s_.substr(p_ + 2, 4), nullptr, 16);
+            p_ += 6;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          // UTF-8
+          if (cp < 0x80) {
+            out += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            out += static_cast<char>(0xC0 | (cp >> 6));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else if (cp < 0x10000) {
+            out += static_cast<char>(0xE0 | (cp >> 12));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          } else {
+            out += static_cast<char>(0xF0 | (cp >> 18));
+            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+            out += static_cast<char>(0x80 | (cp & 0x3F));
+          }
+          break;
+        }
+        default: check(false, "bad escape");
+      }
+    }
+  }
+  const std::string& s_;
+  size_t p_ = 0;
+};
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+template <typename T>
+const T& as(const Json& j, const char* what) {
+  const T* p = std::get_if<T>(&j.v);
+  SCORCH_CHECK(p != nullptr, "scorch::region: malformed program text ({})", what);
+  return *p;
+}
+
+const Json* field(const JsonObject& o, const char* name) {
+  auto it = o.find(name);
+  return it == o.end() ? nullptr : &it->second;
+}
+
+const char* kind_name(RegionOperand::Kind k) {
+  return k == RegionOperand::Kind::sparse ? "sparse" : k == RegionOperand::Kind::pattern ? "pattern" : "dense";
+}
+
+void derive(RegionProgram& p) {
+  // The kernel's loop order: the compressed operands' letters outermost, then the output's, then the rest.
+  std::string& order = p.loop_letters;
+  auto add = [&](const std::string& letters) {
+    for (char c : letters)
+      if (order.find(c) == std::string::npos) order += c;
+  };
+  for (const auto& o : p.operands)
+    if (o.kind != RegionOperand::Kind::dense) add(o.letters);
+  add(p.out);
+  for (const auto& o : p.operands) add(o.letters);
+  auto by_order = [&](std::string s) {
+    std::sort(s.begin(), s.end(), [&](char a, char b) { return order.find(a) < order.find(b); });
+    return s;
+  };
+  p.storage = by_order(p.out);
+  for (char c : p.out) p.back.push_back(static_cast<int64_t>(p.storage.find(c)));
+  std::string kernel, dense;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const auto& o = p.operands[k];
+    p.kernel_letters.push_back(o.kind != RegionOperand::Kind::dense ? o.letters : by_order(o.letters));
+    kernel += (k ? "," : "") + p.kernel_letters.back();
+    dense += (k ? "," : "") + o.tensor_letters();
+  }
+  p.kernel_equation = kernel + "->" + p.storage;
+  p.dense_equation = dense + "->" + p.storage;
+  p.title = p.name.empty() && p.label.empty() ? "region" : p.label.empty() ? p.name
+                                                         : p.name.empty() ? p.label : p.name + " " + p.label;
+  p.profile_name = "scorch::region " + p.title;
+}
+
+RegionProgram parse_text(const std::string& text) {
+  const Json doc = JsonReader(text).document();
+  const auto& o = as<JsonObject>(doc, "an object expected");
+  RegionProgram p;
+  const Json* ops = field(o, "operands");
+  const Json* out = field(o, "out");
+  SCORCH_CHECK(ops && out, "scorch::region: malformed program text (operands and out are required)");
+  for (const Json& e : as<JsonArray>(*ops, "operands must be a list")) {
+    const auto& a = as<JsonArray>(e, "an operand must be a list");
+    SCORCH_CHECK(a.size() == 6, "scorch::region: malformed program text (an operand has 6 fields)");
+    RegionOperand r;
+    r.letters = as<std::string>(a[0], "operand letters");
+    const std::string kind = as<std::string>(a[1], "operand kind");
+    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern", "scorch::region: unknown operand kind '{}'",
+                 kind);
+    r.kind = kind == "sparse" ? RegionOperand::Kind::sparse
+             : kind == "pattern" ? RegionOperand::Kind::pattern
+                                 : RegionOperand::Kind::dense;
+    r.cached = as<bool>(a[2], "cached flag");
+    r.grad = as<bool>(a[3], "grad flag");
+    const double expand = as<double>(a[4], "expand count");
+    SCORCH_CHECK(expand >= 0 && expand <= 26 && expand == static_cast<int>(expand),
+                 "scorch::region: bad expand count {}", expand);
+    r.expand = static_cast<int>(expand);
+    r.weight = as<bool>(a[5], "weight flag");
+    p.operands.push_back(std::move(r));
+  }
+  p.out = as<std::string>(*out, "out letters");
+  if (const Json* c = field(o, "coef")) p.coef = as<double>(*c, "coef");
+  if (const Json* f = field(o, "frozen")) p.frozen = as<bool>(*f, "frozen flag");
+  if (const Json* n = field(o, "name")) p.name = as<std::string>(*n, "name");
+  if (const Json* l = field(o, "label")) p.label = as<std::string>(*l, "label");
+
+  std::string seen;
+  for (const auto& r : p.operands) {
+    bool ok = !r.letters.empty() || r.kind == RegionOperand::Kind::dense;
+    for (size_t i = 0; i < r.letters.size(); ++i) {
+      const char c = r.letters[i];
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) && r.letters.find(c) == i;
+    }
+    SCORCH_CHECK(ok || r.letters.empty(), "scorch::region: bad operand letters '{}'", r.letters);
+    SCORCH_CHECK(!r.expand || (r.kind == RegionOperand::Kind::pattern && r.expand <= static_cast<int>(r.letters.size())),
+                 "scorch::region: only pattern operands broadcast");
+    seen += r.letters;
+  }
+  for (size_t i = 0; i < p.out.size(); ++i)
+    SCORCH_CHECK(seen.find(p.out[i]) != std::string::npos && p.out.find(p.out[i]) == i,
+                 "scorch::region: bad output letters '{}'", p.out);
+  derive(p);
+  return p;
+}
+
+}  // namespace
+
+std::string RegionProgram::text() const {
+  std::string s = "{\"operands\":[";
+  for (size_t k = 0; k < operands.size(); ++k) {
+    const auto& o = operands[k];
+    s += fmt::format("{}[{},\"{}\",{},{},{},{}]", k ? "," : "", json_string(o.letters), kind_name(o.kind),
+                     o.cached ? "true" : "false", o.grad ? "true" : "false", o.expand, o.weight ? "true" : "false");
+  }
+  s += fmt::format("],\"out\":{},\"coef\":{},\"frozen\":{},\"name\":{}", json_string(out), coef,
+                   frozen ? "true" : "false", json_string(name));
+  if (!label.empty()) s += ",\"label\":" + json_string(label);
+  return s + "}";
+}
+
+const RegionProgram& region_program(const std::string& text) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<RegionProgram>> programs;
+  {
+    std::lock_guard lock(mu);
+    auto it = programs.find(text);
+    if (it != programs.end()) return *it->second;
+  }
+  auto p = std::make_unique<RegionProgram>(parse_text(text));
+  std::lock_guard lock(mu);  // never shrinks: callers hold references (a process has a bounded set of regions)
+  return *programs.emplace(text, std::move(p)).first->second;
+}
+
+RegionGradient region_gradient(const std::string& text, int k) {
+  const RegionProgram& p = region_program(text);
+  SCORCH_CHECK(k >= 0 && k < static_cast<int>(p.operands.size()), "scorch::region: no operand {}", k);
+  const RegionOperand& target = p.operands[k];
+  std::string present = p.out;
+  RegionProgram g;
+  RegionOperand grad_out;
+  grad_out.letters = p.out;
+  g.operands.push_back(grad_out);
+  RegionGradient r;
+  r.operands.push_back(-1);
+  for (int j = 0; j < static_cast<int>(p.operands.size()); ++j) {
+    if (j == k) continue;
+    present += p.operands[j].letters;
+    g.operands.push_back(p.operands[j]);
+    r.operands.push_back(j);
+  }
+  for (char c : target.letters)
+    if (present.find(c) != std::string::npos) r.produced += c;
+  g.out = r.produced;
+  g.coef = p.coef;
+  g.frozen = p.frozen;
+  g.name = p.name + ".grad" + std::to_string(k);
+  g.label = p.label;
+  r.text = g.text();
+  return r;
+}
+
+}  // namespace scorch::torch_glue
