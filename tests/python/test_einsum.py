@@ -159,7 +159,8 @@ def test_out_format_override_and_dtypes():
     assert m.dtype == torch.float64
 
 
-def test_int64_indices():
+def test_int64_indices(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")  # the kernel's index width; a tiny product would run dense
     S = sb.sparse(A, "csr", index_dtype=torch.int64)
     out = sb.einsum("ij,jk->ik", S, sb.sparse(B, "csr"))
     assert out.index_dtype == torch.int64
@@ -222,7 +223,7 @@ def test_kernel_info_and_debug_output(tmp_path):
     code = ("import torch, scorch_backend as sb\n"
             "S = sb.sparse(torch.eye(4), 'csr')\n"
             "sb.einsum('ij,jk->ik', S, torch.ones(4, 2))\n")
-    env = dict(os.environ, SCORCH_DEBUG="1", SCORCH_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, SCORCH_DEBUG="1", SCORCH_CACHE_DIR=str(tmp_path), SCORCH_DISPATCH="sparse")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     for what in ["einsum ij,jk->ik: out(i,k) = operand 0(i,j) * operand 1(j,k)", "kernel spec: out(i0,i1) =",
@@ -258,11 +259,12 @@ def test_compiler_failure_raises_runtime_error(tmp_path):
             "except RuntimeError as e:\n"
             "    print('caught', e)\n")
     # A compiler that does not run at all: named, as a RuntimeError.
-    env = dict(os.environ, CXX="false", SCORCH_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, CXX="false", SCORCH_CACHE_DIR=str(tmp_path), SCORCH_DISPATCH="sparse")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "caught scorch: compiling a kernel failed" in r.stdout and "false" in r.stdout, r.stdout + r.stderr
     # A compiler that runs and fails on the kernel (here at the link): the source is named too.
-    env = dict(os.environ, CXX="c++ -Wl,--scorch-no-such-option", SCORCH_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, CXX="c++ -Wl,--scorch-no-such-option", SCORCH_CACHE_DIR=str(tmp_path),
+               SCORCH_DISPATCH="sparse")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "caught scorch: compiling a kernel failed" in r.stdout and "source:" in r.stdout, r.stdout + r.stderr
 

@@ -51,7 +51,8 @@ def test_opcheck_format_ops():
     torch.library.opcheck(torch.ops.scorch.to_dense.default, (bufs, values, [5, 4], S.format.canonical))
 
 
-def test_kernels_show_in_the_profiler():
+def test_kernels_show_in_the_profiler(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")  # a tiny product: the default dispatch would run it dense
     S = sb.sparse(random_dense((50, 40), 0.2, torch.float32, 7), "csr")
     D = torch.randn(40, 8)
     sb.einsum("ij,jk->ik", S, D)
