@@ -22,11 +22,21 @@
 #include "lower/kernel_spec.h"
 #include "lower/lower.h"
 #include "lower/schedule.h"
+#include "runtime/bundle.h"
+#include "runtime/fileio.h"
+#include "runtime/jit_internal.h"
 #include "runtime/process.h"
+#include "runtime/settings.h"
 #include "runtime/target.h"
 
 namespace scorch {
 namespace {
+
+using fileio::all_digits;
+using fileio::json_string;
+using fileio::make_dirs;
+using fileio::read_regular_file;
+using fileio::write_atomically;
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -40,13 +50,6 @@ std::string env_trimmed(const char* name) {
   const auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
-bool all_digits(const std::string& s) {
-  if (s.empty()) return false;
-  for (char c : s)
-    if (c < '0' || c > '9') return false;
-  return true;
 }
 
 // What the environment asks of the JIT, read on every get_kernel (tests and users change it at run time).
@@ -95,19 +98,6 @@ const std::vector<std::string>& sanitize_flags() {
   return f;
 }
 
-void make_dirs(const std::string& path) {
-  std::string at;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!at.empty()) ::mkdir(at.c_str(), 0755);
-    }
-    if (i < path.size()) at += path[i];
-  }
-  struct stat sb;
-  SCORCH_CHECK(::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode), "cannot create the kernel cache directory {}",
-               path);
-}
-
 std::vector<std::string> compile_command(const Target& target, bool sanitize, const std::string& src,
                                          const std::string& lib) {
   std::vector<std::string> cmd = compiler_command();
@@ -118,76 +108,6 @@ std::vector<std::string> compile_command(const Target& target, bool sanitize, co
   cmd.push_back(lib);
   cmd.push_back(src);
   return cmd;
-}
-
-bool write_all(int fd, const std::string& data) {
-  for (size_t done = 0; done < data.size();) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Writes under a name of this process and renames into place, so readers see the old file or the new one.
-void write_atomically(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  SCORCH_CHECK(fd >= 0, "cannot write {}: {}", tmp, std::strerror(errno));
-  const bool ok = write_all(fd, data);
-  const bool closed = ::close(fd) == 0;
-  if (!ok || !closed) {
-    ::unlink(tmp.c_str());
-    throw_error(ErrorKind::runtime, fmt::format("cannot write {}", tmp));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw_error(ErrorKind::runtime, fmt::format("cannot rename {} to {}", tmp, path));
-  }
-}
-
-// The whole of a regular file (never a symlink, a FIFO or a device), at most `limit` bytes. "" and false
-// when it is absent, not regular, larger or unreadable. Read with read(), not mapped: a file truncated under
-// us gives a short read, not a SIGBUS.
-bool read_regular_file(const std::string& path, size_t limit, std::string& out, off_t expect_size = -1) {
-  out.clear();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return false;
-  struct stat sb;
-  bool ok = ::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<size_t>(sb.st_size) <= limit &&
-            (expect_size < 0 || sb.st_size == expect_size);
-  if (ok) {
-    out.resize(static_cast<size_t>(sb.st_size));
-    size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    ok = done == out.size();
-    char extra;
-    if (ok && ::read(fd, &extra, 1) > 0) ok = false;  // grew while we read it
-  }
-  ::close(fd);
-  if (!ok) out.clear();
-  return ok;
-}
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c < 0x20) {
-      o += fmt::format("\\u{:04x}", c);
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
 }
 
 // What a cache entry must be: written when the kernel is built, and checked (text for text) before an entry
@@ -247,26 +167,6 @@ std::string verify_entry(const std::string& lib_path, const std::string& manifes
           : "its manifest does not match this kernel (spec, target or command differ, or it is garbled)";
   library.clear();
   return reason;
-}
-
-// Loads library bytes that were just verified. They are written to a file private to this process (created
-// here, O_EXCL, a name never used twice in the process) and that file is loaded, then unlinked: what dlopen
-// maps is exactly what was hashed, whatever happens to the cache file meanwhile (replaced, truncated in
-// place). The copy lives in the cache directory, which is known to allow executable mappings (/tmp may not).
-void* load_verified(const std::string& dir, const std::string& key, const std::string& library,
-                    const std::string& library_path) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, key, ::getpid(), counter++);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
-  SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load a kernel: {}", path,
-                    std::strerror(errno));
-  const bool ok = write_all(fd, library);
-  const bool closed = ::close(fd) == 0;
-  void* handle = ok && closed ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
-  const std::string err = handle ? "" : ok && closed ? ::dlerror() : "cannot write the private copy";
-  ::unlink(path.c_str());
-  if (!handle) throw_error(ErrorKind::runtime, fmt::format("scorch: cannot load kernel {}: {}", library_path, err));
-  return handle;
 }
 
 bool process_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
@@ -335,19 +235,8 @@ class KeyLock {
   int fd_ = -1;
 };
 
-struct Lowered {
-  KernelSpec spec;
-  Schedule schedule;
-  LoweredKernel kernel;
-  std::string source;
-};
-
 Lowered lower_spec(const std::string& text, const Target& target) {
-  Lowered l{KernelSpec::parse(text), {}, {}, {}};
-  l.schedule = make_schedule(l.spec);
-  l.kernel = lower(l.spec, l.schedule, VectorShape{target.vector_bytes, target.tile_vectors()});
-  l.source = emit_cpp(l.spec, l.kernel, target.vector_bytes);
-  return l;
+  return scorch::lower_spec(text, target.vector_bytes, target.tile_vectors());
 }
 
 // Compiles the source into the cache under the held lock; returns the library's bytes. The library is
@@ -388,16 +277,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
   const auto t0 = std::chrono::steady_clock::now();
   Lowered l = lower_spec(text, target);
   auto k = std::make_shared<CompiledKernel>();
-  k->spec = text;
-  k->statement = l.spec.stmt.str();
-  k->schedule = l.schedule.str(l.spec.stmt);
-  k->reasons = l.schedule.reasons;
-  k->reasons.insert(k->reasons.end(), l.kernel.reasons.begin(), l.kernel.reasons.end());
-  k->loop_ir = loops::print(l.kernel.body);
-  k->sparse_output = l.kernel.sparse_output;
-  k->sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
-  k->sampled_operand = l.schedule.output == OutputMode::sampled ? l.schedule.sampled_tensor : -1;
-  k->input_pointers = input_pointer_count(l.spec);
+  describe_kernel(l, text, *k);
 
   const std::string dir = kernel_cache_dir();
   make_dirs(dir);
@@ -427,7 +307,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
       k->compiled = true;
     }
   }
-  void* handle = load_verified(dir, key, library, k->library_path);
+  void* handle = fileio::load_private_copy(dir, key, library, "kernel " + k->library_path);
   k->fn = reinterpret_cast<KernelFn>(::dlsym(handle, "scorch_kernel"));
   k->free_fn = reinterpret_cast<KernelFreeFn>(::dlsym(handle, "scorch_kernel_free"));
   SCORCH_CHECK(k->fn && k->free_fn, "kernel library {} lacks the scorch_kernel entry points", k->library_path);
@@ -449,6 +329,36 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
 
 }  // namespace
 
+Lowered lower_spec(const std::string& text, int vector_bytes, int tile_vectors) {
+  Lowered l{KernelSpec::parse(text), {}, {}, {}};
+  l.schedule = make_schedule(l.spec);
+  l.kernel = lower(l.spec, l.schedule, VectorShape{vector_bytes, tile_vectors});
+  l.source = emit_cpp(l.spec, l.kernel, vector_bytes);
+  return l;
+}
+
+void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& k) {
+  k.spec = text;
+  k.statement = l.spec.stmt.str();
+  k.schedule = l.schedule.str(l.spec.stmt);
+  k.reasons = l.schedule.reasons;
+  k.reasons.insert(k.reasons.end(), l.kernel.reasons.begin(), l.kernel.reasons.end());
+  k.loop_ir = loops::print(l.kernel.body);
+  k.sparse_output = l.kernel.sparse_output;
+  k.sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
+  k.sampled_operand = l.schedule.output == OutputMode::sampled ? l.schedule.sampled_tensor : -1;
+  k.input_pointers = input_pointer_count(l.spec);
+}
+
+std::vector<std::string> kernel_compile_flags(const Target& target) {
+  std::vector<std::string> cmd = {"-O3"};
+  cmd.insert(cmd.end(), target.flags.begin(), target.flags.end());
+  for (const char* a : {"-fopenmp", "-fPIC", "-std=c++17", "-w"}) cmd.push_back(a);
+  return cmd;
+}
+
+double compile_timeout_seconds() { return read_settings().timeout; }
+
 std::string kernel_cache_dir() {
   if (const char* d = std::getenv("SCORCH_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/scorch";
@@ -458,8 +368,7 @@ std::string kernel_cache_dir() {
 namespace {
 
 // The environment checked, and the target, for one request.
-const Target& prepare(Settings& settings) {
-  settings = read_settings();
+const Target& prepare(const Settings& settings) {
   SCORCH_CHECK(!settings.sanitize || asan_runtime_present(),
                "SCORCH_SANITIZE=1 compiles kernels with AddressSanitizer, which can only be loaded into a process "
                "running its runtime: use a SCORCH_SANITIZE=ON build, or start the process with "
@@ -469,26 +378,63 @@ const Target& prepare(Settings& settings) {
 
 }  // namespace
 
+namespace {
+
+std::mutex g_used_mu;
+std::vector<std::string> g_used;             // specs get_kernel returned a kernel for, in first-use order
+std::unordered_map<std::string, bool> g_used_set;
+
+void note_used(const std::string& spec) {
+  std::lock_guard lock(g_used_mu);
+  if (g_used_set.emplace(spec, true).second) g_used.push_back(spec);
+}
+
+}  // namespace
+
+std::vector<std::string> used_kernel_specs() {
+  std::lock_guard lock(g_used_mu);
+  return g_used;
+}
+
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::shared_ptr<const CompiledKernel>> cache;
-  Settings settings;
-  const Target& target = prepare(settings);
+  // Kernels from loaded bundles come first, before anything that needs a compiler (resolving the target).
+  Settings settings = read_settings();
+  if (auto k = find_bundled_kernel(spec)) {
+    note_used(spec);
+    return k;
+  }
+  SCORCH_CHECK_KIND(ErrorKind::runtime, jit_enabled(),
+                    "scorch: no kernel for spec '{}': it is not in any loaded kernel bundle ({}), and JIT "
+                    "compilation is disabled (SCORCH_JIT=0). Build a bundle that holds it "
+                    "(scorch_backend.aot.build_bundle) and load it first",
+                    spec, bundle_summary());
+  const Target* target = nullptr;
+  try {
+    target = &prepare(settings);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::runtime) throw;
+    // The compiler does not run: say which kernel was needed (the message keeps its beginning).
+    throw_error(e.kind(), fmt::format("{}\n(needed for kernel spec '{}', which is not in any loaded kernel bundle: "
+                                      "{})", e.what(), spec, bundle_summary()));
+  }
   // A new target or sanitizer setting in this process: new kernels. The disk entry is verified once per
   // process and key; later calls are answered from here.
-  const std::string key = target.fingerprint + (settings.sanitize ? "\nsanitize\n" : "\n") + spec;
+  const std::string key = target->fingerprint + (settings.sanitize ? "\nsanitize\n" : "\n") + spec;
   {
     std::lock_guard lock(mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  auto k = build(spec, target, settings);  // outside the lock: compiling takes a while; a duplicate is harmless
+  auto k = build(spec, *target, settings);  // outside the lock: compiling takes a while; a duplicate is harmless
+  note_used(spec);
   std::lock_guard lock(mu);
   return cache.emplace(key, std::move(k)).first->second;
 }
 
 std::shared_ptr<const CompiledKernel> get_kernel_uncached(const std::string& spec) {
-  Settings settings;
+  const Settings settings = read_settings();
   const Target& target = prepare(settings);
   return build(spec, target, settings);
 }

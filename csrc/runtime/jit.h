@@ -41,8 +41,14 @@ struct CompiledKernel {
 
 std::string kernel_cache_dir();
 
-// The kernel for a spec (see lower/kernel_spec.h), built at most once per process.
+// The kernel for a spec (see lower/kernel_spec.h), built at most once per process. Kernels registered by a
+// loaded bundle (runtime/bundle.h) are returned first, without resolving the target or touching the disk
+// cache; with SCORCH_JIT=0 nothing else is tried, and a spec no bundle holds is a RuntimeError naming it.
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec);
+
+// Every spec get_kernel has returned a kernel for in this process (JIT or bundle), in first-use order: what a
+// bundle for this workload must hold.
+std::vector<std::string> used_kernel_specs();
 
 // The same, bypassing the in-process cache: the disk cache is consulted (and verified) on every call, and each
 // call loads a library of its own. For tests and tools.

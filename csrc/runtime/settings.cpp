@@ -84,4 +84,13 @@ int debug_level() {
   });
 }
 
+bool jit_enabled() {
+  return cached<bool>("SCORCH_JIT", [](const std::string& v) {
+    if (v.empty() || v == "1") return true;
+    if (v == "0") return false;
+    throw_error(ErrorKind::value, fmt::format("SCORCH_JIT='{}': expected 1 (compile kernels no loaded bundle holds, "
+                                              "the default) or 0 (kernels from loaded bundles only)", v));
+  });
+}
+
 }  // namespace scorch

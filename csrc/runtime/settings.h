@@ -22,4 +22,8 @@ std::optional<double> dense_crossover_override();
 // integer is a ValueError naming the variable.
 int debug_level();
 
+// SCORCH_JIT: 1 (default) compiles kernels no loaded bundle holds; 0 forbids it (no compiler, no disk cache:
+// kernels come from loaded bundles only). Anything else is a ValueError naming the variable.
+bool jit_enabled();
+
 }  // namespace scorch

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/hash.h"
+#include "runtime/cpu_features.h"
 #include "runtime/process.h"
 
 namespace scorch {
@@ -98,6 +99,7 @@ Target resolve_uncached(const std::string& name) {
   for (const auto& [macro, feature] : feature_macros())
     if (has(macro.c_str()) && std::find(t.features.begin(), t.features.end(), feature) == t.features.end())
       t.features.push_back(feature);
+  t.isa = isa_features_from_macros(defined);
 
   if (name == "scalar") {
     t.vector_bytes = 0;

@@ -19,6 +19,8 @@ struct Target {
   std::vector<std::string> flags;     // compiler flags that select it
   std::string arch;                   // "x86_64", "aarch64", ... (from the compiler's macros)
   std::vector<std::string> features;  // instruction-set features the compiler enables, e.g. "avx2", "fma"
+  std::vector<std::string> isa;       // every feature of runtime/cpu_features.h it enables (bmi2, lzcnt, ...):
+                                      // what a CPU must have to run its code; recorded in kernel bundles
   int vector_bytes = 0;               // width of the vectors generated code uses; 0: scalar code only
   int vector_registers = 0;           // architectural vector registers of that width
   std::string fingerprint;            // hash of every macro the compiler predefines + its version

@@ -26,6 +26,7 @@
 #include "ir/split_reductions.h"
 #include "lower/differentiate.h"
 #include "lower/plan.h"
+#include "runtime/bundle.h"
 #include "runtime/jit.h"
 #include "runtime/target.h"
 
@@ -389,6 +390,26 @@ py::dict spec_info(const std::string& spec_text) {
   return d;
 }
 
+py::dict bundle_dict(const scorch::BundleInfo& b) {
+  py::dict d;
+  d["path"] = b.path;
+  d["arch"] = b.arch;
+  d["target"] = b.target;
+  d["target_flags"] = b.target_flags;
+  d["vector_bytes"] = b.vector_bytes;
+  d["tile_vectors"] = b.tile_vectors;
+  d["isa"] = b.isa;
+  d["compiler"] = b.compiler;
+  d["command"] = b.command;
+  py::list kernels;
+  for (const auto& k : b.kernels) kernels.append(py::make_tuple(k.spec, k.source_hash));
+  d["kernels"] = kernels;
+  d["file_bytes"] = b.file_bytes;
+  d["library_bytes"] = b.library_bytes;
+  d["content_hash"] = b.content_hash;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -509,6 +530,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
   m.def("kernel_source", &scorch::kernel_source, py::arg("spec"), "The C++ source a kernel spec compiles to.");
   m.def("kernel_cache_dir", &scorch::kernel_cache_dir);
+  m.def("build_kernel_bundle", [](const std::vector<std::string>& specs, const std::string& path,
+                                  const std::string& target, int workers) {
+    scorch::BundleInfo b;
+    {
+      py::gil_scoped_release release;
+      b = scorch::build_kernel_bundle(specs, path, target, workers);
+    }
+    return bundle_dict(b);
+  }, py::arg("specs"), py::arg("path"), py::arg("target") = "", py::arg("workers") = 2,
+        "Compile kernels ahead of time into one bundle file (docs/deploy.md).");
+  m.def("inspect_kernel_bundle", [](const std::string& path) { return bundle_dict(scorch::inspect_kernel_bundle(path)); },
+        py::arg("path"), "Check a kernel bundle as loading would, without loading it, and describe it.");
+  m.def("used_kernel_specs", &scorch::used_kernel_specs,
+        "Specs of every kernel this process has obtained (JIT-compiled, from the disk cache or from a bundle), in "
+        "first-use order.");
+  m.def("bundled_kernels", &scorch::bundled_kernels,
+        "(spec, bundle path) of every kernel registered by loaded bundles, in registration order.");
   m.def("set_target", &scorch::set_target, py::arg("name"),
         "Compile kernels from now on for this target ('' = SCORCH_TARGET or native).");
   m.def("target_name", &scorch::target_name);

@@ -1,0 +1,122 @@
+#include "runtime/fileio.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace scorch::fileio {
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+bool write_all(int fd, const std::string& data) {
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void write_atomically(const std::string& path, const std::string& data) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  SCORCH_CHECK(fd >= 0, "cannot write {}: {}", tmp, std::strerror(errno));
+  const bool ok = write_all(fd, data);
+  const bool closed = ::close(fd) == 0;
+  if (!ok || !closed) {
+    ::unlink(tmp.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("cannot write {}", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw_error(ErrorKind::runtime, fmt::format("cannot rename {} to {}", tmp, path));
+  }
+}
+
+bool read_regular_file(const std::string& path, size_t limit, std::string& out, off_t expect_size,
+                       bool follow_symlinks) {
+  out.clear();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_symlinks ? 0 : O_NOFOLLOW));
+  if (fd < 0) return false;
+  struct stat sb;
+  bool ok = ::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<size_t>(sb.st_size) <= limit &&
+            (expect_size < 0 || sb.st_size == expect_size);
+  if (ok) {
+    out.resize(static_cast<size_t>(sb.st_size));
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ok = done == out.size();
+    char extra;
+    if (ok && ::read(fd, &extra, 1) > 0) ok = false;  // grew while we read it
+  }
+  ::close(fd);
+  if (!ok) out.clear();
+  return ok;
+}
+
+void make_dirs(const std::string& path) {
+  std::string at;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!at.empty()) ::mkdir(at.c_str(), 0755);
+    }
+    if (i < path.size()) at += path[i];
+  }
+  struct stat sb;
+  SCORCH_CHECK(::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode), "cannot create the kernel cache directory {}",
+               path);
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20) {
+      o += fmt::format("\\u{:04x}", c);
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// The copy is created here (O_EXCL, a name never used twice in the process), loaded, then unlinked: what
+// dlopen maps is exactly what was hashed, whatever happens to the original file meanwhile (replaced,
+// truncated in place).
+void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
+                        const std::string& what) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, stem, ::getpid(), counter++);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load {}: {}", path, what,
+                    std::strerror(errno));
+  const bool ok = write_all(fd, library);
+  const bool closed = ::close(fd) == 0;
+  void* handle = ok && closed ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  const std::string err = handle ? "" : ok && closed ? ::dlerror() : "cannot write the private copy";
+  ::unlink(path.c_str());
+  if (!handle) throw_error(ErrorKind::runtime, fmt::format("scorch: cannot load {}: {}", what, err));
+  return handle;
+}
+
+}  // namespace scorch::fileio

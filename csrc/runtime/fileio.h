@@ -1,0 +1,36 @@
+// File helpers shared by the kernel cache (jit.cpp) and kernel bundles (bundle.cpp): whole-file reads that
+// never map the file, atomic writes, and loading library bytes that were just checked. See docs/cache.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace scorch::fileio {
+
+bool all_digits(const std::string& s);
+
+// write() all of `data` to fd (retrying on EINTR); false on any error.
+bool write_all(int fd, const std::string& data);
+
+// Writes under a name of this process and renames into place, so readers see the old file or the new one.
+void write_atomically(const std::string& path, const std::string& data);
+
+// The whole of a regular file (never a FIFO or a device; never a symlink unless follow_symlinks), at most
+// `limit` bytes, and exactly `expect_size` bytes when that is >= 0. False (and `out` empty) otherwise. Read
+// with read(), never mapped: a file truncated under us gives a short read, not a SIGBUS.
+bool read_regular_file(const std::string& path, size_t limit, std::string& out, off_t expect_size = -1,
+                       bool follow_symlinks = false);
+
+// mkdir -p; throws when the directory does not exist afterwards.
+void make_dirs(const std::string& path);
+
+// A JSON string literal of s.
+std::string json_string(const std::string& s);
+
+// dlopen()s exactly these bytes: they are written to a new file private to this process in `dir`
+// ("<stem>.load.PID.N.so", O_EXCL, mode 0700), loaded, and unlinked. `what` names the library in errors.
+void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
+                        const std::string& what);
+
+}  // namespace scorch::fileio

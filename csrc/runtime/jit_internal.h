@@ -1,0 +1,37 @@
+// Pieces of the JIT that kernel bundles (bundle.cpp) share: lowering a spec for a vector shape, and the
+// description of a kernel derived from it. Not part of the runtime's public interface.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lower/kernel_spec.h"
+#include "lower/lower.h"
+#include "lower/schedule.h"
+#include "runtime/jit.h"
+#include "runtime/target.h"
+
+namespace scorch {
+
+struct Lowered {
+  KernelSpec spec;
+  Schedule schedule;
+  LoweredKernel kernel;
+  std::string source;  // the generated C++ (what a bundle records the hash of)
+};
+
+// Spec text -> schedule -> loop IR -> C++, for vectors of `vector_bytes` and register tiles of
+// `tile_vectors` accumulators (Target::vector_bytes, Target::tile_vectors()). Needs no compiler.
+Lowered lower_spec(const std::string& text, int vector_bytes, int tile_vectors);
+
+// Fills everything of a CompiledKernel that follows from the lowering (not fn, paths, timing or target).
+void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& k);
+
+// The flags every kernel is compiled with for a target, without the output options:
+// -O3 <target flags> -fopenmp -fPIC -std=c++17 -w.
+std::vector<std::string> kernel_compile_flags(const Target& target);
+
+// SCORCH_COMPILE_TIMEOUT, parsed strictly (0: no limit).
+double compile_timeout_seconds();
+
+}  // namespace scorch
