@@ -47,6 +47,9 @@ class Operand:
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
     expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
     weight: bool = False  # a parameter or buffer: with frozen_weights, checked by version counter only
+    # Packed (a rewritten model's weight stored compressed; scorch_backend/jit.py): (format text, full size).
+    # The operand's slot holds the stored values and its index buffers follow all slots.
+    packed: tuple | None = None
 
     @property
     def tensor_letters(self) -> str:
@@ -72,7 +75,9 @@ class Program:
         return f"{self.name} {self.label}".strip() or "region"
 
     def text(self) -> str:
-        d = {"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight] for o in self.operands],
+        d = {"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight]
+                          + ([{"format": o.packed[0], "size": list(o.packed[1])}] if o.packed else [])
+                          for o in self.operands],
              "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name}
         if self.label:
             d["label"] = self.label
@@ -82,7 +87,9 @@ class Program:
 @functools.lru_cache(maxsize=4096)
 def parse_program(text: str) -> Program:
     d = json.loads(text)
-    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5])) for o in d["operands"])
+    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5]),
+                        (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None)
+                for o in d["operands"])
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""))
     _validate(prog)
     return prog

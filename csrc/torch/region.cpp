@@ -148,8 +148,9 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
   std::vector<EntryPtr> out;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
-    out.push_back(o.kind == RegionOperand::Kind::dense ? nullptr
-                                                       : entry_of(operands[k], o.cached, p.frozen && o.weight, o.weight));
+    out.push_back(o.kind == RegionOperand::Kind::dense || !o.packed.empty()
+                      ? nullptr
+                      : entry_of(operands[k], o.cached, p.frozen && o.weight, o.weight));
   }
   return out;
 }
@@ -230,10 +231,68 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
   return out;
 }
 
+// The operand list of a call: one slot per program operand, then the index buffers of the packed ones.
+struct Slots {
+  at::TensorList slots;
+  std::vector<at::TensorList> buffers;  // per operand; empty unless packed
+};
+
+Slots split_operands(const RegionProgram& p, at::TensorList operands) {
+  const size_t n = p.operands.size();
+  SCORCH_CHECK(operands.size() == n + static_cast<size_t>(p.packed_buffers),
+               "scorch::region {}: {} operands expected ({} index buffers of packed operands included), got {}",
+               p.title, n + p.packed_buffers, p.packed_buffers, operands.size());
+  Slots s{operands.slice(0, n), std::vector<at::TensorList>(n)};
+  size_t at = n;
+  for (size_t k = 0; k < n; ++k) {
+    const int nb = p.operands[k].packed_buffers;
+    if (p.operands[k].packed.empty()) continue;
+    s.buffers[k] = operands.slice(at, nb);
+    at += nb;
+  }
+  return s;
+}
+
+// Buffers checked once per identity and version (a deployed model's buffers are data read from a file).
+std::mutex validated_mu;
+std::unordered_map<std::string, bool> validated;
+
+// Packed operand k as the executor takes it, its buffers validated (once per version) against its format.
+Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype) {
+  static const auto validate = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::validate", "").typed<
+      void(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+  const RegionOperand& o = p.operands[k];
+  const at::Tensor& values = s.slots[k];
+  SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
+               p.title, k, values.dim());
+  std::string key = o.packed + "#" + tensor_key(values) + "@" + std::to_string(values._version());
+  for (const auto& b : s.buffers[k]) key += "#" + tensor_key(b) + "@" + std::to_string(b._version());
+  bool known = false;
+  {
+    std::lock_guard lock(validated_mu);
+    known = validated.count(key) > 0;
+  }
+  if (!known) {
+    validate.call(s.buffers[k], values, o.packed_size, o.packed);
+    std::lock_guard lock(validated_mu);
+    if (validated.size() > 4096) validated.clear();
+    validated.emplace(key, true);
+  }
+  const FormatRef& f = interned_format(o.packed, static_cast<int>(o.packed_size.size()));
+  std::vector<at::Tensor> buffers;
+  for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());
+  return Operand{&f, o.packed_size, std::move(buffers),
+                 values.scalar_type() == dtype ? values.contiguous() : values.to(dtype)};
+}
+
 std::map<char, int64_t> letter_sizes(const RegionProgram& p, at::TensorList operands) {
   std::map<char, int64_t> sizes;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const std::string letters = p.operands[k].tensor_letters();
+    if (!p.operands[k].packed.empty()) {
+      for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
+      continue;
+    }
     SCORCH_CHECK(static_cast<int64_t>(letters.size()) == operands[k].dim(),
                  "scorch::region {}: operand {} has {} dimensions, the program gives it {} ('{}')", p.title, k,
                  operands[k].dim(), letters.size(), letters);
@@ -242,12 +301,17 @@ std::map<char, int64_t> letter_sizes(const RegionProgram& p, at::TensorList oper
   return sizes;
 }
 
-std::vector<Operand> sparse_args(const RegionProgram& p, at::TensorList operands, const std::vector<EntryPtr>& entries,
+std::vector<Operand> sparse_args(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries,
                                  at::ScalarType dtype) {
+  const at::TensorList operands = s.slots;
   const auto sizes = letter_sizes(p, operands);
   std::vector<Operand> args;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
+    if (!o.packed.empty()) {
+      args.push_back(packed_operand(p, k, s, dtype));
+      continue;
+    }
     if (entries[k]) {
       args.push_back(sparse_of(operands[k], *entries[k], o, dtype, sizes));
       continue;
@@ -274,19 +338,38 @@ bool groupable(const std::string& text) {
   return g;
 }
 
+// The compressed operands' densities (cached or packed).
+std::vector<double> densities_of(const RegionProgram& p, at::TensorList slots, const std::vector<EntryPtr>& entries) {
+  std::vector<double> densities;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (entries[k]) {
+      densities.push_back(entries[k]->density);
+    } else if (!p.operands[k].packed.empty()) {
+      int64_t n = 1;
+      for (auto d : p.operands[k].packed_size) n *= d;
+      densities.push_back(n ? static_cast<double>(slots[k].numel()) / static_cast<double>(n) : 0.0);
+    }
+  }
+  return densities;
+}
+
 std::string choose_path(const RegionProgram& p, const std::string& text, at::TensorList operands,
                         const std::vector<EntryPtr>& entries) {
-  std::vector<double> densities;
+  const std::vector<double> densities = densities_of(p, operands, entries);
   int64_t elements = 0;
   bool empty = false;
   for (size_t k = 0; k < operands.size(); ++k) {
-    elements += operands[k].numel();
-    empty = empty || operands[k].numel() == 0;
-    if (entries[k]) densities.push_back(entries[k]->density);
+    int64_t n = operands[k].numel();
+    if (!p.operands[k].packed.empty()) {
+      n = 1;
+      for (auto d : p.operands[k].packed_size) n *= d;
+    }
+    elements += n;
+    empty = empty || n == 0;
   }
   if (empty || densities.empty()) return "dense";
   if (choose_by_density(densities, elements, at::get_num_threads(), false).dense) return "dense";
-  if (dispatch_mode() != DispatchMode::sparse && groupable(text) && hooks.grouped_worth &&
+  if (p.packed_buffers == 0 && dispatch_mode() != DispatchMode::sparse && groupable(text) && hooks.grouped_worth &&
       hooks.grouped_worth(text, operands, densities[0]))
     return "grouped";
   return "sparse";
@@ -311,35 +394,34 @@ bool shares_memory(const at::Tensor& a, at::TensorList others) {
 
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
-  const auto entries = entries_of(p, operands);
-  return {p.kernel_equation, sparse_args(p, operands, entries, region_dtype(p, operands))};
+  const Slots s = split_operands(p, operands);
+  const auto entries = entries_of(p, s.slots);
+  return {p.kernel_equation, sparse_args(p, s, entries, region_dtype(p, s.slots))};
 }
 
 std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
-  return choose_path(p, text, operands, entries_of(p, operands));
+  const Slots s = split_operands(p, operands);
+  return choose_path(p, text, s.slots, entries_of(p, s.slots));
 }
 
-at::Tensor run_region(const std::string& text, at::TensorList operands, const std::string& force) {
+at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
   const RegionProgram& p = region_program(text);
-  SCORCH_CHECK(operands.size() == p.operands.size(), "scorch::region {}: {} operands expected, got {}", p.title,
-               p.operands.size(), operands.size());
-  for (size_t k = 0; k < operands.size(); ++k)
-    SCORCH_CHECK(operands[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
-                 p.title, k, operands[k].device().str());
-  if (capturing && hooks.capture) hooks.capture(text, operands);
+  const Slots s = split_operands(p, all);
+  const at::TensorList operands = s.slots;
+  for (size_t k = 0; k < all.size(); ++k)
+    SCORCH_CHECK(all[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
+                 p.title, k, all[k].device().str());
+  if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, operands);
   const at::ScalarType dtype = region_dtype(p, operands);
   const auto entries = entries_of(p, operands);
   const std::string path = force.empty() ? choose_path(p, text, operands, entries) : force;
-  if (hooks.note_path && debug_level() >= 1) {
-    std::vector<double> densities;
-    for (const auto& e : entries)
-      if (e) densities.push_back(e->density);
-    hooks.note_path(text, path, densities, operands);
-  }
+  if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, operands, entries), all);
   at::Tensor out;
   if (path == "grouped") {
     SCORCH_CHECK(static_cast<bool>(hooks.run_grouped), "scorch::region {}: the grouped path needs Python", p.title);
+    SCORCH_CHECK(p.packed_buffers == 0, "scorch::region {}: a program with packed operands cannot run grouped",
+                 p.title);
     ++n_grouped;
     out = hooks.run_grouped(text, operands);  // in the requested order
     std::vector<int64_t> to_storage;
@@ -349,17 +431,21 @@ at::Tensor run_region(const std::string& text, at::TensorList operands, const st
     ++n_dense;
     std::vector<at::Tensor> factors;
     for (size_t k = 0; k < operands.size(); ++k) {
+      if (!p.operands[k].packed.empty()) {
+        factors.push_back(packed_operand(p, k, s, dtype).to_dense());
+        continue;
+      }
       const at::Tensor& t = operands[k];
       factors.push_back(p.operands[k].kind == RegionOperand::Kind::pattern ? (t != 0).to(dtype)
                         : t.scalar_type() == dtype                          ? t
                                                                             : t.to(dtype));
     }
     out = at::einsum(p.dense_equation, factors);
-    if (shares_memory(out, operands)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
+    if (shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
   } else {
     SCORCH_CHECK(path == "sparse", "scorch::region: unknown path '{}' (dense, sparse or grouped)", path);
     ++n_sparse;
-    const auto args = sparse_args(p, operands, entries, dtype);
+    const auto args = sparse_args(p, s, entries, dtype);
     out = run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
   }
   out = out.contiguous();
@@ -413,14 +499,18 @@ at::Tensor region_cpu(c10::string_view program, at::TensorList operands) {
 }
 
 // Shapes only: the output in its storage order, handed back permuted (as the real kernel does).
-at::Tensor region_meta(c10::string_view program, at::TensorList operands) {
+at::Tensor region_meta(c10::string_view program, at::TensorList all) {
   return translate_errors([&] {
     const RegionProgram& p = region_program(std::string(program));
-    SCORCH_CHECK(operands.size() == p.operands.size() && !operands.empty(), "scorch::region {}: {} operands expected, got {}",
-                 p.title, p.operands.size(), operands.size());
+    SCORCH_CHECK(!p.operands.empty(), "scorch::region {}: a program without operands", p.title);
+    const at::TensorList operands = split_operands(p, all).slots;
     std::map<char, c10::SymInt> sizes;
     for (size_t k = 0; k < operands.size(); ++k) {
       const std::string letters = p.operands[k].tensor_letters();
+      if (!p.operands[k].packed.empty()) {
+        for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
+        continue;
+      }
       const auto s = operands[k].sym_sizes();
       SCORCH_CHECK(s.size() == letters.size(), "scorch::region {}: operand {} has {} dimensions, the program gives it {}",
                    p.title, k, s.size(), letters.size());
@@ -458,13 +548,15 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
                                                  torch::autograd::variable_list grads) {
     const std::string program = ctx->saved_data["program"].toStringRef();
     const RegionProgram& p = region_program(program);
-    const auto operands = ctx->get_saved_variables();
-    torch::autograd::variable_list result(1 + operands.size());
+    const auto all = ctx->get_saved_variables();
+    const Slots s = split_operands(p, all);
+    const at::TensorList operands = s.slots;
+    torch::autograd::variable_list result(1 + all.size());  // index buffers and packed values get none
     at::Tensor grad = grads[0];
     for (size_t k = 0; k < operands.size(); ++k) {
       const auto& o = p.operands[k];
       const at::Tensor& t = operands[k];
-      if (!ctx->needs_input_grad(k) || !o.grad || !t.is_floating_point()) continue;
+      if (!ctx->needs_input_grad(k) || !o.grad || !o.packed.empty() || !t.is_floating_point()) continue;
       if (!grad.defined()) {
         result[1 + k] = at::zeros_like(t);
         continue;
@@ -472,6 +564,8 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
       const RegionGradient rg = region_gradient(program, static_cast<int>(k));
       std::vector<at::Tensor> args;
       for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);
+      for (int j : rg.operands)  // the packed operands' index buffers follow, in the gradient program's order
+        if (j >= 0) args.insert(args.end(), s.buffers[j].begin(), s.buffers[j].end());
       at::Tensor g = region_call(rg.text, args);
       if (rg.produced != o.letters) {  // letters summed only within operand k: constant along them
         for (size_t d = 0; d < o.letters.size(); ++d)

@@ -26,6 +26,12 @@ struct RegionOperand {
   bool grad = true;     // false for pattern factors
   int expand = 0;       // pattern factors: leading letters the tensor lacks (broadcast along them)
   bool weight = false;  // frozen_weights: checked by version counter only
+  // A compressed operand handed over already packed (a rewritten model's weight, stored compressed): its
+  // format, its full size and how many index buffers the format keeps. Its slot in the operand list holds
+  // the stored values; the index buffers follow all slots, operand by operand. Never differentiated.
+  std::string packed;  // the format's text; empty: not packed
+  std::vector<int64_t> packed_size;
+  int packed_buffers = 0;
   std::string tensor_letters() const { return letters.substr(expand); }
 };
 
@@ -43,6 +49,7 @@ struct RegionProgram {
   std::string kernel_equation, dense_equation;
   std::vector<std::string> kernel_letters;
   std::string title, profile_name;
+  int packed_buffers = 0;  // index buffers of all packed operands (they follow the operand slots)
 
   std::string text() const;  // JSON, as the backend writes it
 };
@@ -59,7 +66,8 @@ struct RegionGradient {
 };
 RegionGradient region_gradient(const std::string& text, int k);
 
-// Run a program. `force`: "" (choose), "dense", "sparse" or "grouped".
+// Run a program. `operands`: one tensor per program operand (a packed operand's stored values), then the index
+// buffers of the packed operands. `force`: "" (choose), "dense", "sparse" or "grouped".
 at::Tensor run_region(const std::string& text, at::TensorList operands, const std::string& force = "");
 
 // What the sparse path would run: the kernel's equation and its operands (compressed ones from the cache).

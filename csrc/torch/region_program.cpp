@@ -8,6 +8,7 @@
 #include <variant>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/error.h"
 #include "region.h"
@@ -205,6 +206,27 @@ void derive(RegionProgram& p) {
   p.profile_name = "scorch::region " + p.title;
 }
 
+// {"format": "dense(0),compressed(1)", "size": [rows, cols]}: a packed operand (see RegionOperand).
+void read_packed(const JsonObject& o, RegionOperand& r) {
+  const Json* f = field(o, "format");
+  const Json* size = field(o, "size");
+  SCORCH_CHECK(f && size, "scorch::region: malformed program text (a packed operand needs format and size)");
+  SCORCH_CHECK(r.kind == RegionOperand::Kind::sparse && r.expand == 0,
+               "scorch::region: only sparse operands without broadcast letters can be packed");
+  for (const Json& d : as<JsonArray>(*size, "packed size must be a list")) {
+    const double n = as<double>(d, "packed size");
+    SCORCH_CHECK(n >= 0 && n < 9.2e18 && n == static_cast<double>(static_cast<int64_t>(n)),
+                 "scorch::region: bad packed size {}", n);
+    r.packed_size.push_back(static_cast<int64_t>(n));
+  }
+  SCORCH_CHECK(r.packed_size.size() == r.letters.size(),
+               "scorch::region: a packed operand of letters '{}' has {} sizes", r.letters, r.packed_size.size());
+  r.packed = as<std::string>(*f, "packed format");
+  const FormatRef& fr = interned_format(r.packed, static_cast<int>(r.letters.size()));  // ValueError if malformed
+  r.packed = fr.text;
+  r.packed_buffers = fr.format.buffer_count();
+}
+
 RegionProgram parse_text(const std::string& text) {
   const Json doc = JsonReader(text).document();
   const auto& o = as<JsonObject>(doc, "an object expected");
@@ -214,7 +236,8 @@ RegionProgram parse_text(const std::string& text) {
   SCORCH_CHECK(ops && out, "scorch::region: malformed program text (operands and out are required)");
   for (const Json& e : as<JsonArray>(*ops, "operands must be a list")) {
     const auto& a = as<JsonArray>(e, "an operand must be a list");
-    SCORCH_CHECK(a.size() == 6, "scorch::region: malformed program text (an operand has 6 fields)");
+    SCORCH_CHECK(a.size() == 6 || a.size() == 7,
+                 "scorch::region: malformed program text (an operand has 6 fields, 7 when packed)");
     RegionOperand r;
     r.letters = as<std::string>(a[0], "operand letters");
     const std::string kind = as<std::string>(a[1], "operand kind");
@@ -230,6 +253,8 @@ RegionProgram parse_text(const std::string& text) {
                  "scorch::region: bad expand count {}", expand);
     r.expand = static_cast<int>(expand);
     r.weight = as<bool>(a[5], "weight flag");
+    if (a.size() == 7) read_packed(as<JsonObject>(a[6], "packed operand: an object expected"), r);
+    p.packed_buffers += r.packed_buffers;
     p.operands.push_back(std::move(r));
   }
   p.out = as<std::string>(*out, "out letters");
@@ -263,8 +288,11 @@ std::string RegionProgram::text() const {
   std::string s = "{\"operands\":[";
   for (size_t k = 0; k < operands.size(); ++k) {
     const auto& o = operands[k];
-    s += fmt::format("{}[{},\"{}\",{},{},{},{}]", k ? "," : "", json_string(o.letters), kind_name(o.kind),
+    s += fmt::format("{}[{},\"{}\",{},{},{},{}", k ? "," : "", json_string(o.letters), kind_name(o.kind),
                      o.cached ? "true" : "false", o.grad ? "true" : "false", o.expand, o.weight ? "true" : "false");
+    if (!o.packed.empty()) s += fmt::format(",{{\"format\":{},\"size\":[{}]}}", json_string(o.packed),
+                                            fmt::join(o.packed_size, ","));
+    s += "]";
   }
   s += fmt::format("],\"out\":{},\"coef\":{},\"frozen\":{},\"name\":{}", json_string(out), coef,
                    frozen ? "true" : "false", json_string(name));
@@ -300,6 +328,7 @@ RegionGradient region_gradient(const std::string& text, int k) {
     if (j == k) continue;
     present += p.operands[j].letters;
     g.operands.push_back(p.operands[j]);
+    g.packed_buffers += p.operands[j].packed_buffers;
     r.operands.push_back(j);
   }
   for (char c : target.letters)

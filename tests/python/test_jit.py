@@ -1,0 +1,228 @@
+"""TorchScript rewriting (scorch_backend/jit.py) and regions over packed operands (csrc/torch/region.cpp).
+
+A rewritten model must match eager for new batch sizes, script, trace, save and load, and export; its sparse
+weights are stored compressed. Every test runs under the forced kernels and under the default dispatch, where
+small products take the dense path (for a packed weight: densified from its buffers)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import random_dense
+from scorch_backend import jit
+from scorch_backend.bench import zoo
+
+DISPATCH_MODES = ("sparse", "auto")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _rewrite(model, inputs, **kw):
+    """Rewrite with the kernels forced while the passes decide (test models are small: the cost model would
+    leave them dense), whatever the test's dispatch mode is for running."""
+    mode = os.environ.get("SCORCH_DISPATCH")
+    os.environ["SCORCH_DISPATCH"] = "sparse"
+    try:
+        report = jit.RewriteReport()
+        return jit.rewrite(model, inputs, report=report, **kw), report
+    finally:
+        os.environ["SCORCH_DISPATCH"] = mode
+
+
+def _mlp(seed=0):
+    case = zoo.make("pruned_mlp", "test", seed=seed)
+    return case.model.eval(), case
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_mlp_regions_packed_and_dense_weights_dropped():
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, report = _rewrite(model, (x,))
+    assert report.regions, "the pruned MLP should give regions"
+    assert report.packed and all(p.format == "dense(0),compressed(1)" for p in report.packed)
+    names = dict(new.named_buffers())
+    params = dict(new.named_parameters())
+    for p in report.packed:
+        assert "w_" + p.name.replace(".", "_") not in params, f"the dense {p.name} is still stored"
+        assert any(k.startswith("scorch_packed_" + p.name.replace(".", "_")) for k in names)
+    # 90% pruned, float32 values and int32 indices: about a fifth of the dense bytes.
+    assert report.packed_ratio < 0.22, report.packed_ratio
+    assert "torch.ops.scorch.region" in new.code
+
+
+@pytest.mark.parametrize("batch", [1, 5, 6, 33])
+def test_mlp_new_batch_sizes_match_eager(batch):
+    model, case = _mlp()
+    new, _ = _rewrite(model, case.make_inputs(6))
+    x = case.make_inputs(batch)[0]
+    with torch.no_grad():
+        _close(new(x), model(x))
+
+
+def test_script_save_load_trace_roundtrip(tmp_path):
+    model, case = _mlp()
+    new, _ = _rewrite(model, case.make_inputs(6))
+    scripted = torch.jit.script(new)
+    path = tmp_path / "model.pt"
+    torch.jit.save(scripted, str(path))
+    loaded = torch.jit.load(str(path))
+    traced = torch.jit.trace(new, case.make_inputs(6))
+    for batch in (2, 7):
+        x = case.make_inputs(batch)[0]
+        with torch.no_grad():
+            want = model(x)
+        _close(scripted(x), want)
+        _close(loaded(x), want)
+        _close(traced(x), want)
+    # The saved archive holds the packed weight, not the dense one.
+    assert any("scorch_packed" in k for k in loaded.state_dict())
+
+
+def test_export_runs_with_a_dynamic_batch():
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    batch = torch.export.Dim("batch", min=2)
+    ep = torch.export.export(new, (x,), dynamic_shapes=({0: batch},))
+    assert any("scorch.region" in str(n.target) for n in ep.graph.nodes)
+    for b in (3, 9):
+        x2 = case.make_inputs(b)[0]
+        with torch.no_grad():
+            _close(ep.module()(x2), model(x2))
+
+
+def test_a_size_fixed_by_the_example_is_asserted():
+    model, case = _mlp()
+    new, _ = _rewrite(model, case.make_inputs(1))  # Dynamo specializes a size of 1
+    with pytest.raises(Exception, match="dimension 0 must be 1"):
+        new(case.make_inputs(3)[0])
+
+
+def test_graph_break_is_a_clear_error():
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.sum().item() > 0:  # data-dependent control flow: a graph break
+                return self.fc(x)
+            return x
+
+    with pytest.raises(jit.RewriteError, match="one graph"):
+        jit.rewrite(Breaks(), (torch.ones(3, 8),))
+
+
+def test_tuple_outputs_and_untouched_dense_model():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(16, 4)
+
+        def forward(self, x):
+            y = self.a(x)
+            return y, y.relu()
+
+    m = Two().eval()
+    x = torch.randn(5, 16)
+    new, report = _rewrite(m, (x,))
+    assert not report.packed  # nothing sparse: the model's own code, unchanged in meaning
+    out = new(torch.randn(3, 16))
+    assert isinstance(out, tuple) and len(out) == 2
+    x2 = torch.randn(4, 16)
+    with torch.no_grad():
+        for a, b in zip(new(x2), m(x2)):
+            _close(a, b)
+
+
+def test_rewritten_model_gradients_to_inputs():
+    model, case = _mlp()
+    new, _ = _rewrite(model, case.make_inputs(6))
+    x = case.make_inputs(4)[0].requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    new(x).sum().backward()
+    model(x_ref).sum().backward()
+    _close(x.grad, x_ref.grad)
+
+
+# --- the region op over packed operands ------------------------------------------------------------------
+
+def _program(packed_size, fmt="dense(0),compressed(1)"):
+    return json.dumps({"operands": [["ac", "dense", False, True, 0, False],
+                                    ["bc", "sparse", False, False, 0, False, {"format": fmt, "size": packed_size}]],
+                       "out": "ab", "coef": 1.0, "frozen": True, "name": "r", "label": "test"})
+
+
+def _packed(w):
+    from scorch_backend import _C
+
+    _, st = _C.region_compressed(w, "bc", "sparse", 0, [], torch.float32, True)
+    return st.stored_values, list(st.level_buffers.values())
+
+
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("shape", [(7, 13, 5), (1, 1, 1), (0, 4, 3), (4, 0, 3)])
+def test_packed_region_matches_dense(shape, density):
+    a_, b_, c_ = shape
+    x = torch.randn(a_, c_)
+    w = random_dense((b_, c_), density, seed=a_ + b_)
+    values, buffers = _packed(w)
+    out = torch.ops.scorch.region(_program([b_, c_]), [x, values, *buffers])
+    _close(out, x @ w.t())
+
+
+def test_packed_region_gradient_to_the_dense_operand():
+    x = torch.randn(6, 9, dtype=torch.float32, requires_grad=True)
+    w = random_dense((5, 9), 0.3, seed=3)
+    values, buffers = _packed(w)
+    out = torch.ops.scorch.region(_program([5, 9]), [x, values, *buffers])
+    g = torch.randn_like(out)
+    out.backward(g)
+    _close(x.grad, g @ w)
+
+
+def test_packed_region_bad_inputs_are_clear_errors():
+    x = torch.randn(3, 4)
+    w = random_dense((5, 4), 0.5, seed=1)
+    values, (pos, crd) = _packed(w)
+    with pytest.raises(Exception, match="operands expected"):
+        torch.ops.scorch.region(_program([5, 4]), [x, values, pos])
+    bad = crd.clone()
+    if bad.numel():
+        bad[0] = 99  # outside the 4 columns
+    with pytest.raises(ValueError):
+        torch.ops.scorch.region(_program([5, 4]), [x, values, pos, bad])
+    with pytest.raises(ValueError, match="packed"):
+        torch.ops.scorch.region(_program([5, 4, 2]), [x, values, pos, crd])
+    with pytest.raises(ValueError, match="format"):
+        torch.ops.scorch.region(_program([5, 4], "nonsense(0)"), [x, values, pos, crd])
+    with pytest.raises(Exception, match="1-D"):
+        torch.ops.scorch.region(_program([5, 4]), [x, values.view(1, -1), pos, crd])
+
+
+def test_packed_region_after_an_in_place_write_is_checked_again():
+    x = torch.randn(3, 4)
+    w = random_dense((5, 4), 0.5, seed=2)
+    values, (pos, crd) = _packed(w)
+    crd = crd.clone()
+    out = torch.ops.scorch.region(_program([5, 4]), [x, values, pos, crd])
+    _close(out, x @ w.t())
+    if crd.numel():
+        crd[0] = 1000  # a write the version counter sees
+        with pytest.raises(ValueError):
+            torch.ops.scorch.region(_program([5, 4]), [x, values, pos, crd])
