@@ -1,0 +1,84 @@
+// scorch_deploy: runs a TorchScript model that calls torch.ops.scorch operators, in a process with no Python
+// and no compiler. Kernels come from a bundle built ahead of time (scorch_backend.aot.build_bundle).
+//
+//   scorch_deploy <model.pt> <kernels bundle | -> <inputs.pt> <outputs.pt> [--repeat N]
+//
+// inputs.pt holds a tensor, or a tuple or list of tensors, saved with torch.save (torch::jit::pickle_load reads
+// it); they are the model's forward() arguments. outputs.pt receives forward()'s result, saved with
+// torch::jit::pickle_save (torch.load reads it). "-" for the bundle loads none (then the JIT, if any, compiles).
+// --repeat N runs forward() N more times and prints the median latency.
+#include <torch/script.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<char> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+// scorch::load_kernels through the dispatcher, as any op registered by a library loaded into the process.
+int64_t load_kernels(const std::string& bundle) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("scorch::load_kernels", "")
+                       .typed<int64_t(c10::string_view)>();
+  return op.call(bundle);
+}
+
+std::vector<c10::IValue> forward_arguments(const c10::IValue& v) {
+  if (v.isTuple()) return v.toTupleRef().elements().vec();
+  if (v.isList()) return v.toListRef().vec();
+  return {v};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5 && !(argc == 7 && std::string(argv[5]) == "--repeat")) {
+    std::cerr << "usage: " << argv[0] << " <model.pt> <kernels bundle | -> <inputs.pt> <outputs.pt> [--repeat N]\n";
+    return 2;
+  }
+  const std::string model_path = argv[1], bundle = argv[2], inputs_path = argv[3], outputs_path = argv[4];
+  const int repeat = argc == 7 ? std::atoi(argv[6]) : 0;
+  try {
+    if (bundle != "-") std::cout << "kernels loaded: " << load_kernels(bundle) << "\n";
+    torch::jit::Module model = torch::jit::load(model_path);
+    model.eval();
+    const std::vector<c10::IValue> inputs = forward_arguments(torch::jit::pickle_load(read_file(inputs_path)));
+    torch::NoGradGuard no_grad;
+    const c10::IValue out = model.forward(inputs);
+    write_file(outputs_path, torch::jit::pickle_save(out));
+    if (repeat > 0) {
+      std::vector<double> ms;
+      for (int r = 0; r < repeat; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        model.forward(inputs);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+      std::cout << "median latency: " << ms[ms.size() / 2] << " ms over " << repeat << " runs\n";
+    }
+  } catch (const c10::Error& e) {
+    std::cerr << "scorch_deploy: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "scorch_deploy: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
