@@ -356,4 +356,89 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     return new
 
 
-__all__ = ["rewrite", "RewriteError", "RewriteReport", "PackedWeight"]
+# --- deployment: the kernels a rewritten model needs, saved with it ----------------------------------------
+
+def kernel_specs(module: fx.GraphModule, example_inputs) -> list[str]:
+    """The specs of the kernels the module's regions run on their sparse path, found by running the module on
+    `example_inputs` and asking the region op, at each region, what it would run (the same planner as the
+    run-time path: specs do not depend on sizes, only on formats and dtypes). Gradient kernels are not
+    included: a deployed model runs inference."""
+    from . import _C
+    from .tensor import SparseTensor
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    specs: list[str] = []
+
+    class Recorder(fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            if target in (torch.ops.scorch.region, torch.ops.scorch.region.default):
+                text, operands = args
+                eq, ops = _C.region_sparse_call(text, list(operands))
+                descs, f64 = [], False
+                for o in ops:
+                    if isinstance(o, SparseTensor):
+                        descs.append((o.format.canonical, list(o.shape), o.nnz))
+                        f64 = f64 or o.dtype == torch.float64
+                    else:
+                        descs.append(("strided", list(o.shape), o.numel()))
+                        f64 = f64 or o.dtype == torch.float64
+                idx64 = any(isinstance(o, SparseTensor) and o.index_dtype == torch.int64 for o in ops)
+                spec = _C.plan_einsum(eq, descs, "strided", f64, idx64)["spec"]
+                if spec not in specs:
+                    specs.append(spec)
+            return super().call_function(target, args, kwargs)
+
+    with torch.no_grad():
+        Recorder(module).run(*example_inputs)
+    return specs
+
+
+def _bundle_path(path: str) -> str:
+    return path + ".kernels"
+
+
+def save(module: torch.nn.Module, path, example_inputs, *, target: str | None = None) -> dict:
+    """Script `module` (a rewritten model), save it at `path`, and compile the kernels it needs into a bundle
+    saved next to it (`path + ".kernels"`), so that it runs where there is no compiler (`load`, or a C++
+    program calling `scorch::load_kernels`; examples/cpp). `target`: the instruction set to compile for
+    (docs/targets.md); choose the oldest CPU the deployment will meet. Returns what was written."""
+    import json
+    import os
+
+    from . import aot
+
+    path = os.fspath(path)
+    specs = kernel_specs(module, example_inputs) if isinstance(module, fx.GraphModule) else []
+    scripted = module if isinstance(module, torch.jit.ScriptModule) else torch.jit.script(module)
+    extra = {"scorch.json": json.dumps({"kernels": specs, "bundle": os.path.basename(_bundle_path(path))})}
+    torch.jit.save(scripted, path, _extra_files=extra)
+    info = {"model": path, "kernels": specs, "bundle": None}
+    if specs:
+        aot.build_bundle(specs, _bundle_path(path), target=target)
+        info["bundle"] = _bundle_path(path)
+    elif os.path.exists(_bundle_path(path)):
+        os.unlink(_bundle_path(path))  # a stale bundle of an earlier save
+    return info
+
+
+def load(path) -> torch.jit.ScriptModule:
+    """Load a model saved by `save`: its kernel bundle first (when it has one), then the TorchScript module."""
+    import json
+    import os
+
+    from . import aot
+
+    path = os.fspath(path)
+    extra = {"scorch.json": ""}
+    module = torch.jit.load(path, _extra_files=extra)
+    meta = json.loads(extra["scorch.json"]) if extra["scorch.json"] else {}
+    if meta.get("kernels"):
+        bundle = os.path.join(os.path.dirname(path), meta["bundle"])
+        if not os.path.exists(bundle):
+            raise FileNotFoundError(f"{path} needs its kernel bundle {bundle} (written by scorch_backend.jit.save)")
+        aot.load_bundle(bundle)
+    return module
+
+
+__all__ = ["rewrite", "RewriteError", "RewriteReport", "PackedWeight", "kernel_specs", "save", "load"]

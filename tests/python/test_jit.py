@@ -226,3 +226,46 @@ def test_packed_region_after_an_in_place_write_is_checked_again():
         crd[0] = 1000  # a write the version counter sees
         with pytest.raises(ValueError):
             torch.ops.scorch.region(_program([5, 4]), [x, values, pos, crd])
+
+
+# --- deployment: save with the kernel bundle, load with no compiler -------------------------------------
+
+_RUN_SAVED = """
+import sys, torch
+from scorch_backend import jit
+m = jit.load(sys.argv[1])
+x = torch.load(sys.argv[2])["x"]
+torch.save({"y": m(x)}, sys.argv[3])
+"""
+
+
+def test_saved_model_runs_without_a_compiler(tmp_path):
+    import subprocess
+    import sys
+
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    info = jit.save(new, tmp_path / "model.pt", (x,))
+    assert info["kernels"] and info["bundle"]
+    x2 = case.make_inputs(5)[0]
+    torch.save({"x": x2}, tmp_path / "in.pt")
+    script = tmp_path / "run.py"
+    script.write_text(_RUN_SAVED)
+    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
+               SCORCH_DISPATCH="sparse")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with torch.no_grad():
+        _close(torch.load(tmp_path / "out.pt")["y"], model(x2))
+    # Without its bundle, the model names the kernel it misses.
+    os.unlink(info["bundle"])
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "kernel bundle" in r.stderr
+    # Loaded by torch.jit.load alone (no bundle), the region's first call names the missing kernel's spec.
+    script.write_text(_RUN_SAVED.replace("jit.load(sys.argv[1])", "torch.jit.load(sys.argv[1])"))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
