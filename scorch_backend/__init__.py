@@ -8,6 +8,7 @@
 
     sb.prune(model, "magnitude", 0.9)                        # or "threshold", "random", "n:m", "block"
     fast = torch.compile(model, backend="scorch")            # sparse regions run as Scorch kernels
+    fast = sb.compile(model)                                 # the same, for models taking torch.sparse tensors
     print(sb.explain(model, x, png="patterns.png"))          # what was compiled and why
 """
 
@@ -20,13 +21,17 @@ from .tensor import SparseTensor
 from . import region  # noqa: F401  (registers scorch::region)
 from . import backend  # noqa: F401  (registers the torch.compile backend "scorch")
 from .explain import explain
+from .interop import compile, convert_module, from_torch_sparse  # noqa: A004 - sb.compile, as torch.compile
 from .sparsify import prune
 from .target import describe_machine, set_target, target_info, target_name, using_target
 
 __all__ = [
     "Format",
     "SparseTensor",
+    "compile",
     "compute",
+    "convert_module",
+    "from_torch_sparse",
     "einsum",
     "explain",
     "prune",

@@ -285,6 +285,10 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
         _log_report(number, report, time.perf_counter() - started)
         if report.regions and config.dispatch_mode() != "dense":
             report.kernels = precompile_regions(report.regions, torch.is_grad_enabled(), started)
+    # SparseTensor products take the eager rules (gradients at stored positions), not ATen's formulas
+    from .interop import route_sparse_calls
+
+    route_sparse_calls(gm)
     if opts["fallback"] == "eager":
         return gm.forward
     from torch._inductor.compile_fx import compile_fx

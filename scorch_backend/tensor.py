@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 import warnings
 from typing import Sequence
 
@@ -25,6 +26,24 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 _warned_ops: set[str] = set()
 _plain_torch_function = torch._C._disabled_torch_function_impl
+
+# The torch.sparse layout a format is the same storage as (torch.sparse code reads these through .layout).
+TORCH_LAYOUT_OF_FORMAT = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "coo": torch.sparse_coo}
+_specialize_code = None
+
+
+def _dynamo_specialize_code():
+    """The code object of Dynamo's TensorVariable.specialize, which records the attributes (layout among them)
+    that code traced by torch.compile sees on a tensor; None when this torch has no such function."""
+    global _specialize_code
+    if _specialize_code is None:
+        try:
+            from torch._dynamo.variables.tensor import TensorVariable
+
+            _specialize_code = TensorVariable.specialize.__code__
+        except Exception:  # noqa: BLE001 - then traced code sees the storage layout (strided)
+            _specialize_code = False
+    return _specialize_code or None
 
 
 class SparseTensor(torch.Tensor):
@@ -115,7 +134,29 @@ class SparseTensor(torch.Tensor):
             from .frontend import einsum
 
             return einsum(*args, **(kwargs or {}))
+        special = _TORCH_FUNCTION_RULES.get(func)
+        if special is not None:
+            out = special(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
         return _plain_torch_function(func, types, args, kwargs or {})
+
+    # --- the torch.sparse face: what torch.sparse code (PyG, users' models) reads -------------------------
+    @property
+    def layout(self) -> torch.layout:
+        """The torch.sparse layout this tensor's format is stored as (torch.sparse_csr for "csr",
+        torch.sparse_csc for "csc", torch.sparse_coo for "coo"; torch.strided for every other format), so code
+        written for torch.sparse takes its sparse path; `crow_indices()`, `col_indices()`, `values()` and the
+        like answer as torch.sparse's do.
+
+        The tensor's storage is a wrapper (strided to torch's C++ core). While torch.compile works (Dynamo's
+        checks, fake tensors, AOTAutograd, Inductor) the property says so, except to the record Dynamo keeps
+        of what traced code sees, so a model traced by torch.compile reads the same layout as in eager mode."""
+        if torch.compiler.is_compiling():
+            code = _dynamo_specialize_code()
+            if code is None or sys._getframe(1).f_code is not code:
+                return torch.strided
+        return TORCH_LAYOUT_OF_FORMAT.get(self._format.name, torch.strided)
 
     # --- what it holds ---------------------------------------------------------------------------------
     @property
@@ -215,8 +256,28 @@ class _Values(torch.autograd.Function):
         return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
 
 
+def _mutated_sparse_argument(func, args, kwargs) -> str | None:
+    """The name of an argument `func` writes into that is a SparseTensor (computing on a dense copy would
+    leave it unchanged, a silently wrong result), else None."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return None
+    for k, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) else kwargs.get(a.name)
+        if isinstance(value, SparseTensor):
+            return a.name
+    return None
+
+
 def _densify_and_run(func, args, kwargs):
     name = str(func)
+    written = _mutated_sparse_argument(func, args, kwargs)
+    if written is not None:
+        raise NotImplementedError(
+            f"scorch: {name} would write into a SparseTensor ('{written}'), which it cannot do in place; "
+            "compute out of place (e.g. x = x * 2 rather than x.mul_(2)), or on x.to_dense()")
     if name not in _warned_ops:
         _warned_ops.add(name)
         warnings.warn(f"scorch: {name} has no sparse implementation yet; it runs on a dense copy of its "
@@ -341,6 +402,172 @@ def _transpose(x, d0, d1):
 @_rule(aten.permute.default)
 def _permute(x, dims):
     return _permuted(x, [d % x.dim() for d in dims])
+
+
+# --- torch.sparse's accessors, answered from the level buffers ----------------------------------------------
+def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
+    if x.format.name not in names:
+        want = " or ".join(f'"{n}"' for n in names)
+        raise RuntimeError(f"{what}() needs a SparseTensor in the {want} format (torch.sparse layout "
+                           f"{' or '.join(str(TORCH_LAYOUT_OF_FORMAT[n]) for n in names)}), got format "
+                           f"{x.format.name or x.format.canonical}; convert with .to_format()")
+
+
+def _buffer_view(x: SparseTensor, name: str) -> torch.Tensor:
+    return aten.alias.default(getattr(x, name))
+
+
+@_rule(aten.crow_indices.default)
+def _crow_indices(x):
+    _needs_layout(x, "crow_indices", "csr")
+    return _buffer_view(x, "pos1")
+
+
+@_rule(aten.col_indices.default)
+def _col_indices(x):
+    _needs_layout(x, "col_indices", "csr")
+    return _buffer_view(x, "crd1")
+
+
+@_rule(aten.ccol_indices.default)
+def _ccol_indices(x):
+    _needs_layout(x, "ccol_indices", "csc")
+    return _buffer_view(x, "pos1")
+
+
+@_rule(aten.row_indices.default)
+def _row_indices(x):
+    _needs_layout(x, "row_indices", "csc")
+    return _buffer_view(x, "crd1")
+
+
+@_rule(aten.values.default, aten._values.default)
+def _values_op(x):
+    _needs_layout(x, "values", "csr", "csc", "coo")
+    return aten.alias.default(x._values)
+
+
+@_rule(aten.indices.default, aten._indices.default)
+def _indices(x):
+    _needs_layout(x, "indices", "coo")
+    return torch.stack([getattr(x, f"crd{d}").to(torch.int64) for d in range(x.dim())]) if x.dim() else \
+        torch.zeros((0, x.nnz), dtype=torch.int64)
+
+
+@_rule(aten._nnz.default)
+def _nnz(x):
+    return x.nnz
+
+
+@_rule(aten.is_coalesced.default)
+def _is_coalesced(x):
+    _needs_layout(x, "is_coalesced", "coo")
+    return False  # the "coo" format allows repeated coordinates; coalesce() gives a copy without them
+
+
+@_rule(aten.coalesce.default, aten._coalesced.default)
+def _coalesce(x, *args):
+    _needs_layout(x, "coalesce", "coo")
+    from .convert import from_coordinates
+
+    return from_coordinates(x.coordinates(), x._values, x.shape, "coo", index_dtype=x.index_dtype)
+
+
+def _values_with_grad(x, *args, **kwargs):
+    """Tensor.values() above autograd: the stored values, connected to x (gradients come back as a
+    SparseTensor with x's pattern, as torch.sparse's values() gives a sparse gradient)."""
+    if not isinstance(x, SparseTensor) or args or kwargs:
+        return NotImplemented
+    _needs_layout(x, "values", "csr", "csc", "coo")
+    return x.differentiable_values()
+
+
+def _sparse_mm_reduce(a, b, reduce=None):
+    """torch.sparse.mm(A, B, reduce): "sum" and "mean" (over A's stored entries per row) run as Scorch
+    kernels; "amax"/"amin"/"max"/"min"/"prod" are not supported (a clear error, never a dense copy). Without
+    `reduce` the call goes on to ATen (aten._sparse_addmm, a rule of its own)."""
+    if reduce is None or not isinstance(a, SparseTensor):
+        return NotImplemented
+    if reduce not in ("sum", "mean"):
+        raise NotImplementedError(f"scorch: torch.sparse.mm(A, B, reduce={reduce!r}) with a SparseTensor A: "
+                                  "only 'sum' and 'mean' are supported")
+    _needs_layout(a, f"torch.sparse.mm(..., reduce={reduce!r})", "csr")
+    out = a @ b
+    if reduce == "mean":
+        pos = a.level_buffers["pos1"]
+        count = (pos[1:] - pos[:-1]).clamp(min=1).to(out.dtype)
+        out = out / count.view(-1, *([1] * (out.dim() - 1)))
+    return out
+
+
+# Products caught above autograd, so they run through einsum/compute, whose gradients for a sparse operand are
+# taken at its stored positions (as torch.sparse's are); below autograd, ATen's formulas for mm/addmm would
+# hand a SparseTensor leaf a dense gradient.
+_PRODUCT_EQUATIONS = {(2, 2): "ij,jk->ik", (2, 1): "ij,j->i", (1, 2): "j,jk->k"}
+
+
+def _product(a, b, *, only_2d: bool = False):
+    if not (isinstance(a, SparseTensor) or isinstance(b, SparseTensor)):
+        return NotImplemented
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    eq = _PRODUCT_EQUATIONS.get((a.dim(), b.dim()))
+    if eq is None or (only_2d and (a.dim(), b.dim()) != (2, 2)):
+        return NotImplemented
+    from .frontend import einsum
+
+    return einsum(eq, a, b)
+
+
+def _mm(a, b, *args, **kwargs):
+    if args or kwargs:
+        return NotImplemented
+    return _product(a, b, only_2d=True)
+
+
+def _matmul(a, b, *args, **kwargs):
+    if args or kwargs:
+        return NotImplemented
+    return _product(a, b)
+
+
+def _sparse_mm(a, b, reduce=None):
+    if reduce is not None:
+        return _sparse_mm_reduce(a, b, reduce)
+    return _product(a, b, only_2d=True)
+
+
+def _addmm(bias, a, b, *args, beta=1, alpha=1, out=None):
+    """beta * bias + alpha * (a @ b) (torch.addmm, torch.sparse.addmm, Tensor.addmm)."""
+    if args or out is not None or not isinstance(bias, torch.Tensor):
+        return NotImplemented
+    if not (isinstance(a, SparseTensor) or isinstance(b, SparseTensor)):
+        return NotImplemented
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != 2 or b.dim() != 2:
+        return NotImplemented
+    product = _product(a, b, only_2d=True)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:  # torch ignores the bias then (NaN in it too)
+        return product
+    if isinstance(product, SparseTensor) or isinstance(bias, SparseTensor):
+        return NotImplemented  # a sparse sum: the ATen rule (compute) keeps it sparse
+    return product + (bias if beta == 1 else bias * beta)
+
+
+_TORCH_FUNCTION_RULES = {
+    torch.Tensor.values: _values_with_grad,
+    torch.Tensor._values: _values_with_grad,
+    torch.sparse.mm: _sparse_mm,
+    torch.mm: _mm,
+    torch.Tensor.mm: _mm,
+    torch.matmul: _matmul,
+    torch.Tensor.matmul: _matmul,
+    torch.Tensor.__matmul__: _matmul,
+    torch.addmm: _addmm,
+    torch.Tensor.addmm: _addmm,
+    torch.sparse.addmm: _addmm,
+}
 
 
 # --- the C++ executor's view of this class --------------------------------------------------------------
