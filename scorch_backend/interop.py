@@ -62,8 +62,9 @@ def _format_of(x: torch.Tensor):
     if x.layout == torch.sparse_csc:
         return make_format("csc", 2), None
     if x.layout == torch.sparse_bsr:
-        blocksize = tuple(x.values().shape[1:3])
-        return make_format("bsr", 2, blocksize=blocksize), blocksize
+        # Held as CSR (the blocks' zeros stored explicitly): Scorch's "bsr" format does not cross torch.compile
+        # yet (a product plans a conversion whose size is data-dependent), and CSR runs the same kernels.
+        return make_format("csr", 2), tuple(x.values().shape[1:3])
     raise ValueError(f"{x.layout} tensors are not supported; convert with .to_sparse_bsr(blocksize) or "
                      ".to_sparse_csc()")
 
@@ -82,7 +83,10 @@ def _convert(x: torch.Tensor) -> SparseTensor:
     fmt, blocksize = _format_of(x)
     idx = _index_dtype(x)
     x = x.detach()
-    if x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr):
+    if x.layout == torch.sparse_bsr:
+        coo = x.to_sparse_coo().coalesce()  # keeps the zeros stored inside blocks
+        return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
+    if x.layout in (torch.sparse_csr, torch.sparse_csc):
         try:  # the same buffers, when they are in order (torch does not require sorted column indices)
             return sparse(x, fmt, index_dtype=idx)
         except ValueError:

@@ -1,0 +1,290 @@
+"""torch.sparse in, Scorch out: models that take or hold torch.sparse tensors, compiled with sb.compile
+(backend "scorch", fullgraph=True), against the same code run eagerly on torch.sparse."""
+
+import warnings
+
+import pytest
+import torch
+
+import scorch_backend as sb
+from scorch_backend import frontend
+from scorch_backend import tensor as st
+
+from conftest import random_dense
+
+LAYOUTS = {
+    "coo": lambda d: d.to_sparse(),
+    "csr": lambda d: d.to_sparse_csr(),
+    "csc": lambda d: d.to_sparse_csc(),
+}
+
+PRODUCTS = {
+    "sparse.mm": lambda A, x: torch.sparse.mm(A, x),
+    "matmul operator": lambda A, x: A @ x,
+    "torch.mm": lambda A, x: torch.mm(A, x),
+    "torch.matmul": lambda A, x: torch.matmul(A, x),
+    "to_dense": lambda A, x: A.to_dense() @ x,
+    "sparse.addmm": lambda A, x: torch.sparse.addmm(torch.ones(A.shape[0], x.shape[1]), A, x, beta=0.5, alpha=2.0),
+}
+
+
+@pytest.fixture
+def no_dense_copies():
+    """Any SparseTensor op that falls back to a dense copy fails the test (the products must be kernels)."""
+    st._warned_ops.clear()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="scorch: .* has no sparse implementation")
+        yield
+
+
+@pytest.fixture
+def einsum_calls(monkeypatch):
+    """Counts the products that reach Scorch's einsum (the kernels' entry), while tracing or eager."""
+    calls = []
+    real = frontend.einsum
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(frontend, "einsum", counting)
+    return calls
+
+
+def _close(a, b, tol=1e-5):
+    a = a.to_dense() if a.layout != torch.strided or isinstance(a, sb.SparseTensor) else a
+    b = b.to_dense() if b.layout != torch.strided else b
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("op", list(PRODUCTS))
+def test_products_on_sparse_inputs_match_eager(layout, op, no_dense_copies, einsum_calls):
+    torch._dynamo.reset()
+    d = random_dense((24, 20), 0.15, seed=3)
+    f = PRODUCTS[op]
+    A = LAYOUTS[layout](d)
+    x = torch.randn(20, 5, requires_grad=True)
+    fast = sb.compile(f, fullgraph=True)
+    y = fast(A, x)
+    y.sum().backward()
+    x_ref = x.detach().clone().requires_grad_()
+    ref = f(A, x_ref)
+    ref.sum().backward()
+    _close(y, ref)
+    _close(x.grad, x_ref.grad)
+    if op != "to_dense":
+        assert einsum_calls, f"{op} on a converted {layout} tensor did not reach a Scorch kernel"
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_gradient_of_sparse_values_matches_eager(layout):
+    """A sparse input built from values that require grad: the values' gradient is torch.sparse's."""
+    torch._dynamo.reset()
+    d = random_dense((16, 16), 0.2, seed=4)
+    base = LAYOUTS[layout](d)
+    x = torch.randn(16, 3)
+
+    def build(v):
+        if layout == "csr":
+            return torch.sparse_csr_tensor(base.crow_indices(), base.col_indices(), v, base.shape)
+        return torch.sparse_coo_tensor(base.indices(), v, base.shape)
+
+    base = base if layout == "csr" else base.coalesce()
+    v = base.values().detach().clone().requires_grad_()
+    v_ref = v.detach().clone().requires_grad_()
+    fast = sb.compile(lambda A, x: torch.sparse.mm(A, x).relu(), fullgraph=True)
+    out = fast(build(v), x)
+    (out * torch.arange(3.0)).sum().backward()
+    ref = torch.sparse.mm(build(v_ref), x).relu()
+    (ref * torch.arange(3.0)).sum().backward()
+    _close(out, ref)
+    torch.testing.assert_close(v.grad, v_ref.grad, rtol=1e-5, atol=1e-5)
+
+
+class _GCN(torch.nn.Module):
+    """Two graph convolutions over an adjacency held as a sparse buffer."""
+
+    def __init__(self, adj, n_in=8, n_hidden=6, n_out=3):
+        super().__init__()
+        self.register_buffer("adj", adj)
+        self.lin1 = torch.nn.Linear(n_in, n_hidden)
+        self.lin2 = torch.nn.Linear(n_hidden, n_out)
+
+    def forward(self, x):
+        h = torch.sparse.mm(self.adj, self.lin1(x)).relu()
+        return self.adj @ self.lin2(h)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_model_holding_a_sparse_buffer(layout, no_dense_copies):
+    torch._dynamo.reset()
+    d = random_dense((40, 40), 0.1, seed=5)
+    torch.manual_seed(0)
+    model = _GCN(LAYOUTS[layout](d))
+    torch.manual_seed(0)
+    ref = _GCN(LAYOUTS[layout](d))
+    x = torch.randn(40, 8)
+    fast = sb.compile(model, fullgraph=True)
+    assert isinstance(model.adj, sb.SparseTensor) and model.adj.layout == LAYOUTS[layout](d).layout
+    for _ in range(2):
+        out = fast(x)
+        out.square().sum().backward()
+    for _ in range(2):
+        r = ref(x)
+        r.square().sum().backward()
+    _close(out, r)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+class _SparseLinear(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+
+    def forward(self, x):
+        return torch.sparse.mm(self.weight, x).tanh()
+
+
+def test_model_holding_a_sparse_parameter_trains_like_eager():
+    """A torch.sparse COO parameter: same outputs, a gradient at its stored positions, and an optimizer built
+    before the conversion still updates it."""
+    torch._dynamo.reset()
+    d = random_dense((20, 12), 0.2, seed=6)
+    model, ref = _SparseLinear(d.to_sparse()), _SparseLinear(d.to_sparse())
+    param = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    fast = sb.compile(model, fullgraph=True)
+    assert model.weight is param and isinstance(param, sb.SparseTensor)
+    x = torch.randn(12, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        out = fast(x)
+        out.sum().backward()
+        r = ref(x)
+        r.sum().backward()
+        _close(out, r)
+        assert isinstance(param.grad, sb.SparseTensor)
+        _close(param.grad, ref.weight.grad)
+        opt.step()
+        opt_ref.step()
+        _close(param, ref.weight)
+
+
+def test_layout_seen_by_compiled_code_is_torch_sparse():
+    """Code that branches on the layout takes the same branch compiled as eager."""
+    torch._dynamo.reset()
+    d = random_dense((10, 10), 0.3, seed=7)
+
+    def f(A, x):
+        if A.layout == torch.sparse_csr:
+            return A @ x * 2
+        return A @ x
+
+    x = torch.randn(10, 2)
+    out = sb.compile(f, fullgraph=True)(d.to_sparse_csr(), x)
+    torch.testing.assert_close(out, 2 * d @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_accessors_answer_as_torch_sparse():
+    d = random_dense((7, 9), 0.3, seed=8)
+    for torch_layout, fmt in [(torch.sparse_csr, "csr"), (torch.sparse_csc, "csc"), (torch.sparse_coo, "coo")]:
+        t = {"csr": d.to_sparse_csr(), "csc": d.to_sparse_csc(), "coo": d.to_sparse()}[fmt]
+        A = sb.from_torch_sparse(t)
+        assert A.layout == torch_layout == t.layout
+        if fmt == "csr":
+            assert torch.equal(A.crow_indices().long(), t.crow_indices())
+            assert torch.equal(A.col_indices().long(), t.col_indices())
+        if fmt == "csc":
+            assert torch.equal(A.ccol_indices().long(), t.ccol_indices())
+            assert torch.equal(A.row_indices().long(), t.row_indices())
+        if fmt == "coo":
+            assert torch.equal(A.indices(), t.indices())
+        assert torch.equal(A.values(), t.values())
+        assert A._nnz() == t._nnz()
+    assert sb.sparse(d, "dcsr").layout == torch.strided  # no torch.sparse layout stores it
+    with pytest.raises(RuntimeError, match="crow_indices.*csr"):
+        sb.sparse(d, "csc").crow_indices()
+
+
+def test_sparse_mm_reduce():
+    d = random_dense((12, 10), 0.3, seed=9)
+    x = torch.randn(10, 3, requires_grad=True)
+    A = sb.from_torch_sparse(d.to_sparse_csr())
+    for reduce in ("sum", "mean"):
+        x.grad = None
+        out = torch.sparse.mm(A, x, reduce)
+        out.sum().backward()
+        g = x.grad.clone()
+        x_ref = x.detach().clone().requires_grad_()
+        ref = torch.sparse.mm(d.to_sparse_csr(), x_ref, reduce)
+        ref.sum().backward()
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, x_ref.grad, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="reduce='amax'"):
+        torch.sparse.mm(A, x, "amax")
+
+
+def test_changed_input_is_converted_again():
+    """The per-call conversion cache sees an in-place change of the values."""
+    torch._dynamo.reset()
+    d = random_dense((10, 8), 0.3, seed=10)
+    A = d.to_sparse_csr()
+    x = torch.randn(8, 2)
+    fast = sb.compile(lambda A, x: torch.sparse.mm(A, x), fullgraph=True)
+    torch.testing.assert_close(fast(A, x), d @ x, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        A.values().mul_(3.0)
+    torch.testing.assert_close(fast(A, x), 3 * d @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_inputs_raise_clear_errors():
+    d = random_dense((6, 6), 0.4, seed=11)
+    hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
+    with pytest.raises(ValueError, match="hybrid"):
+        sb.from_torch_sparse(hybrid)
+    with pytest.raises(TypeError, match="float"):
+        sb.from_torch_sparse(d.to(torch.int64).to_sparse())
+    with pytest.raises(ValueError, match="sparse_bsc"):
+        sb.from_torch_sparse(d.to_sparse_bsc((2, 2)))
+    batched = torch.stack([d, d]).to_sparse_csr(dense_dim=0)
+    with pytest.raises(ValueError, match="batched"):
+        sb.from_torch_sparse(batched)
+    with pytest.raises(TypeError, match="torch.sparse"):
+        sb.from_torch_sparse(d)
+    with pytest.raises(ValueError, match="backend='scorch'"):
+        sb.compile(lambda x: x, backend="inductor")
+    A = sb.from_torch_sparse(d.to_sparse_csr())
+    with pytest.raises(NotImplementedError, match="in place"):
+        A.mul_(2.0)
+
+
+def test_bsr_input():
+    torch._dynamo.reset()
+    d = random_dense((8, 8), 0.3, seed=12)
+    x = torch.randn(8, 3)
+    fast = sb.compile(lambda A, x: torch.sparse.mm(A, x), fullgraph=True)
+    torch.testing.assert_close(fast(d.to_sparse_bsr((2, 2)), x), d @ x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dispatch", ["auto"])
+def test_products_under_the_automatic_dispatch(dispatch, monkeypatch):
+    """Under the cost model (small products run dense), results and gradients are the same."""
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    test_model_holding_a_sparse_parameter_trains_like_eager()
+
+
+def test_bsr_gradient_comes_back_as_bsr():
+    d = random_dense((8, 8), 0.3, seed=13)
+    v = d.to_sparse_bsr((2, 2)).values().detach().clone().requires_grad_()
+    base = d.to_sparse_bsr((2, 2))
+    A = torch.sparse_bsr_tensor(base.crow_indices(), base.col_indices(), v, base.shape)
+    x = torch.randn(8, 3)
+    torch.sparse.mm(sb.from_torch_sparse(A), x).sum().backward()
+    expected = (torch.ones(8, 3) @ x.t())  # d(sum(A @ x))/dA, taken inside the stored blocks
+    blocks = expected.reshape(4, 2, 4, 2).permute(0, 2, 1, 3)
+    rows = torch.repeat_interleave(torch.arange(4), base.crow_indices().diff())
+    torch.testing.assert_close(v.grad, blocks[rows, base.col_indices()], rtol=1e-5, atol=1e-5)
