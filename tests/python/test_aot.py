@@ -1,0 +1,274 @@
+"""Ahead-of-time kernel bundles (scorch_backend.aot, docs/deploy.md).
+
+A bundle built here is loaded in fresh child processes that have no compiler (CXX=/nonexistent), no JIT
+(SCORCH_JIT=0) and an empty kernel cache; they must compute what dense torch computes, fail with a clear
+exception naming the spec of a kernel the bundle lacks, and end normally (never a signal). Damaged or foreign
+bundles are refused with a ValueError saying why, before any of their code is mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scorch_backend as sb
+from scorch_backend import aot
+
+from conftest import random_dense
+
+M64 = (1 << 64) - 1
+
+
+def fnv128(data: bytes) -> str:
+    """common/hash.h's content_hash, to re-seal bundles edited on purpose."""
+    h1, h2 = 1469598103934665603, 7809847782465536322
+    for b in data:
+        h1 = ((h1 ^ b) * 1099511628211) & M64
+        h2 = ((h2 ^ b) * 1099511628211 + 0x9E3779B97F4A7C15) & M64
+    return f"{h1:016x}{h2:016x}"
+
+
+def split(bundle: bytes) -> tuple[list[str], bytes, bytes]:
+    nl = bundle.index(b"\n")
+    head = bundle[:nl].decode().split()
+    m = int(head[2])
+    return head, bundle[nl + 1:nl + 1 + m], bundle[nl + 1 + m:]
+
+
+def reseal(manifest: bytes, library: bytes) -> bytes:
+    return (f"SCORCH-KERNEL-BUNDLE 1 {len(manifest)} {len(library)} {fnv128(manifest + library)}\n".encode()
+            + manifest + library)
+
+
+def operands():
+    A = sb.sparse(random_dense((40, 30), 0.15, seed=1), "csr")
+    B = sb.sparse(random_dense((30, 20), 0.2, seed=2), "csr")
+    x = torch.randn(30, generator=torch.Generator().manual_seed(3))
+    X = torch.randn(30, 7, generator=torch.Generator().manual_seed(4))
+    return A, B, x, X
+
+
+# The workload the bundle is built for: SpMV, SpMM, SpGEMM (sparse output), and the SpMV's gradients.
+CASES = [("ij,j->i", "A x"), ("ij,jk->ik", "A X"), ("ij,jk->ik", "A B")]
+
+
+def specs_of_workload() -> list[str]:
+    A, B, x, X = operands()
+    named = {"A": A, "B": B, "x": x, "X": X}
+    return [sb.plan_einsum(eq, *(named[n] for n in args.split()))["spec"] for eq, args in CASES]
+
+
+CHILD = r"""
+import json, sys, torch, scorch_backend as sb
+from scorch_backend import aot
+sys.path.insert(0, sys.argv[2])
+from test_aot import operands, CASES
+bundle, mode = sys.argv[1], sys.argv[3]
+out = {}
+if bundle != "-":
+    out["loaded"] = aot.load_bundle(bundle)
+A, B, x, X = operands()
+named = {"A": A, "B": B, "x": x, "X": X}
+if mode == "run":
+    err = {}
+    for eq, args in CASES:
+        ops = [named[n] for n in args.split()]
+        got = sb.einsum(eq, *ops)
+        got = got.to_dense() if isinstance(got, sb.SparseTensor) else got
+        want = torch.einsum(eq, *[o.to_dense() if isinstance(o, sb.SparseTensor) else o for o in ops])
+        err[eq + " " + args] = (got - want).abs().max().item()
+    out["err"] = err
+    out["used"] = aot.used_kernel_specs()
+    out["bundled"] = [s for s, p in aot.bundled_kernels()]
+else:  # a kernel the bundle does not hold: float64
+    try:
+        sb.einsum("ij,j->i", A.to(torch.float64), x.double())
+        out["error"] = None
+    except Exception as e:
+        out["error"] = [type(e).__name__, str(e)]
+print(json.dumps(out))
+"""
+
+
+def run_child(bundle, mode, cache: pathlib.Path, **env_extra) -> dict:
+    env = dict(os.environ)
+    for name in ("SCORCH_DEBUG", "SCORCH_SANITIZE", "SCORCH_TARGET", "CXX", "SCORCH_JIT"):
+        env.pop(name, None)
+    cache.mkdir(exist_ok=True)
+    env.update(SCORCH_CACHE_DIR=str(cache), SCORCH_DISPATCH="sparse", **env_extra)
+    r = subprocess.run([sys.executable, "-c", CHILD, str(bundle), str(pathlib.Path(__file__).parent), mode],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (f"child ended with {r.returncode}"
+                               f"{' (' + signal.Signals(-r.returncode).name + ')' if r.returncode < 0 else ''}"
+                               f"\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+NO_COMPILER = {"CXX": "/nonexistent/c++", "SCORCH_JIT": "0"}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("aot") / "workload.kernels"
+    info = aot.build_bundle(specs_of_workload(), path)
+    assert [k[0] for k in info["kernels"]] == specs_of_workload()
+    return path
+
+
+def test_bundle_runs_with_no_compiler(bundle, tmp_path):
+    cache = tmp_path / "empty-cache"
+    out = run_child(bundle, "run", cache, **NO_COMPILER)
+    assert out["loaded"] == len(CASES)
+    for case, err in out["err"].items():
+        assert err < 1e-4, case
+    assert sorted(out["used"]) == sorted(specs_of_workload())
+    assert sorted(out["bundled"]) == sorted(specs_of_workload())
+    # Nothing was compiled or cached: the bundle was mapped from memory.
+    assert list(cache.iterdir()) == []
+
+
+def test_missing_kernel_names_its_spec(bundle, tmp_path):
+    A, _, x, _ = operands()
+    spec64 = sb.plan_einsum("ij,j->i", A.to(torch.float64), x.double())["spec"]
+    out = run_child(bundle, "missing", tmp_path / "c1", **NO_COMPILER)
+    kind, msg = out["error"]
+    assert kind == "RuntimeError" and spec64 in msg and "SCORCH_JIT=0" in msg, msg
+    assert "1 bundle loaded, 3 kernels" in msg, msg
+    # No bundle at all, JIT off.
+    out = run_child("-", "missing", tmp_path / "c2", **NO_COMPILER)
+    kind, msg = out["error"]
+    assert kind == "RuntimeError" and spec64 in msg and "no kernel bundle is loaded" in msg, msg
+    # JIT allowed but the compiler points nowhere: the compiler's failure, with the spec.
+    out = run_child(bundle, "missing", tmp_path / "c3", CXX="/nonexistent/c++")
+    kind, msg = out["error"]
+    assert kind == "RuntimeError" and msg.startswith("scorch: compiling a kernel failed") and spec64 in msg, msg
+
+
+def test_bad_jit_setting_is_a_value_error(tmp_path):
+    out = run_child("-", "missing", tmp_path / "c", SCORCH_JIT="no")
+    kind, msg = out["error"]
+    assert kind == "ValueError" and "SCORCH_JIT='no'" in msg, msg
+
+
+def test_bundle_info_describes_without_loading(bundle):
+    info = aot.bundle_info(bundle)
+    assert info["target"] == sb.target_name()
+    assert info["arch"] in ("x86_64", "aarch64")
+    assert [k[0] for k in info["kernels"]] == specs_of_workload()
+    assert info["file_bytes"] == bundle.stat().st_size
+    assert aot.bundled_kernels() == [] or all(p != str(bundle) for _, p in aot.bundled_kernels())
+
+
+def refusal(path) -> str:
+    with pytest.raises(ValueError) as e:
+        aot.load_bundle(path)
+    return str(e.value)
+
+
+def test_tampered_bundles_are_refused(bundle, tmp_path):
+    good = bundle.read_bytes()
+    head, manifest, library = split(good)
+    bad = tmp_path / "bad.kernels"
+
+    def case(data: bytes) -> str:
+        bad.write_bytes(data)
+        msg = refusal(bad)
+        assert "kernel bundle" in msg and str(bad) in msg, msg
+        return msg
+
+    # One byte of the library, of the manifest, of the header's hash.
+    for at in (len(good) - 200, len(good) - len(library) - 5, good.index(b"\n") - 1):
+        flipped = bytearray(good)
+        flipped[at] ^= 0x04
+        assert "damaged" in case(bytes(flipped)) or "garbled" in case(bytes(flipped))
+    assert "truncated" in case(good[:-1])
+    assert "truncated" in case(good[: len(good) // 2])
+    assert "not a Scorch kernel bundle" in case(b"")
+    assert "not a Scorch kernel bundle" in case(library)  # the bare shared library
+    assert "format version 7" in case(good.replace(b"SCORCH-KERNEL-BUNDLE 1", b"SCORCH-KERNEL-BUNDLE 7", 1))
+
+    # Well formed, but a spec this Scorch generates other code for (a wrong spec under a kernel's hash).
+    A, _, x, _ = operands()
+    spec = specs_of_workload()[0]
+    other = sb.plan_einsum("ij,j->i", A.to(torch.float64), x.double())["spec"]
+    msg = case(reseal(manifest.replace(spec.encode(), other.encode(), 1), library))
+    assert "different Scorch version or lowering" in msg and other in msg, msg
+    # A source hash from another version.
+    src_hash = manifest.split(b"\nkernel 0 ")[1][:32]
+    msg = case(reseal(manifest.replace(src_hash, b"0" * 32, 1), library))
+    assert "different Scorch version or lowering" in msg, msg
+    # An instruction-set feature this CPU lacks (as a bundle built for a bigger CPU records it).
+    lacking = next((f for f in ("avx512f", "sve2", "sve") if f not in sb.target_info("native")["features"]), None)
+    if lacking:
+        msg = case(reseal(manifest.replace(b"\nisa ", f"\nisa {lacking} ".encode(), 1), library))
+        assert lacking in msg and "lacks" in msg, msg
+    # Nothing was registered by any of these.
+    assert all(p != str(bad) for _, p in aot.bundled_kernels())
+
+
+def test_library_not_matching_its_manifest_is_refused(tmp_path):
+    # Two honest bundles; the first's library under the second's manifest passes every check made before
+    # loading (the hash is resealed, the manifest's specs are genuine), and is refused by the index table.
+    specs = specs_of_workload()
+    a, b = tmp_path / "a.kernels", tmp_path / "b.kernels"
+    aot.build_bundle(specs[:1], a)
+    aot.build_bundle(specs[1:2], b)
+    _, _, lib_a = split(a.read_bytes())
+    _, manifest_b, _ = split(b.read_bytes())
+    mixed = tmp_path / "mixed.kernels"
+    mixed.write_bytes(reseal(manifest_b, lib_a))
+    out = subprocess.run([sys.executable, "-c", "import sys, scorch_backend.aot as aot\n"
+                          "try:\n    aot.load_bundle(sys.argv[1])\nexcept ValueError as e:\n    print('refused:', e)\n",
+                          str(mixed)], env=dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "c"), SCORCH_JIT="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "index" in out.stdout, out.stdout + out.stderr
+
+
+def test_bundle_for_a_bigger_cpu_is_refused_here(tmp_path):
+    if sb.target_info("native")["arch"] != "x86_64":
+        pytest.skip("x86-64 targets")
+    if "avx512f" in sb.target_info("native")["features"]:
+        pytest.skip("this CPU has AVX-512")
+    path = tmp_path / "v4.kernels"
+    info = aot.build_bundle(specs_of_workload()[:1], path, target="x86-64-v4")
+    assert "avx512f" in info["isa"] and info["vector_bytes"] == 64
+    msg = refusal(path)
+    assert "avx512f" in msg and "x86-64-v4" in msg, msg
+
+
+def test_load_kernels_is_a_torchscript_op(bundle, tmp_path):
+    @torch.jit.script
+    def load(path: str) -> int:
+        return torch.ops.scorch.load_kernels(path)
+
+    assert "scorch::load_kernels" in str(load.graph)
+    copy = tmp_path / "copy.kernels"
+    shutil.copy(bundle, copy)
+    load.save(str(tmp_path / "load.pt"))
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys, torch, scorch_backend\n"
+                          "f = torch.jit.load(sys.argv[1])\nprint(f(sys.argv[2]))",
+                          str(tmp_path / "load.pt"), str(copy)],
+                         env=dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "c"), **NO_COMPILER),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(len(CASES))
+
+
+def test_build_bundle_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="no kernel specs"):
+        aot.build_bundle([], tmp_path / "x")
+    with pytest.raises(TypeError):
+        aot.build_bundle([1], tmp_path / "x")
+    with pytest.raises(ValueError):
+        aot.build_bundle(["not a spec"], tmp_path / "x")
+    assert not (tmp_path / "x").exists()

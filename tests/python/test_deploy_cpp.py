@@ -1,0 +1,101 @@
+"""The C++ deployment example (examples/cpp): built with CMake against LibTorch from the torch wheel and the
+installed libscorch_ops, it runs a TorchScript model calling scorch::kernel and scorch::region with kernels
+from a bundle, in a process with no Python, no compiler (CXX=/nonexistent), no JIT (SCORCH_JIT=0) and an
+empty kernel cache; its outputs must equal Python's.
+
+The build goes to build/deploy-example (kept between runs: the first build takes about a minute).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scorch_backend as sb
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cpp"
+BUILD = ROOT / "build" / "deploy-example"
+
+pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is needed to build the example")
+
+
+@pytest.fixture(scope="module")
+def scorch_deploy() -> pathlib.Path:
+    if not (BUILD / "CMakeCache.txt").exists():
+        cmd = ["cmake", "-S", str(EXAMPLE), "-B", str(BUILD), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+               f"-DSCORCH_OPS_LIBRARY={sb.ops_library_path()}"]
+        if shutil.which("ninja"):
+            cmd += ["-G", "Ninja"]
+        if shutil.which("ccache"):
+            cmd += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run(["cmake", "--build", str(BUILD)], capture_output=True, text=True, timeout=1200,
+                       env=dict(os.environ, CCACHE_DIR=os.environ.get("CCACHE_DIR", str(ROOT / "build" / "ccache"))))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return BUILD / "scorch_deploy"
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> pathlib.Path:
+    # A fresh process: its used_kernel_specs() are exactly the example model's.
+    out = tmp_path_factory.mktemp("deploy")
+    env = dict(os.environ, SCORCH_DISPATCH="sparse")
+    r = subprocess.run([sys.executable, str(EXAMPLE / "make_example.py"), str(out)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def deploy_env(cache: pathlib.Path) -> dict:
+    cache.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_DISPATCH="sparse", SCORCH_CACHE_DIR=str(cache))
+    return env
+
+
+def run(binary, args, env) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(binary), *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode >= 0, f"scorch_deploy died of {signal.Signals(-r.returncode).name}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_cpp_program_matches_python(scorch_deploy, example, tmp_path):
+    cache = tmp_path / "empty-cache"
+    r = run(scorch_deploy, [example / "model.pt", example / "model.kernels", example / "inputs.pt",
+                            tmp_path / "outputs.pt"], deploy_env(cache))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kernels loaded: 1" in r.stdout, r.stdout
+    got = torch.load(tmp_path / "outputs.pt")
+    want = torch.load(example / "expected.pt")
+    assert isinstance(got, tuple) and len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    assert list(cache.iterdir()) == []  # no kernel compiled or cached
+
+
+def test_cpp_program_without_the_bundle_names_the_missing_kernel(scorch_deploy, example, tmp_path):
+    r = run(scorch_deploy, [example / "model.pt", "-", example / "inputs.pt", tmp_path / "outputs.pt"],
+            deploy_env(tmp_path / "cache"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no kernel for spec 'out(i0,i1) = t0(i0,i2) * t1(i2,i1)" in r.stderr, r.stderr
+    assert "SCORCH_JIT=0" in r.stderr
+
+
+def test_cpp_program_refuses_a_damaged_bundle(scorch_deploy, example, tmp_path):
+    data = bytearray((example / "model.kernels").read_bytes())
+    data[-300] ^= 0x10
+    bad = tmp_path / "bad.kernels"
+    bad.write_bytes(bytes(data))
+    r = run(scorch_deploy, [example / "model.pt", bad, example / "inputs.pt", tmp_path / "outputs.pt"],
+            deploy_env(tmp_path / "cache"))
+    assert r.returncode == 1 and "refused" in r.stderr and "damaged" in r.stderr, r.stderr
+    assert not (tmp_path / "outputs.pt").exists()
