@@ -230,7 +230,8 @@ double calibrated_crossover(int64_t threads) {
       auto it = crossovers.find(key);
       if (it != crossovers.end()) return it->second;
     }
-    if (attempt == 0 && calibration_hook) calibration_hook(threads);  // measures once, then stored here
+    // Measuring compiles kernels; with SCORCH_JIT=0 (a deployment with kernel bundles) the fallback is used.
+    if (attempt == 0 && calibration_hook && jit_enabled()) calibration_hook(threads);  // measures once, then stored
   }
   return kFallbackCrossover;
 }

@@ -103,7 +103,8 @@ def run_child(bundle, mode, cache: pathlib.Path, **env_extra) -> dict:
     for name in ("SCORCH_DEBUG", "SCORCH_SANITIZE", "SCORCH_TARGET", "CXX", "SCORCH_JIT"):
         env.pop(name, None)
     cache.mkdir(exist_ok=True)
-    env.update(SCORCH_CACHE_DIR=str(cache), SCORCH_DISPATCH="sparse", **env_extra)
+    env.update({"SCORCH_CACHE_DIR": str(cache), "SCORCH_DISPATCH": "sparse"})
+    env.update(env_extra)
     r = subprocess.run([sys.executable, "-c", CHILD, str(bundle), str(pathlib.Path(__file__).parent), mode],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (f"child ended with {r.returncode}"
@@ -123,13 +124,19 @@ def bundle(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def test_bundle_runs_with_no_compiler(bundle, tmp_path):
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+def test_bundle_runs_with_no_compiler(bundle, tmp_path, dispatch):
+    # Under "auto" the cost model cannot calibrate (that compiles kernels): a deployment sets
+    # SCORCH_DENSE_CROSSOVER (the C++ executor alone falls back to a fixed value; Python's cost model still
+    # asks the compiler for the target's fingerprint without it).
     cache = tmp_path / "empty-cache"
-    out = run_child(bundle, "run", cache, **NO_COMPILER)
+    extra = {"SCORCH_DENSE_CROSSOVER": "0.3"} if dispatch == "auto" else {}
+    out = run_child(bundle, "run", cache, SCORCH_DISPATCH=dispatch, **extra, **NO_COMPILER)
     assert out["loaded"] == len(CASES)
     for case, err in out["err"].items():
         assert err < 1e-4, case
-    assert sorted(out["used"]) == sorted(specs_of_workload())
+    if dispatch == "sparse":
+        assert sorted(out["used"]) == sorted(specs_of_workload())
     assert sorted(out["bundled"]) == sorted(specs_of_workload())
     # Nothing was compiled or cached: the bundle was mapped from memory.
     assert list(cache.iterdir()) == []
