@@ -21,7 +21,7 @@ from .tensor import SparseTensor
 from . import region  # noqa: F401  (registers scorch::region)
 from . import backend  # noqa: F401  (registers the torch.compile backend "scorch")
 from .explain import explain
-from .interop import compile, convert_module, from_torch_sparse  # noqa: A004 - sb.compile, as torch.compile
+from .interop import compile, convert_module, from_sten, from_torch_sparse  # noqa: A004 - sb.compile, as torch.compile
 from .sparsify import prune
 from .target import describe_machine, set_target, target_info, target_name, using_target
 
@@ -31,6 +31,7 @@ __all__ = [
     "compile",
     "compute",
     "convert_module",
+    "from_sten",
     "from_torch_sparse",
     "einsum",
     "explain",

@@ -149,16 +149,45 @@ def from_torch_sparse(x: torch.Tensor) -> SparseTensor:
 
 # --- the model's own sparse tensors -------------------------------------------------------------------------
 
+def is_sten_tensor(x) -> bool:
+    """Is x a STen sparse wrapper (sten.SparseTensorWrapper / SparseParameterWrapper)? Told by its class's
+    module, so STen need not be installed."""
+    return isinstance(x, torch.Tensor) and type(x).__module__.split(".")[0] == "sten" and \
+        hasattr(x, "wrapped_tensor")
+
+
+def from_sten(x: torch.Tensor) -> SparseTensor:
+    """The SparseTensor holding a STen wrapper's data: its CsrTensor / CooTensor (torch.sparse inside) in the
+    same format, CscTensor (scipy inside) as "csc", MaskedSparseTensor (dense with zeros) as "csr"."""
+    wrapped = x.wrapped_tensor
+    kind = type(wrapped).__name__
+    data = getattr(wrapped, "data", None)
+    if isinstance(data, torch.Tensor) and is_torch_sparse(data):
+        return _convert(data)
+    if kind == "CscTensor" and hasattr(data, "tocsc"):
+        return sparse(data.tocsc(), "csc")
+    if kind == "MaskedSparseTensor" and isinstance(data, torch.Tensor) and data.dim() == 2:
+        return sparse(data.detach(), "csr")
+    raise TypeError(f"STen format {kind} has no Scorch form here (CsrTensor, CooTensor, CscTensor and "
+                    "MaskedSparseTensor do); densify it with .wrapped_tensor.to_dense() first")
+
+
 def convert_module(module: torch.nn.Module) -> list[str]:
     """Replace the torch.sparse parameters and buffers of `module` (and its submodules) by SparseTensors in the
     same format, in place. Parameters keep their identity (optimizers built before still hold them) and
-    their requires_grad. Returns the qualified names converted."""
+    their requires_grad. STen's sparse weights (sten.SparsityBuilder models) are converted too
+    (`from_sten`); those are replaced by new Parameters, so build the optimizer after. Returns the
+    qualified names converted."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"convert_module takes an nn.Module, got {type(module).__name__}")
     done: list[str] = []
     buffers: dict[int, SparseTensor] = {}
     for prefix, mod in module.named_modules(remove_duplicate=True):
         for name, p in list(mod._parameters.items()):
+            if p is not None and is_sten_tensor(p):
+                mod._parameters[name] = torch.nn.Parameter(from_sten(p), requires_grad=p.requires_grad)
+                done.append(f"{prefix}.{name}" if prefix else name)
+                continue
             if p is None or not is_torch_sparse(p):
                 continue
             new = torch.nn.Parameter(_convert(p), requires_grad=p.requires_grad)
@@ -306,6 +335,7 @@ def _graph_functions():
         ("call_function", operator.matmul): ("matmul_operator", t._matmul, operator.matmul),
         ("call_function", torch.addmm): ("addmm", t._addmm, torch.addmm),
         ("call_function", torch.sparse.addmm): ("sparse_addmm", t._addmm, torch.sparse.addmm),
+        ("call_function", torch.nn.functional.linear): ("linear", t._linear, torch.nn.functional.linear),
         ("call_method", "mm"): ("mm_method", t._mm, _method("mm")),
         ("call_method", "matmul"): ("matmul_method", t._matmul, _method("matmul")),
         ("call_method", "addmm"): ("addmm_method", t._addmm, _method("addmm")),

@@ -414,7 +414,10 @@ def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
 
 
 def _buffer_view(x: SparseTensor, name: str) -> torch.Tensor:
-    return aten.alias.default(getattr(x, name))
+    """An index buffer as torch.sparse code expects it: int64 (torch's default index type, which code written
+    for torch.sparse, PyG's scatter among it, assumes), a view when the buffer is int64 already."""
+    b = getattr(x, name)
+    return aten.alias.default(b) if b.dtype == torch.int64 else b.to(torch.int64)
 
 
 @_rule(aten.crow_indices.default)
@@ -555,7 +558,20 @@ def _addmm(bias, a, b, *args, beta=1, alpha=1, out=None):
     return product + (bias if beta == 1 else bias * beta)
 
 
+def _linear(x, weight, bias=None):
+    """F.linear with a SparseTensor weight (STen and torch.sparse models hold such weights): x @ weight^T."""
+    if not isinstance(weight, SparseTensor) or isinstance(x, SparseTensor) or weight.dim() != 2:
+        return NotImplemented
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or isinstance(bias, SparseTensor):
+        return NotImplemented
+    from .frontend import einsum
+
+    out = einsum("...k,nk->...n", x, weight)
+    return out if bias is None else out + bias
+
+
 _TORCH_FUNCTION_RULES = {
+    torch.nn.functional.linear: _linear,
     torch.Tensor.values: _values_with_grad,
     torch.Tensor._values: _values_with_grad,
     torch.sparse.mm: _sparse_mm,

@@ -288,3 +288,39 @@ def test_bsr_gradient_comes_back_as_bsr():
     blocks = expected.reshape(4, 2, 4, 2).permute(0, 2, 1, 3)
     rows = torch.repeat_interleave(torch.arange(4), base.crow_indices().diff())
     torch.testing.assert_close(v.grad, blocks[rows, base.col_indices()], rtol=1e-5, atol=1e-5)
+
+
+def test_sten_model_weights_come_into_scorch_in_one_call():
+    """A STen-sparsified model (sten.SparsityBuilder, CSR and COO weights): one sb.convert_module call turns
+    its sparse weights into SparseTensors; the model then runs eagerly and under torch.compile (backend
+    "scorch", fullgraph) with STen's outputs, and a sparse weight's gradient is the dense one at its pattern."""
+    sten = pytest.importorskip("sten", reason="STen installs with pip install --no-deps sten (see docs/torch_sparse.md)")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    builder = sten.SparsityBuilder()
+    builder.set_weight(name="0.weight", initial_sparsifier=sten.ScalarFractionSparsifier(0.9),
+                       out_format=sten.CsrTensor)
+    builder.set_weight(name="2.weight", initial_sparsifier=sten.ScalarFractionSparsifier(0.5),
+                       out_format=sten.CooTensor)
+    sparse_model = builder.get_sparse_model(model)
+    x = torch.randn(5, 32)
+    expected = sparse_model(x).detach()
+    dense = {n: (p.wrapped_tensor.to_dense() if hasattr(p, "wrapped_tensor") else p).detach().clone()
+             for n, p in sparse_model.named_parameters()}
+
+    assert sorted(sb.convert_module(sparse_model)) == ["0.weight", "2.weight"]
+    w0, w2 = sparse_model[0].weight, sparse_model[2].weight
+    assert isinstance(w0, sb.SparseTensor) and w0.format.name == "csr"
+    assert isinstance(w2, sb.SparseTensor) and w2.format.name == "coo" and w2.requires_grad
+    _close(w0, dense["0.weight"])
+    torch.testing.assert_close(sparse_model(x), expected, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    out = torch.compile(sparse_model, backend="scorch", fullgraph=True)(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+
+    w = dense["2.weight"].clone().requires_grad_()
+    h = torch.relu(x @ dense["0.weight"].t() + dense["0.bias"])
+    (h @ w.t() + dense["2.bias"]).square().sum().backward()
+    assert isinstance(w2.grad, sb.SparseTensor)
+    _close(w2.grad, w.grad * (dense["2.weight"] != 0))
