@@ -462,8 +462,19 @@ def profile_name(text: str) -> str:
     return f"scorch::region {layout(text)['title']}"
 
 
+def _log_measured(text: str, path: str, kernel_ms: float, dense_ms: float) -> None:
+    """A decision made by timing (the C++ op calls this once per region and size bucket; SCORCH_MEASURE)."""
+    p = parse_program(text)
+    if path == "dense":
+        _logger.info("%s: runs dense at these sizes: measured %.3f ms dense against %.3f ms for %s", p.title,
+                     dense_ms, kernel_ms, "the kernel" if "grouped" not in path else "grouped products")
+    else:
+        _logger.info("%s: runs %s at these sizes: measured %.3f ms against %.3f ms dense", p.title, _PATHS[path],
+                     kernel_ms, dense_ms)
+
+
 _C.install_region_hooks(lambda text: grouped_plan(text) is not None, _grouped_worth_it, _run_grouped_hook,
-                        _capture_hook, _log_path)
+                        _capture_hook, _log_path, _log_measured)
 
 
 def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:

@@ -93,4 +93,13 @@ bool jit_enabled() {
   });
 }
 
+bool measure_regions() {
+  return cached<bool>("SCORCH_MEASURE", [](const std::string& v) {
+    if (v.empty() || v == "1") return true;
+    if (v == "0") return false;
+    throw_error(ErrorKind::value, fmt::format("SCORCH_MEASURE='{}': expected 1 (time a region's sparse and dense "
+                                              "paths on its first call and keep the faster, the default) or 0", v));
+  });
+}
+
 }  // namespace scorch

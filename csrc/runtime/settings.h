@@ -26,4 +26,9 @@ int debug_level();
 // kernels come from loaded bundles only). Anything else is a ValueError naming the variable.
 bool jit_enabled();
 
+// SCORCH_MEASURE: 1 (default) times a region's sparse and dense paths on its first real call at each size and
+// keeps the faster (under SCORCH_DISPATCH=auto); 0 trusts the density rule alone. Anything else is a
+// ValueError naming the variable.
+bool measure_regions();
+
 }  // namespace scorch

@@ -332,9 +332,9 @@ void set_calibration_hook(py::object calibrate) {
 }
 
 void install_region_hooks(py::object groupable, py::object grouped_worth, py::object run_grouped, py::object capture,
-                          py::object note_path) {
+                          py::object note_path, py::object note_measured) {
   auto g = keep_py(std::move(groupable)), w = keep_py(std::move(grouped_worth)), r = keep_py(std::move(run_grouped)),
-       c = keep_py(std::move(capture)), n = keep_py(std::move(note_path));
+       c = keep_py(std::move(capture)), n = keep_py(std::move(note_path)), m = keep_py(std::move(note_measured));
   glue::RegionHooks h;
   h.groupable = [g](const std::string& text) {
     py::gil_scoped_acquire gil;
@@ -356,6 +356,10 @@ void install_region_hooks(py::object groupable, py::object grouped_worth, py::ob
                      at::TensorList ops) {
     py::gil_scoped_acquire gil;
     (*n)(text, path, densities, ops.vec());
+  };
+  h.note_measured = [m](const std::string& text, const std::string& path, double kernel_ms, double dense_ms) {
+    py::gil_scoped_acquire gil;
+    (*m)(text, path, kernel_ms, dense_ms);
   };
   glue::set_region_hooks(std::move(h));
 }
@@ -459,7 +463,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
   m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),
-        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"));
+        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"), py::arg("note_measured"));
   m.def("set_calibration_hook", &set_calibration_hook, py::arg("calibrate"),
         "The function the executor calls (with a thread count) the first time it needs the crossover density.");
   m.def("region_run", [](const std::string& text, const std::vector<at::Tensor>& operands, const std::string& force) {
@@ -496,6 +500,8 @@ PYBIND11_MODULE(_C, m) {
     d["sparse_runs"] = s.sparse_runs;
     d["dense_runs"] = s.dense_runs;
     d["grouped_runs"] = s.grouped_runs;
+    d["measured"] = s.measured;
+    d["measured_dense"] = s.measured_dense;
     return d;
   });
   m.def("region_clear_cache", &glue::region_clear_cache);

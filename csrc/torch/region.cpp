@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <list>
 #include <map>
@@ -405,30 +406,26 @@ std::string region_choose(const std::string& text, at::TensorList operands) {
   return choose_path(p, text, s.slots, entries_of(p, s.slots));
 }
 
-at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
-  const RegionProgram& p = region_program(text);
-  const Slots s = split_operands(p, all);
+namespace {
+
+// One path of a program, its result in storage order (before the coefficient and the permutation back).
+// `count`: add the run to the statistics (measurement runs do not).
+at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots& s,
+                    const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path, bool count) {
   const at::TensorList operands = s.slots;
-  for (size_t k = 0; k < all.size(); ++k)
-    SCORCH_CHECK(all[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
-                 p.title, k, all[k].device().str());
-  if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, operands);
-  const at::ScalarType dtype = region_dtype(p, operands);
-  const auto entries = entries_of(p, operands);
-  const std::string path = force.empty() ? choose_path(p, text, operands, entries) : force;
-  if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, operands, entries), all);
   at::Tensor out;
   if (path == "grouped") {
     SCORCH_CHECK(static_cast<bool>(hooks.run_grouped), "scorch::region {}: the grouped path needs Python", p.title);
     SCORCH_CHECK(p.packed_buffers == 0, "scorch::region {}: a program with packed operands cannot run grouped",
                  p.title);
-    ++n_grouped;
+    if (count) ++n_grouped;
     out = hooks.run_grouped(text, operands);  // in the requested order
     std::vector<int64_t> to_storage;
     for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
-    out = out.permute(to_storage);
-  } else if (path == "dense") {
-    ++n_dense;
+    return out.permute(to_storage);
+  }
+  if (path == "dense") {
+    if (count) ++n_dense;
     std::vector<at::Tensor> factors;
     for (size_t k = 0; k < operands.size(); ++k) {
       if (!p.operands[k].packed.empty()) {
@@ -441,13 +438,96 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
                                                                             : t.to(dtype));
     }
     out = at::einsum(p.dense_equation, factors);
-    if (shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
-  } else {
-    SCORCH_CHECK(path == "sparse", "scorch::region: unknown path '{}' (dense, sparse or grouped)", path);
-    ++n_sparse;
-    const auto args = sparse_args(p, s, entries, dtype);
-    out = run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
+    return out;
   }
+  SCORCH_CHECK(path == "sparse", "scorch::region: unknown path '{}' (dense, sparse or grouped)", path);
+  if (count) ++n_sparse;
+  const auto args = sparse_args(p, s, entries, dtype);
+  return run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
+}
+
+// --- decisions corrected by measurement -------------------------------------------------------------------
+// The density rule is an estimate. The first time a program runs at a size (sizes bucketed by powers of two,
+// densities by 5%, per thread count) and the rule picks a kernel path, both that path and the dense one are
+// timed on the real operands (one warm-up, then the best of three each, interleaved) and the faster is kept
+// for every later call in that bucket. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off.
+constexpr size_t kMaxDecisions = 4096;
+std::mutex decisions_mu;
+std::unordered_map<std::string, std::string> decisions;  // bucket key -> path
+std::atomic<int64_t> n_measured{0}, n_measured_dense{0};
+
+std::string decision_key(const std::string& text, const RegionProgram& p, at::TensorList operands,
+                         const std::vector<double>& densities, const std::string& path) {
+  std::string key = text;
+  key += '|';
+  key += path;
+  for (const auto& [letter, size] : letter_sizes(p, operands)) {
+    int bucket = 0;
+    for (int64_t n = size; n > 1; n = (n + 1) / 2) ++bucket;
+    key += fmt::format("|{}{}", letter, bucket);
+  }
+  for (double d : densities) key += fmt::format("|{}", static_cast<int>(d * 20));
+  return key + fmt::format("|t{}", at::get_num_threads());
+}
+
+double best_ms(const std::function<void()>& f, int repeats) {
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::string measured_path(const RegionProgram& p, const std::string& text, const Slots& s,
+                          const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path) {
+  const auto densities = densities_of(p, s.slots, entries);
+  const std::string key = decision_key(text, p, s.slots, densities, path);
+  {
+    std::lock_guard lock(decisions_mu);
+    auto it = decisions.find(key);
+    if (it != decisions.end()) return it->second;
+  }
+  auto kernel = [&] { run_path(p, text, s, entries, dtype, path, false); };
+  auto dense = [&] { run_path(p, text, s, entries, dtype, "dense", false); };
+  kernel();  // warm-up: compiles or loads the kernel, fills the caches
+  dense();
+  double t_kernel = 1e300, t_dense = 1e300;
+  for (int r = 0; r < 3; ++r) {
+    t_kernel = std::min(t_kernel, best_ms(kernel, 1));
+    t_dense = std::min(t_dense, best_ms(dense, 1));
+  }
+  const std::string chosen = t_dense < t_kernel ? "dense" : path;
+  ++n_measured;
+  if (chosen == "dense") ++n_measured_dense;
+  {
+    std::lock_guard lock(decisions_mu);
+    if (decisions.size() >= kMaxDecisions) decisions.clear();
+    decisions.emplace(key, chosen);
+  }
+  if (hooks.note_measured) hooks.note_measured(text, chosen, t_kernel, t_dense);
+  return chosen;
+}
+
+}  // namespace
+
+at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
+  const RegionProgram& p = region_program(text);
+  const Slots s = split_operands(p, all);
+  const at::TensorList operands = s.slots;
+  for (size_t k = 0; k < all.size(); ++k)
+    SCORCH_CHECK(all[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
+                 p.title, k, all[k].device().str());
+  if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, operands);
+  const at::ScalarType dtype = region_dtype(p, operands);
+  const auto entries = entries_of(p, operands);
+  std::string path = force.empty() ? choose_path(p, text, operands, entries) : force;
+  if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions())
+    path = measured_path(p, text, s, entries, dtype, path);
+  if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, operands, entries), all);
+  at::Tensor out = run_path(p, text, s, entries, dtype, path, true);
+  if (path == "dense" && shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
   out = out.contiguous();
   if (p.coef != 1.0) out.mul_(p.coef);
   return owning(out.permute(p.back));
@@ -469,7 +549,8 @@ double cached_density(const at::Tensor& t, bool frozen) {
 }
 
 RegionStats region_stats() {
-  return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load()};
+  return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load(), n_measured.load(),
+          n_measured_dense.load()};
 }
 
 RegionCacheSizes region_cache_sizes() {

@@ -90,6 +90,7 @@ double cached_density(const at::Tensor& t, bool frozen);
 
 struct RegionStats {
   int64_t compressions = 0, cache_hits = 0, sparse_runs = 0, dense_runs = 0, grouped_runs = 0;
+  int64_t measured = 0, measured_dense = 0;  // decisions made by timing both paths, and how many kept dense
 };
 RegionStats region_stats();
 // Entries in the cache of weights and of data inputs, and their limits.
@@ -108,6 +109,8 @@ struct RegionHooks {
   std::function<void(const std::string&, at::TensorList)> capture;  // while `explain` records
   // The run-time path while SCORCH_DEBUG >= 1 (logged once per region and path; loop IR dumped at 2).
   std::function<void(const std::string&, const std::string&, const std::vector<double>&, at::TensorList)> note_path;
+  // A decision made by timing both paths (SCORCH_MEASURE): the program, the path kept, and the two times (ms).
+  std::function<void(const std::string&, const std::string&, double, double)> note_measured;
 };
 void set_region_hooks(RegionHooks hooks);
 void set_region_capture(bool on);
