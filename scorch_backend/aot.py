@@ -47,6 +47,34 @@ def load_bundle(path: str | os.PathLike) -> int:
     return int(torch.ops.scorch.load_kernels(os.fspath(path)))
 
 
+def load_bundle_bytes(data: bytes, name: str = "<memory>") -> int:
+    """`load_bundle` for a bundle held in memory (`torch.ops.scorch.load_kernel_bytes`); `name` stands for its
+    path in messages."""
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    return int(torch.ops.scorch.load_kernel_bytes(t, name))
+
+
+# The name of the bundle inside a TorchScript archive (an extra file); scorch_deploy reads it too.
+EXTRA_FILE = "scorch/kernels"
+
+
+def save_model(module: torch.jit.ScriptModule, path: str | os.PathLike, bundle: str | os.PathLike | bytes) -> None:
+    """`torch.jit.save` with a kernel bundle (a path or its bytes) stored inside the archive as EXTRA_FILE."""
+    data = bundle if isinstance(bundle, (bytes, bytearray)) else open(os.fspath(bundle), "rb").read()
+    torch.jit.save(module, os.fspath(path), _extra_files={EXTRA_FILE: bytes(data)})
+
+
+def load_model(path: str | os.PathLike) -> tuple[torch.jit.ScriptModule, int]:
+    """`torch.jit.load`, then the kernel bundle stored inside the archive, if any, is checked and loaded.
+    Returns the module and the number of kernels its bundle holds (0: it has none)."""
+    extra = {EXTRA_FILE: ""}
+    module = torch.jit.load(os.fspath(path), _extra_files=extra)
+    data = extra[EXTRA_FILE]
+    if isinstance(data, str):
+        data = data.encode("latin-1")
+    return module, (load_bundle_bytes(data, f"{os.fspath(path)}:{EXTRA_FILE}") if data else 0)
+
+
 def bundle_info(path: str | os.PathLike) -> dict:
     """Check a bundle exactly as loading would (without loading it) and describe it: target, instruction-set
     features, compiler, and (spec, source hash) per kernel. Raises the ValueError loading would raise."""
@@ -64,4 +92,5 @@ def bundled_kernels() -> list[tuple[str, str]]:
     return [tuple(x) for x in _C.bundled_kernels()]
 
 
-__all__ = ["build_bundle", "load_bundle", "bundle_info", "used_kernel_specs", "bundled_kernels"]
+__all__ = ["build_bundle", "load_bundle", "load_bundle_bytes", "save_model", "load_model", "EXTRA_FILE", "bundle_info",
+           "used_kernel_specs", "bundled_kernels"]

@@ -156,7 +156,7 @@ namespace {
 
 // Everything that needs no loading: the file, the architecture, this CPU's instruction set, and the source
 // this Scorch generates for each spec. Returns the library's bytes in `library`.
-BundleInfo check_bundle(const std::string& path, std::string& library, std::vector<Lowered>* lowered) {
+std::string read_bundle_file(const std::string& path) {
   std::string bytes;
   if (!fileio::read_regular_file(path, kMaxBundleBytes, bytes, -1, /*follow_symlinks=*/true)) {
     struct stat sb;
@@ -164,8 +164,13 @@ BundleInfo check_bundle(const std::string& path, std::string& library, std::vect
       throw_error(ErrorKind::value, fmt::format("scorch: cannot read kernel bundle {}: {}", path, std::strerror(errno)));
     refuse(path, "it is not a readable regular file of at most 1 GiB");
   }
+  return bytes;
+}
+
+BundleInfo check_bundle(const std::string& bytes, const std::string& path, std::string& library,
+                        std::vector<Lowered>* lowered) {
+  SCORCH_CHECK(bytes.size() <= kMaxBundleBytes, "scorch: kernel bundle {} refused: larger than 1 GiB", path);
   BundleInfo b = parse_kernel_bundle(bytes, path, &library);
-  bytes.clear();
   if (b.arch != host_arch())
     refuse(path, fmt::format("it holds {} code, this process runs on {}", b.arch, host_arch()));
   const IsaCheck isa = check_cpu_features(b.isa);
@@ -403,16 +408,18 @@ BundleInfo build_kernel_bundle(const std::vector<std::string>& specs_in, const s
 
 BundleInfo inspect_kernel_bundle(const std::string& path) {
   std::string library;
-  return check_bundle(path, library, nullptr);
+  return check_bundle(read_bundle_file(path), path, library, nullptr);
 }
 
-int load_kernel_bundle(const std::string& path) {
+int load_kernel_bundle(const std::string& path) { return load_kernel_bundle_bytes(read_bundle_file(path), path); }
+
+int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) {
   static std::mutex load_mu;  // one load at a time: registration order stays that of the calls
   std::lock_guard load_lock(load_mu);
   const auto t0 = std::chrono::steady_clock::now();
   std::string library;
   std::vector<Lowered> lowered;
-  const BundleInfo b = check_bundle(path, library, &lowered);
+  const BundleInfo b = check_bundle(bytes, path, library, &lowered);
   Registry& reg = registry();
   {
     std::lock_guard lock(reg.mu);

@@ -56,6 +56,10 @@ BundleInfo inspect_kernel_bundle(const std::string& path);
 // same bytes again does nothing more; a spec already registered by an earlier bundle keeps that kernel.
 int load_kernel_bundle(const std::string& path);
 
+// The same for a bundle already in memory (e.g. an extra file of a TorchScript archive); `name` stands for
+// its path in messages and in bundled_kernels().
+int load_kernel_bundle_bytes(const std::string& bytes, const std::string& name);
+
 // The kernel a loaded bundle registered for this spec, or null.
 std::shared_ptr<const CompiledKernel> find_bundled_kernel(const std::string& spec);
 

@@ -1,11 +1,13 @@
 // scorch_deploy: runs a TorchScript model that calls torch.ops.scorch operators, in a process with no Python
 // and no compiler. Kernels come from a bundle built ahead of time (scorch_backend.aot.build_bundle).
 //
-//   scorch_deploy <model.pt> <kernels bundle | -> <inputs.pt> <outputs.pt> [--repeat N]
+//   scorch_deploy <model.pt> <kernels bundle | @ | -> <inputs.pt> <outputs.pt> [--repeat N]
 //
+// The bundle is a file, or "@": the one stored inside model.pt as the extra file "scorch/kernels"
+// (scorch_backend.aot.save_model), or "-": none (then kernels come from the JIT, if it may compile).
 // inputs.pt holds a tensor, or a tuple or list of tensors, saved with torch.save (torch::jit::pickle_load reads
 // it); they are the model's forward() arguments. outputs.pt receives forward()'s result, saved with
-// torch::jit::pickle_save (torch.load reads it). "-" for the bundle loads none (then the JIT, if any, compiles).
+// torch::jit::pickle_save (torch.load reads it).
 // --repeat N runs forward() N more times and prints the median latency.
 #include <torch/script.h>
 
@@ -40,6 +42,17 @@ int64_t load_kernels(const std::string& bundle) {
   return op.call(bundle);
 }
 
+// scorch::load_kernel_bytes: a bundle held in memory, as a uint8 tensor.
+int64_t load_kernel_bytes(std::string& bytes, const std::string& name) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("scorch::load_kernel_bytes", "")
+                       .typed<int64_t(const at::Tensor&, c10::string_view)>();
+  const at::Tensor data = torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  return op.call(data, name);
+}
+
+constexpr const char* kBundleExtraFile = "scorch/kernels";  // scorch_backend.aot.EXTRA_FILE
+
 std::vector<c10::IValue> forward_arguments(const c10::IValue& v) {
   if (v.isTuple()) return v.toTupleRef().elements().vec();
   if (v.isList()) return v.toListRef().vec();
@@ -50,14 +63,21 @@ std::vector<c10::IValue> forward_arguments(const c10::IValue& v) {
 
 int main(int argc, char** argv) {
   if (argc != 5 && !(argc == 7 && std::string(argv[5]) == "--repeat")) {
-    std::cerr << "usage: " << argv[0] << " <model.pt> <kernels bundle | -> <inputs.pt> <outputs.pt> [--repeat N]\n";
+    std::cerr << "usage: " << argv[0] << " <model.pt> <kernels bundle | @ | -> <inputs.pt> <outputs.pt> [--repeat N]\n";
     return 2;
   }
   const std::string model_path = argv[1], bundle = argv[2], inputs_path = argv[3], outputs_path = argv[4];
   const int repeat = argc == 7 ? std::atoi(argv[6]) : 0;
   try {
-    if (bundle != "-") std::cout << "kernels loaded: " << load_kernels(bundle) << "\n";
-    torch::jit::Module model = torch::jit::load(model_path);
+    torch::jit::ExtraFilesMap extra{{kBundleExtraFile, ""}};
+    torch::jit::Module model = torch::jit::load(model_path, c10::nullopt, extra);
+    if (bundle == "@") {
+      std::string& bytes = extra[kBundleExtraFile];
+      if (bytes.empty()) throw std::runtime_error(model_path + " holds no kernel bundle (extra file scorch/kernels)");
+      std::cout << "kernels loaded: " << load_kernel_bytes(bytes, model_path + ":" + kBundleExtraFile) << "\n";
+    } else if (bundle != "-") {
+      std::cout << "kernels loaded: " << load_kernels(bundle) << "\n";
+    }
     model.eval();
     const std::vector<c10::IValue> inputs = forward_arguments(torch::jit::pickle_load(read_file(inputs_path)));
     torch::NoGradGuard no_grad;

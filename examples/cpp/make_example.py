@@ -3,7 +3,8 @@ needs, its inputs, and Python's outputs to compare with.
 
     python examples/cpp/make_example.py OUT_DIR [--target x86-64-v3]
 
-writes OUT_DIR/model.pt, model.kernels, inputs.pt and expected.pt. The model is written by hand: one
+writes OUT_DIR/model.pt, model.kernels, model_with_kernels.pt (the same model with the bundle inside),
+inputs.pt and expected.pt. The model is written by hand: one
 `scorch::kernel` call (a CSR weight stored as buffers) and one `scorch::region` call (a pruned dense weight
 the region compresses at run time), with a ReLU between them. Models rewritten by scorch_backend.jit take its
 place the same way: run them once, then bundle `aot.used_kernel_specs()`.
@@ -68,6 +69,7 @@ def make(out: pathlib.Path, target: str | None = None, batch: int = 5, seed: int
     torch.save((x,), out / "inputs.pt")
     torch.save(expected, out / "expected.pt")
     info = aot.build_bundle(aot.used_kernel_specs(), out / "model.kernels", target=target)
+    aot.save_model(model, out / "model_with_kernels.pt", out / "model.kernels")  # the bundle inside the archive
     return {"kernels": [k[0] for k in info["kernels"]], "target": info["target"], "isa": info["isa"]}
 
 

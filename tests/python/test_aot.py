@@ -279,3 +279,47 @@ def test_build_bundle_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError):
         aot.build_bundle(["not a spec"], tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_bundle_inside_a_torchscript_archive(bundle, tmp_path):
+    # A scripted SpMV whose CSR operand is buffers, saved with the bundle as an extra file, loaded and run
+    # by a child with no compiler.
+    A, _, x, _ = operands()
+    spec = specs_of_workload()[0]
+
+    class SpMV(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pos", A.level_buffers["pos1"])
+            self.register_buffer("crd", A.level_buffers["crd1"])
+            self.register_buffer("vals", A.stored_values)
+            self.spec = spec
+
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            y, _ = torch.ops.scorch.kernel(self.spec, [self.pos, self.crd, self.vals, v], [40, 30], 1)
+            return y
+
+    aot.save_model(torch.jit.script(SpMV()), tmp_path / "spmv.pt", bundle)
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import sys, torch\nfrom scorch_backend import aot\n"
+            "m, n = aot.load_model(sys.argv[1])\nprint(n)\n"
+            "torch.save(m(torch.load(sys.argv[2])), sys.argv[3])\n")
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "c"), **NO_COMPILER)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spmv.pt"), str(tmp_path / "x.pt"),
+                        str(tmp_path / "y.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == str(len(CASES))
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), A.to_dense() @ x)
+
+
+def test_load_kernel_bytes_checks_its_tensor(bundle):
+    with pytest.raises(TypeError, match="uint8"):
+        torch.ops.scorch.load_kernel_bytes(torch.zeros(4), "x")
+    with pytest.raises(ValueError, match="1-D"):
+        torch.ops.scorch.load_kernel_bytes(torch.zeros(2, 2, dtype=torch.uint8), "x")
+    with pytest.raises(ValueError, match="not a Scorch kernel bundle"):
+        aot.load_bundle_bytes(b"", "empty")
+    data = bytearray(bundle.read_bytes())
+    data[-10] ^= 1
+    with pytest.raises(ValueError, match="refused: it is damaged"):
+        aot.load_bundle_bytes(bytes(data), "in memory")

@@ -82,6 +82,19 @@ def test_cpp_program_matches_python(scorch_deploy, example, tmp_path):
     assert list(cache.iterdir()) == []  # no kernel compiled or cached
 
 
+def test_cpp_program_with_the_bundle_inside_the_model(scorch_deploy, example, tmp_path):
+    cache = tmp_path / "empty-cache"
+    r = run(scorch_deploy, [example / "model_with_kernels.pt", "@", example / "inputs.pt", tmp_path / "outputs.pt"],
+            deploy_env(cache))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kernels loaded: 1" in r.stdout, r.stdout
+    for g, w in zip(torch.load(tmp_path / "outputs.pt"), torch.load(example / "expected.pt")):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    # A model without one says so.
+    r = run(scorch_deploy, [example / "model.pt", "@", example / "inputs.pt", tmp_path / "o.pt"], deploy_env(cache))
+    assert r.returncode == 1 and "holds no kernel bundle" in r.stderr, r.stderr
+
+
 def test_cpp_program_without_the_bundle_names_the_missing_kernel(scorch_deploy, example, tmp_path):
     r = run(scorch_deploy, [example / "model.pt", "-", example / "inputs.pt", tmp_path / "outputs.pt"],
             deploy_env(tmp_path / "cache"))
