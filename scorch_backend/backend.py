@@ -135,8 +135,11 @@ def _region_lines(regions, decisions) -> list[str]:
     return lines
 
 
-def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None) -> GraphReport:
-    """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass."""
+def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None, *,
+              attention: bool = True) -> GraphReport:
+    """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
+    `attention` False leaves masked attention to the model's own code (TorchScript rewriting: the op is
+    Python's)."""
     threshold = float(opts["sparse_threshold"])
     before = str(gm.graph)
     if dump:
@@ -159,6 +162,8 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
         dump.write("propagate", _graph_and_table("after propagate", gm, attrs, measured))
     # Dynamo compiles separately with and without grad mode: this graph is for training if grad is on now.
     regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), torch.is_grad_enabled())
+    if not attention:
+        regions = [r for r in regions if r.fused is not None]
     if dump:
         programs = [f"{r.name}: {r.program_text}" for r in regions if r.fused is not None]
         dump.write("partition", _graph_and_table("after partition (and fuse)", gm, attrs, measured)

@@ -341,11 +341,8 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, hints))
     with torch.no_grad():
-        result = transform(gm, hints, opts)
+        result = transform(gm, hints, opts, attention=False)
     report.left_dense = [f"{d.node} = {d.op}: {d.reason}" for d in result.decisions]
-    if any(r.fused is None for r in result.regions):
-        raise RewriteError("masked attention regions cannot be rewritten yet (scorch::masked_attention is a "
-                           "Python op); rewrite with options={'sparse_threshold': 0} to leave attention dense")
     new_attrs: dict = {}
     _pack(gm, kinds, real, new_attrs, report)
     new = _build(gm, kinds, model, example_inputs, new_attrs)

@@ -41,9 +41,10 @@ fi
 # The test extra's interop libraries (pyproject.toml [test]): torch_geometric without its optional compiled
 # extensions (it declares no torch dependency, so pip leaves torch alone), STen without its declared
 # dependencies (it imports only torch, numpy and scipy; its list would pull transformers, notebook, ...).
-if [ "$what" = test ] && ! .venv/bin/python -c "import torch_geometric, sten" >/dev/null 2>&1; then
-  log "installing the test extras (torch_geometric, sten)"
-  .venv/bin/python -m pip install -q torch_geometric && .venv/bin/python -m pip install -q --no-deps sten
+# transformers: the Hugging Face BERT of the TorchScript rewriting tests (it declares no torch dependency).
+if [ "$what" = test ] && ! .venv/bin/python -c "import torch_geometric, sten, transformers" >/dev/null 2>&1; then
+  log "installing the test extras (torch_geometric, transformers, sten)"
+  .venv/bin/python -m pip install -q torch_geometric transformers && .venv/bin/python -m pip install -q --no-deps sten
 fi
 
 # 3. Build and install the package in editable form (incremental: CMake + Ninja + ccache in build/py).

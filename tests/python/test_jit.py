@@ -269,3 +269,35 @@ def test_saved_model_runs_without_a_compiler(tmp_path):
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
                         str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
+
+
+def test_block_sparse_attention_rewrites_with_attention_left_to_the_model():
+    case = zoo.make("block_sparse_attention", "test")
+    model = case.model.eval()
+    new, report = _rewrite(model, case.inputs)
+    assert "masked_attention" not in new.code  # a Python op: not in a scriptable module
+    scripted = torch.jit.script(new)
+    x = case.inputs[0]
+    with torch.no_grad():
+        want = model(x)
+        _close(new(x), want)
+        _close(scripted(x), want)
+
+
+def test_hf_bert_rewrites_scripts_and_packs(tmp_path):
+    pytest.importorskip("transformers")
+    case = zoo.make("bert_encoder", "test", sparsity=0.9)
+    model = case.model
+    x = case.inputs[0]
+    new, report = _rewrite(model, (x,))
+    assert len(report.regions) >= 4 and report.packed
+    assert report.packed_ratio < 0.22, report.packed_ratio
+    scripted = torch.jit.script(new)
+    torch.jit.save(scripted, str(tmp_path / "bert.pt"))
+    loaded = torch.jit.load(str(tmp_path / "bert.pt"))
+    for seq in (x.shape[1], 7):
+        ids = torch.randint(0, 1000, (1, seq), generator=torch.Generator().manual_seed(seq))
+        with torch.no_grad():
+            want = model(ids).last_hidden_state
+        _close(new(ids)[0], want)
+        _close(loaded(ids)[0], want)
