@@ -417,6 +417,7 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
   static std::mutex load_mu;  // one load at a time: registration order stays that of the calls
   std::lock_guard load_lock(load_mu);
   const auto t0 = std::chrono::steady_clock::now();
+  const int debug = debug_level();  // a bad SCORCH_DEBUG fails here, before anything is registered
   std::string library;
   std::vector<Lowered> lowered;
   const BundleInfo b = check_bundle(bytes, path, library, &lowered);
@@ -460,7 +461,7 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
     reg.loaded.emplace(b.content_hash, static_cast<int>(b.kernels.size()));
     ++reg.bundles;
   }
-  if (debug_level() >= 1)
+  if (debug >= 1)
     std::fputs(fmt::format("[scorch] kernel bundle {}: {} kernels ({} new) for target '{}' ({}), loaded through {} "
                            "in {:.3f} s\n",
                            path, b.kernels.size(), added, b.target, fmt::join(b.isa, " "), how, seconds)

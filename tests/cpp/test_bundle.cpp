@@ -132,6 +132,21 @@ TEST_F(Bundle, BuiltThenLoadedWithNoCompilerAndRun) {
   unsetenv("SCORCH_JIT");
 }
 
+TEST_F(Bundle, FirstBundleToRegisterASpecKeepsIt) {
+  const std::string other = path_ + ".2";
+  build_kernel_bundle({kSpmv}, path_);
+  build_kernel_bundle({kAdd, kSpmv}, other);
+  EXPECT_EQ(load_kernel_bundle(path_), 1);
+  EXPECT_EQ(load_kernel_bundle(other), 2);
+  const auto all = bundled_kernels();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], std::make_pair(kSpmv, path_));
+  EXPECT_EQ(all[1], std::make_pair(kAdd, other));
+  EXPECT_EQ(find_bundled_kernel(kSpmv)->library_path, path_);
+  EXPECT_NE(bundle_summary().find("2 bundles loaded, 2 kernels"), std::string::npos) << bundle_summary();
+  std::remove(other.c_str());
+}
+
 TEST_F(Bundle, DamagedOrForeignBundlesAreRefused) {
   build_kernel_bundle({kSpmv}, path_);
   const std::string good = read_all(path_);
