@@ -301,3 +301,17 @@ def test_hf_bert_rewrites_scripts_and_packs(tmp_path):
             want = model(ids).last_hidden_state
         _close(new(ids)[0], want)
         _close(loaded(ids)[0], want)
+
+
+def test_export_and_aoti_package(tmp_path):
+    """torch.export of a rewritten model, packaged by AOTInductor: the package calls scorch::region through
+    its schema (the op's C++ kernel), and runs on a new batch size."""
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    ep = torch.export.export(new, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=2)},))
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "model.pt2"))
+    loaded = torch._inductor.aoti_load_package(path)
+    x2 = case.make_inputs(5)[0]
+    with torch.no_grad():
+        _close(loaded(x2), model(x2))
