@@ -17,6 +17,11 @@ For every model (bench sizes) and mode, inference (forward under torch.no_grad, 
     torch_sparse_coo  GCN: the adjacency as torch.sparse_coo through torch.sparse.mm
     pyg               GCN: two torch_geometric GCNConv layers (normalize=False, same weights), when
                       torch_geometric imports
+
+The pyg_gcn row is PyG's own model: two GCNConv layers (normalize=False) on Cora. There "eager" is eager
+PyG on (edge_index, edge_weight), "inductor" the same compiled by Inductor, torch_sparse_csr eager PyG on a
+torch.sparse CSR adj_t, and "scorch" the PyG model compiled with backend="scorch" on a Scorch CSR adj_t;
+its target is Scorch >= 1.5x eager PyG (forward + backward).
     scorch            torch.compile(model, backend="scorch"); a failure is recorded in the table, not fatal
 
 All contenders run in one process with the same torch.set_num_threads(--threads). Every model copy is called
@@ -51,7 +56,7 @@ from scorch_backend.bench import contention_probe, measure, zoo
 from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
-MODELS = tuple(zoo.CASES)
+MODELS = tuple(zoo.CASES) + ("pyg_gcn",)
 GCN_DATASETS = ("cora", "citeseer", "pubmed")
 CONTENDERS = ("eager", "inductor", "torch_sparse_csr", "torch_sparse_coo", "pyg", "scorch")
 MODES = ("inference", "training")
@@ -126,6 +131,25 @@ class PygGCN(nn.Module):
         return self.conv2(h, edge_index, edge_weight)
 
 
+class PygAdjGCN(PygGCN):
+    """PygGCN with the adjacency as one sparse argument, PyG's adj_t (torch.sparse or a Scorch SparseTensor)."""
+
+    def forward(self, x, adj_t):
+        h = torch.relu(self.conv1(x, adj_t))
+        return self.conv2(h, adj_t)
+
+
+def pyg_gcn_case(data) -> zoo.Case:
+    """The pyg_gcn row: the zoo's GCN on Cora (weights, features, normalized adjacency), run as PyG's model."""
+    why = pyg_available()
+    if why is not None:
+        raise RuntimeError(why)
+    case = zoo.make("gcn", "bench", dataset="cora", data=data)
+    return zoo.Case("pyg_gcn/cora", case.model, case.inputs, None, True,
+                    "two torch_geometric GCNConv layers (normalize=False); " + case.notes, case.size,
+                    dict(case.info))
+
+
 def pyg_available() -> str | None:
     """None when torch_geometric's GCNConv imports, else why not."""
     try:
@@ -145,6 +169,16 @@ def build_contenders(case: zoo.Case, mode: str) -> tuple[dict, dict]:
     c["eager"] = (copy.deepcopy(base), inputs)
     c["inductor"] = (torch.compile(copy.deepcopy(base)), inputs)
     kind = case.name.split("/")[0]
+    if kind == "pyg_gcn":
+        x, A = inputs
+        coo = A.to_torch(torch.sparse_coo).coalesce()
+        # adj_t[i, j] is the edge j -> i; clones, since Dynamo cannot take views of a sparse tensor's members
+        edge_index, edge_weight = coo.indices().flip(0).clone(), coo.values().clone()
+        c["eager"] = (PygGCN(base), (x, edge_index, edge_weight))
+        c["inductor"] = (torch.compile(PygGCN(base)), (x, edge_index, edge_weight))
+        c["torch_sparse_csr"] = (PygAdjGCN(base), (x, A.to_torch(torch.sparse_csr)))
+        c["scorch"] = (torch.compile(PygAdjGCN(base), backend="scorch"), (x, A))
+        return c, skipped
     if kind == "gcn":
         x, A = inputs
         for layout, key in ((torch.sparse_csr, "torch_sparse_csr"), (torch.sparse_coo, "torch_sparse_coo")):
@@ -281,8 +315,11 @@ def add_ratios(row: dict) -> None:
     ind = times.get("inductor")
     sparse = [times[k] for k in ("torch_sparse_csr", "torch_sparse_coo") if k in times]
     best_sparse = min(sparse) if sparse else None
+    eager = times.get("eager")
     for v in row["contenders"].values():
         v["speedup_vs_inductor"] = ind / v["median_s"] if ind else None
+        if row["model"].startswith("pyg_gcn") and eager:
+            v["speedup_vs_eager"] = eager / v["median_s"]
         if row["model"].startswith("gcn") and best_sparse:
             v["speedup_vs_torch_sparse"] = best_sparse / v["median_s"]
 
@@ -301,6 +338,9 @@ def targets_for(row: dict) -> list[dict]:
         out.append({"model": row["model"], "mode": row["mode"], "target": text, "goal": goal, "value": value,
                     "reached": None if value is None else bool(value >= goal)})
 
+    if kind == "pyg_gcn" and row["mode"] == "training":
+        add("PyG GCNConv on Cora, forward + backward: Scorch >= 1.5x eager PyG",
+            s.get("speedup_vs_eager") if s else None, 1.5)
     if kind == "gcn":
         add(f"{row['model']}: Scorch >= 2x the faster torch.sparse layout",
             s.get("speedup_vs_torch_sparse") if s else None, 2.0)
@@ -388,7 +428,9 @@ def cases(args):
     """(name, factory) pairs, built lazily so one failing model does not stop the others."""
     size = "test" if args.quick else "bench"
     for name in args.models:
-        if name == "gcn":
+        if name == "pyg_gcn":
+            yield "pyg_gcn/cora", (lambda: pyg_gcn_case(args.data))
+        elif name == "gcn":
             for ds in args.datasets:
                 yield f"gcn/{ds}", (lambda ds=ds: zoo.make("gcn", "bench", dataset=ds, data=args.data))
         else:
