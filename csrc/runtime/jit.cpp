@@ -391,6 +391,8 @@ void note_used(const std::string& spec) {
 
 }  // namespace
 
+bool kernel_available(const std::string& spec) { return jit_enabled() || find_bundled_kernel(spec) != nullptr; }
+
 std::vector<std::string> used_kernel_specs() {
   std::lock_guard lock(g_used_mu);
   return g_used;

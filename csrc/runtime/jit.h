@@ -46,6 +46,11 @@ std::string kernel_cache_dir();
 // cache; with SCORCH_JIT=0 nothing else is tried, and a spec no bundle holds is a RuntimeError naming it.
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec);
 
+// Whether get_kernel(spec) can give a kernel without failing for want of a compiler: a loaded bundle holds it,
+// or the JIT may compile (SCORCH_JIT is not 0). Callers with a fallback (a dense path) use it to avoid a
+// kernel that a deployment without the JIT does not have.
+bool kernel_available(const std::string& spec);
+
 // Every spec get_kernel has returned a kernel for in this process (JIT or bundle), in first-use order: what a
 // bundle for this workload must hold.
 std::vector<std::string> used_kernel_specs();

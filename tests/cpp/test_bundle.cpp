@@ -82,8 +82,10 @@ TEST_F(Bundle, BuiltThenLoadedWithNoCompilerAndRun) {
   EXPECT_NE(missing.find(kSpmv), std::string::npos) << missing;
   EXPECT_NE(missing.find("SCORCH_JIT=0"), std::string::npos) << missing;
 
+  EXPECT_FALSE(kernel_available(kSpmv));
   EXPECT_EQ(load_kernel_bundle(path_), 2);
   EXPECT_EQ(load_kernel_bundle(path_), 2);  // the same bytes again: nothing more
+  EXPECT_TRUE(kernel_available(kSpmv));
   const auto k = get_kernel(kSpmv);
   EXPECT_EQ(k.get(), find_bundled_kernel(kSpmv).get());
   EXPECT_EQ(k->library_path, path_);
