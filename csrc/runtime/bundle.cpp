@@ -470,6 +470,28 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
   return static_cast<int>(b.kernels.size());
 }
 
+void load_bundles_from_environment() {
+  const char* v = std::getenv("SCORCH_KERNEL_BUNDLES");
+  if (!v || !*v) return;
+  static std::mutex mu;
+  static std::set<std::string> done;
+  std::lock_guard lock(mu);
+  std::string list = v;
+  for (size_t at = 0; at <= list.size();) {
+    size_t end = list.find(':', at);
+    if (end == std::string::npos) end = list.size();
+    const std::string path = list.substr(at, end - at);
+    at = end + 1;
+    if (path.empty() || done.count(path)) continue;
+    try {
+      load_kernel_bundle(path);
+    } catch (const Error& e) {
+      throw_error(e.kind(), fmt::format("{} (listed in SCORCH_KERNEL_BUNDLES)", e.what()));
+    }
+    done.insert(path);
+  }
+}
+
 std::shared_ptr<const CompiledKernel> find_bundled_kernel(const std::string& spec) {
   Registry& reg = registry();
   std::lock_guard lock(reg.mu);

@@ -60,6 +60,11 @@ int load_kernel_bundle(const std::string& path);
 // its path in messages and in bundled_kernels().
 int load_kernel_bundle_bytes(const std::string& bytes, const std::string& name);
 
+// SCORCH_KERNEL_BUNDLES: bundle files separated by ':', loaded (each path once per process, in order) the first
+// time get_kernel misses the registry; so a program that never calls load_kernels (a generic TorchScript
+// server with libscorch_ops loaded) gets them too. Throws the load's error, naming the variable.
+void load_bundles_from_environment();
+
 // The kernel a loaded bundle registered for this spec, or null.
 std::shared_ptr<const CompiledKernel> find_bundled_kernel(const std::string& spec);
 

@@ -391,7 +391,11 @@ void note_used(const std::string& spec) {
 
 }  // namespace
 
-bool kernel_available(const std::string& spec) { return jit_enabled() || find_bundled_kernel(spec) != nullptr; }
+bool kernel_available(const std::string& spec) {
+  if (jit_enabled() || find_bundled_kernel(spec)) return true;
+  load_bundles_from_environment();
+  return find_bundled_kernel(spec) != nullptr;
+}
 
 std::vector<std::string> used_kernel_specs() {
   std::lock_guard lock(g_used_mu);
@@ -403,9 +407,14 @@ std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec) {
   static std::unordered_map<std::string, std::shared_ptr<const CompiledKernel>> cache;
   // Kernels from loaded bundles come first, before anything that needs a compiler (resolving the target).
   Settings settings = read_settings();
-  if (auto k = find_bundled_kernel(spec)) {
+  auto bundled = find_bundled_kernel(spec);
+  if (!bundled) {
+    load_bundles_from_environment();
+    bundled = find_bundled_kernel(spec);
+  }
+  if (bundled) {
     note_used(spec);
-    return k;
+    return bundled;
   }
   SCORCH_CHECK_KIND(ErrorKind::runtime, jit_enabled(),
                     "scorch: no kernel for spec '{}': it is not in any loaded kernel bundle ({}), and JIT "

@@ -42,7 +42,8 @@ struct CompiledKernel {
 std::string kernel_cache_dir();
 
 // The kernel for a spec (see lower/kernel_spec.h), built at most once per process. Kernels registered by a
-// loaded bundle (runtime/bundle.h) are returned first, without resolving the target or touching the disk
+// loaded bundle (runtime/bundle.h; those SCORCH_KERNEL_BUNDLES lists are loaded at the first miss) are
+// returned first, without resolving the target or touching the disk
 // cache; with SCORCH_JIT=0 nothing else is tried, and a spec no bundle holds is a RuntimeError naming it.
 std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec);
 

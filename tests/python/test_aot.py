@@ -323,3 +323,14 @@ def test_load_kernel_bytes_checks_its_tensor(bundle):
     data[-10] ^= 1
     with pytest.raises(ValueError, match="refused: it is damaged"):
         aot.load_bundle_bytes(bytes(data), "in memory")
+
+
+def test_bundles_listed_in_the_environment_load_at_the_first_miss(bundle, tmp_path):
+    out = run_child("-", "run", tmp_path / "c", SCORCH_KERNEL_BUNDLES=f":{bundle}:", **NO_COMPILER)
+    assert all(err < 1e-4 for err in out["err"].values())
+    assert sorted(out["bundled"]) == sorted(specs_of_workload())
+    # A listed bundle that cannot be loaded: its error, naming the variable, at the first kernel needed.
+    out = run_child("-", "missing", tmp_path / "c2", SCORCH_KERNEL_BUNDLES=str(tmp_path / "absent.kernels"),
+                    **NO_COMPILER)
+    kind, msg = out["error"]
+    assert kind == "ValueError" and "absent.kernels" in msg and "SCORCH_KERNEL_BUNDLES" in msg, msg

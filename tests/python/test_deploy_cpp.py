@@ -95,6 +95,15 @@ def test_cpp_program_with_the_bundle_inside_the_model(scorch_deploy, example, tm
     assert r.returncode == 1 and "holds no kernel bundle" in r.stderr, r.stderr
 
 
+def test_cpp_program_with_the_bundle_from_the_environment(scorch_deploy, example, tmp_path):
+    env = deploy_env(tmp_path / "cache")
+    env["SCORCH_KERNEL_BUNDLES"] = str(example / "model.kernels")
+    r = run(scorch_deploy, [example / "model.pt", "-", example / "inputs.pt", tmp_path / "outputs.pt"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for g, w in zip(torch.load(tmp_path / "outputs.pt"), torch.load(example / "expected.pt")):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
 def test_cpp_program_without_the_bundle_names_the_missing_kernel(scorch_deploy, example, tmp_path):
     r = run(scorch_deploy, [example / "model.pt", "-", example / "inputs.pt", tmp_path / "outputs.pt"],
             deploy_env(tmp_path / "cache"))
