@@ -456,11 +456,10 @@ std::mutex decisions_mu;
 std::unordered_map<std::string, std::string> decisions;  // bucket key -> path
 std::atomic<int64_t> n_measured{0}, n_measured_dense{0};
 
-std::string decision_key(const std::string& text, const RegionProgram& p, at::TensorList operands,
-                         const std::vector<double>& densities, const std::string& path) {
-  std::string key = text;
-  key += '|';
-  key += path;
+// Programs are interned (region_program never frees one), so the program's address names it.
+std::string decision_key(const RegionProgram& p, at::TensorList operands, const std::vector<double>& densities,
+                         const std::string& path) {
+  std::string key = fmt::format("{}|{}", static_cast<const void*>(&p), path);
   for (const auto& [letter, size] : letter_sizes(p, operands)) {
     int bucket = 0;
     for (int64_t n = size; n > 1; n = (n + 1) / 2) ++bucket;
@@ -483,7 +482,7 @@ double best_ms(const std::function<void()>& f, int repeats) {
 std::string measured_path(const RegionProgram& p, const std::string& text, const Slots& s,
                           const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path) {
   const auto densities = densities_of(p, s.slots, entries);
-  const std::string key = decision_key(text, p, s.slots, densities, path);
+  const std::string key = decision_key(p, s.slots, densities, path);
   {
     std::lock_guard lock(decisions_mu);
     auto it = decisions.find(key);
