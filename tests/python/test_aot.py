@@ -334,3 +334,38 @@ def test_bundles_listed_in_the_environment_load_at_the_first_miss(bundle, tmp_pa
                     **NO_COMPILER)
     kind, msg = out["error"]
     assert kind == "ValueError" and "absent.kernels" in msg and "SCORCH_KERNEL_BUNDLES" in msg, msg
+
+
+TRAIN = r"""
+import json, sys, torch, scorch_backend as sb
+from scorch_backend import aot
+if sys.argv[1] != "-":
+    aot.load_bundle(sys.argv[1])
+g = torch.Generator().manual_seed(5)
+dense = torch.randn(24, 16, generator=g) * (torch.rand(24, 16, generator=g) < 0.2)
+A = sb.sparse(dense, "csr")
+v = A.stored_values.detach().clone().requires_grad_()
+W = torch.randn(16, 8, generator=g, requires_grad=True)
+y = sb.einsum("ij,jk->ik", A.with_values(v), W)
+(y * y).sum().backward()
+print(json.dumps({"y": y.tolist(), "gv": v.grad.tolist(), "gW": W.grad.tolist(), "used": aot.used_kernel_specs()}))
+"""
+
+
+def test_training_step_with_no_compiler(tmp_path):
+    # Collect the kernels of a forward and backward pass (the values' and W's gradients are kernels of their
+    # own), bundle them, and run the same step where nothing can be compiled.
+    env = dict(os.environ, SCORCH_DISPATCH="sparse", SCORCH_CACHE_DIR=str(tmp_path / "jit-cache"))
+    r = subprocess.run([sys.executable, "-c", TRAIN, "-"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(first["used"]) >= 3, first["used"]  # forward + two gradients
+    aot.build_bundle(first["used"], tmp_path / "train.kernels")
+    env = dict(env, SCORCH_CACHE_DIR=str(tmp_path / "empty"), **NO_COMPILER)
+    r = subprocess.run([sys.executable, "-c", TRAIN, str(tmp_path / "train.kernels")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in ("y", "gv", "gW"):
+        torch.testing.assert_close(torch.tensor(second[name]), torch.tensor(first[name]), rtol=1e-6, atol=1e-6)
+    assert sorted(second["used"]) == sorted(first["used"])
