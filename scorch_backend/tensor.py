@@ -465,15 +465,19 @@ def _nnz(x):
 @_rule(aten.is_coalesced.default)
 def _is_coalesced(x):
     _needs_layout(x, "is_coalesced", "coo")
-    return False  # the "coo" format allows repeated coordinates; coalesce() gives a copy without them
+    return True  # the "coo" format stores each coordinate once, in order (validation refuses duplicates)
 
 
-@_rule(aten.coalesce.default, aten._coalesced.default)
-def _coalesce(x, *args):
+@_rule(aten.coalesce.default)
+def _coalesce(x):
     _needs_layout(x, "coalesce", "coo")
-    from .convert import from_coordinates
+    return x
 
-    return from_coordinates(x.coordinates(), x._values, x.shape, "coo", index_dtype=x.index_dtype)
+
+@_rule(aten._coalesced_.default)
+def _mark_coalesced(x, coalesced):
+    _needs_layout(x, "_coalesced_", "coo")
+    return x  # already true of every "coo" SparseTensor; nothing to record
 
 
 def _values_with_grad(x, *args, **kwargs):
@@ -570,7 +574,27 @@ def _linear(x, weight, bias=None):
     return out if bias is None else out + bias
 
 
+def _to_sparse_as(name: str):
+    """Tensor.to_sparse_csr() and the like: the same SparseTensor in that format (itself when it is)."""
+    def convert(x, *args, **kwargs):
+        if not isinstance(x, SparseTensor) or args or any(v is not None for v in kwargs.values()):
+            return NotImplemented
+        return x if x.format.name == name else x.to_format(name)
+
+    return convert
+
+
+def _coalesce_above_autograd(x, *args, **kwargs):
+    if not isinstance(x, SparseTensor) or args or kwargs:
+        return NotImplemented
+    return _coalesce(x)  # torch checks the layout before dispatch; a "coo" SparseTensor is coalesced
+
+
 _TORCH_FUNCTION_RULES = {
+    torch.Tensor.coalesce: _coalesce_above_autograd,
+    torch.Tensor.to_sparse_csr: _to_sparse_as("csr"),
+    torch.Tensor.to_sparse_csc: _to_sparse_as("csc"),
+    torch.Tensor.to_sparse_coo: _to_sparse_as("coo"),
     torch.nn.functional.linear: _linear,
     torch.Tensor.values: _values_with_grad,
     torch.Tensor._values: _values_with_grad,

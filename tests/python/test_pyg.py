@@ -127,3 +127,16 @@ def test_gcn_normalization_done_once_outside_the_model(cora):
     torch._dynamo.reset()
     out = torch.compile(plain, backend="scorch", fullgraph=True)(x, sb.from_torch_sparse(norm))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_pyg_takes_a_scorch_coo_adj_t_eagerly(cora):
+    """A COO SparseTensor: PyG converts it to CSR (to_sparse_csr() gives a Scorch CSR) and runs the same SpMM.
+    (Compiled with fullgraph, PyG's warning about that conversion stops Dynamo: pass CSR, as PyG advises.)"""
+    x, A, _, _ = cora
+    torch.manual_seed(0)
+    layer = GCNConv(WIDTH, 16, normalize=False, add_self_loops=False)
+    ref = layer(x, *_edge_index(A))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Converting sparse tensor to CSR")
+        out = layer(x, A.to_format("coo"))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

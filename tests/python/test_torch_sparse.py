@@ -205,6 +205,9 @@ def test_accessors_answer_as_torch_sparse():
             assert torch.equal(A.indices(), t.indices())
         assert torch.equal(A.values(), t.values())
         assert A._nnz() == t._nnz()
+        if fmt == "coo":
+            assert A.is_coalesced() and A.coalesce() is A
+        assert A.to_sparse_csr().format.name == "csr" and torch.equal(A.to_sparse_csr().to_dense(), d)
     assert sb.sparse(d, "dcsr").layout == torch.strided  # no torch.sparse layout stores it
     with pytest.raises(RuntimeError, match="crow_indices.*csr"):
         sb.sparse(d, "csc").crow_indices()
