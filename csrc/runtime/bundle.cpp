@@ -418,14 +418,16 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
   std::lock_guard load_lock(load_mu);
   const auto t0 = std::chrono::steady_clock::now();
   const int debug = debug_level();  // a bad SCORCH_DEBUG fails here, before anything is registered
+  Registry& reg = registry();
+  {
+    // The same content (the hash covers all of it) was checked and loaded before: nothing more to do.
+    const BundleInfo seen = parse_kernel_bundle(bytes, path);
+    std::lock_guard lock(reg.mu);
+    if (auto it = reg.loaded.find(seen.content_hash); it != reg.loaded.end()) return it->second;
+  }
   std::string library;
   std::vector<Lowered> lowered;
   const BundleInfo b = check_bundle(bytes, path, library, &lowered);
-  Registry& reg = registry();
-  {
-    std::lock_guard lock(reg.mu);
-    if (auto it = reg.loaded.find(b.content_hash); it != reg.loaded.end()) return it->second;
-  }
   std::string how;
   void* handle = load_library_bytes(library, path, how);
   const auto* count = static_cast<const int*>(::dlsym(handle, "scorch_bundle_count"));
