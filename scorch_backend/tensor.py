@@ -404,6 +404,30 @@ def _permute(x, dims):
     return _permuted(x, [d % x.dim() for d in dims])
 
 
+@_rule(aten.copy_.default)
+def _copy_into(x, src, non_blocking=False):  # noqa: ARG001
+    """x.copy_(src) into a SparseTensor (load_state_dict does this): x takes src's pattern and values, in x's
+    format and dtype; the values are copied in place when the pattern is the same."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    if tuple(src.shape) != tuple(x.shape):
+        raise RuntimeError(f"copy_: a SparseTensor of shape {tuple(x.shape)} cannot take a tensor of shape "
+                           f"{tuple(src.shape)}")
+    from .convert import sparse
+
+    src = sparse(src.detach() if not isinstance(src, SparseTensor) else src, x.format, index_dtype=x.index_dtype)
+    same = src.format == x.format and all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(src._buffer_list(), x._buffer_list()))
+    if same:
+        x._values.copy_(src._values)
+        return x
+    for name, b in zip(src._buffer_names, src._buffer_list()):
+        setattr(x, name, b.clone())
+    x._values = src._values.to(x.dtype, copy=True)
+    x._checked_versions = x._buffer_versions()
+    return x
+
+
 # --- torch.sparse's accessors, answered from the level buffers ----------------------------------------------
 def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
     if x.format.name not in names:
@@ -590,7 +614,26 @@ def _coalesce_above_autograd(x, *args, **kwargs):
     return _coalesce(x)  # torch checks the layout before dispatch; a "coo" SparseTensor is coalesced
 
 
+def rebuild_sparse_tensor(canonical: str, ndim: int, shape, buffers, values, requires_grad: bool):
+    """Unpickling (torch.load, copy): the SparseTensor again, its buffers validated (a file is only data)."""
+    out = SparseTensor(Format(canonical, ndim), shape, buffers, values)
+    return out.requires_grad_() if requires_grad else out
+
+
+def _reduce_ex(x, proto):
+    """Pickling as a SparseTensor (torch's own path would read the torch.sparse layout this tensor reports
+    and rebuild a torch.sparse tensor from a wrapper that has no storage)."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    return (rebuild_sparse_tensor, (x._format.canonical, x._format.ndim, tuple(int(s) for s in x.shape),
+                                    [b.detach() for b in x._buffer_list()], x._values.detach(), x.requires_grad))
+
+
+torch.serialization.add_safe_globals([rebuild_sparse_tensor])  # it validates what it reads
+
+
 _TORCH_FUNCTION_RULES = {
+    torch.Tensor.__reduce_ex__: _reduce_ex,
     torch.Tensor.coalesce: _coalesce_above_autograd,
     torch.Tensor.to_sparse_csr: _to_sparse_as("csr"),
     torch.Tensor.to_sparse_csc: _to_sparse_as("csc"),

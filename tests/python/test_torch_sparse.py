@@ -327,3 +327,27 @@ def test_sten_model_weights_come_into_scorch_in_one_call():
     (h @ w.t() + dense["2.bias"]).square().sum().backward()
     assert isinstance(w2.grad, sb.SparseTensor)
     _close(w2.grad, w.grad * (dense["2.weight"] != 0))
+
+
+def test_converted_model_saves_and_loads(tmp_path):
+    """A model whose sparse buffer was converted saves its state with torch.save and loads it with torch.load
+    (weights_only, the default) as SparseTensors; a file whose index buffers were tampered with is refused."""
+    d = random_dense((12, 12), 0.2, seed=14)
+    model = _GCN(d.to_sparse_csr())
+    sb.convert_module(model)
+    path = tmp_path / "state.pt"
+    torch.save(model.state_dict(), path)
+    state = torch.load(path)
+    assert isinstance(state["adj"], sb.SparseTensor) and state["adj"].format == model.adj.format
+    _close(state["adj"], d)
+    fresh = _GCN(d.to_sparse_csr())
+    sb.convert_module(fresh)
+    fresh.load_state_dict(state)
+    x = torch.randn(12, 8)
+    torch.testing.assert_close(fresh(x), model(x))
+
+    bad = sb.sparse(d, "csr")
+    bad.level_buffers["crd1"][0] = 99  # a column out of range
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError):
+        torch.load(tmp_path / "bad.pt")
