@@ -205,9 +205,9 @@ BundleInfo check_bundle(const std::string& bytes, const std::string& path, std::
 // process (its /proc/self/fd name is then never reused for another library, so glibc cannot mistake one
 // bundle for another, and no writable, exec-allowed directory is needed); where memfds cannot be mapped
 // executable, through a private copy in the kernel cache directory, as the disk cache does.
-void* load_library_bytes(const std::string& library, const std::string& path, std::string& how) {
-  const int fd = ::memfd_create("scorch-kernel-bundle", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  std::string memfd_error = fd < 0 ? std::string("memfd_create: ") + std::strerror(errno) : "";
+void* load_library_bytes(const std::string& library, const std::string& path, std::string& how, bool try_memfd = true) {
+  const int fd = try_memfd ? ::memfd_create("scorch-kernel-bundle", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
+  std::string memfd_error = !try_memfd ? "not tried" : fd < 0 ? std::string("memfd_create: ") + std::strerror(errno) : "";
   if (fd >= 0) {
     if (fileio::write_all(fd, library) &&
         ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0) {
@@ -293,6 +293,10 @@ void run_compiler(const std::vector<std::string>& argv, double timeout, const st
 }
 
 }  // namespace
+
+void* load_bundle_library_for_test(const std::string& library, const std::string& name, bool memfd, std::string& how) {
+  return load_library_bytes(library, name, how, memfd);
+}
 
 BundleInfo build_kernel_bundle(const std::vector<std::string>& specs_in, const std::string& path,
                                const std::string& target_name, int workers) {

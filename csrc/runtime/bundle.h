@@ -78,4 +78,8 @@ std::string bundle_summary();
 // throws the error loading would raise. No instruction-set or source-hash check.
 BundleInfo parse_kernel_bundle(const std::string& bytes, const std::string& path, std::string* library = nullptr);
 
+// dlopen()s library bytes as loading does: through a sealed memfd, or (memfd = false, or when that fails) a
+// private copy in the kernel cache directory. `how` says which. For tests of both routes.
+void* load_bundle_library_for_test(const std::string& library, const std::string& name, bool memfd, std::string& how);
+
 }  // namespace scorch

@@ -3,6 +3,9 @@
 // environment changes and registrations below do not leak between tests.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -132,6 +135,28 @@ TEST_F(Bundle, BuiltThenLoadedWithNoCompilerAndRun) {
   EXPECT_NE(e2.find(other), std::string::npos) << e2;
   unsetenv("CXX");
   unsetenv("SCORCH_JIT");
+}
+
+TEST_F(Bundle, BothLoadingRoutesMapTheCheckedBytes) {
+  build_kernel_bundle({kSpmv}, path_);
+  std::string library;
+  parse_kernel_bundle(read_all(path_), path_, &library);
+  for (const bool memfd : {true, false}) {
+    std::string how;
+    void* h = load_bundle_library_for_test(library, path_, memfd, how);
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(how.rfind(memfd ? "memfd" : "private copy", 0), 0u) << how;
+    const auto* count = static_cast<const int*>(::dlsym(h, "scorch_bundle_count"));
+    ASSERT_NE(count, nullptr);
+    EXPECT_EQ(*count, 1);
+  }
+  // The private copy was unlinked once mapped: the cache directory holds no library.
+  DIR* d = ::opendir((dir_ + "/cache").c_str());
+  ASSERT_NE(d, nullptr);
+  int files = 0;
+  while (dirent* e = ::readdir(d)) files += e->d_name[0] != '.';
+  ::closedir(d);
+  EXPECT_EQ(files, 0);
 }
 
 TEST_F(Bundle, FirstBundleToRegisterASpecKeepsIt) {
