@@ -241,8 +241,46 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
 
 
 # --- whole regions of a compiled model ------------------------------------------------------------------
-REGION_OVERHEAD_S = 150e-6  # one scorch::region call's fixed cost (Python dispatch, autograd wrapper, cache
-                            # checks, plan lookups): 100-200 us over the kernel itself on the zoo's pruned MLP
+@functools.lru_cache(maxsize=1)
+def region_overhead_s() -> float:
+    """One scorch::region call's fixed cost on this machine (dispatch, cache checks, plan lookup, the choice),
+    measured once per process: the median of calls of its kernel path on a 2x2 problem, less a torch.mm call
+    of the same size (what the dense product it replaces costs at least)."""
+    import json
+    import os
+    import time
+
+    import torch
+
+    from . import region as _region  # noqa: F401  (registers the op's Python hooks)
+
+    text = json.dumps({"operands": [["ab", "dense", False, True, 0, False], ["bc", "sparse", True, True, 0, True]],
+                       "out": "ac", "coef": 1.0, "frozen": True, "name": "overhead", "label": "cost model probe"})
+    a, b = torch.ones(2, 2), torch.eye(2)
+    op = torch.ops.scorch.region
+
+    def per_call(f, n=200) -> float:
+        samples = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                f()
+            samples.append((time.perf_counter() - t) / n)
+        return min(samples)  # the least disturbed batch: other processes only ever add time
+
+    before = os.environ.get("SCORCH_DISPATCH")
+    os.environ["SCORCH_DISPATCH"] = "sparse"  # the kernel path, without the timing check
+    try:
+        with torch.no_grad():
+            op(text, [a, b])
+            total = per_call(lambda: op(text, [a, b]))
+            dense = per_call(lambda: torch.mm(a, b))
+    finally:
+        if before is None:
+            del os.environ["SCORCH_DISPATCH"]
+        else:
+            os.environ["SCORCH_DISPATCH"] = before
+    return max(total - dense, 1e-6)
 
 
 def dense_rate(threads: int) -> float:
@@ -276,6 +314,6 @@ def region_speedup(dense_fmas: float, density: float, sparse_calls: int = 1, den
     rate = dense_rate(torch.get_num_threads())
     calls = sparse_calls + dense_calls
     t_dense = calls * dense_fmas / rate
-    t_sparse = calls * REGION_OVERHEAD_S + sparse_calls * dense_fmas * density / (rate * crossover_density()) \
+    t_sparse = calls * region_overhead_s() + sparse_calls * dense_fmas * density / (rate * crossover_density()) \
         + dense_calls * dense_fmas / rate
     return t_dense / t_sparse

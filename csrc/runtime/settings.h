@@ -4,6 +4,7 @@
 // value, so a call costs one getenv and a string compare.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -30,5 +31,10 @@ bool jit_enabled();
 // keeps the faster (under SCORCH_DISPATCH=auto); 0 trusts the density rule alone. Anything else is a
 // ValueError naming the variable.
 bool measure_regions();
+
+// SCORCH_THREAD_GRAIN: elements a call must touch per thread it starts (default 32768; 1 = always every
+// thread, which the test suite uses to exercise the parallel code on small inputs). A positive integer, else
+// a ValueError naming the variable.
+int64_t thread_grain();
 
 }  // namespace scorch

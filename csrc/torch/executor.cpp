@@ -169,7 +169,25 @@ Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx)
 
 namespace {
 
+// The threads worth starting for a call. Starting and joining an OpenMP team costs microseconds on an idle
+// machine and tens of them on a busy one (a thread that is not running must be woken), so a call touching
+// few elements runs on one thread: one more thread for every SCORCH_THREAD_GRAIN elements read or written
+// (stored entries, dense operands and the result), up to `threads`.
+
+int64_t threads_for(const std::vector<Operand>& ops, const std::vector<int64_t>& out_shape, int64_t threads) {
+  if (threads <= 1) return threads;
+  int64_t work = 1;
+  for (auto s : out_shape) work *= s;
+  for (const auto& o : ops) {
+    const auto n = o.values.sym_numel().maybe_as_int();
+    if (!n) return threads;  // symbolic (tracing): the kernel is not run here
+    work += *n;
+  }
+  return std::clamp<int64_t>(work / thread_grain(), 1, threads);
+}
+
 Operand run_kernel(const PlanEntry& e, const std::vector<Operand>& ops, int64_t threads, at::ScalarType result) {
+  threads = threads_for(ops, e.plan.out_shape, threads);
   const at::ScalarType compute = compute_dtype(result);
   const at::ScalarType idx = e.plan.spec.find("; i64") != std::string::npos ? at::kLong : at::kInt;
   TensorVec inputs;

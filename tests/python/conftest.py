@@ -7,6 +7,9 @@ import torch
 # The tests check the compiled kernels, so the run-time choice of dense ATen code is off unless a test turns
 # it back on (test_cost_model.py does) or its module runs under both dispatch modes (below).
 os.environ.setdefault("SCORCH_DISPATCH", "sparse")
+# Small calls run on one thread by default (SCORCH_THREAD_GRAIN); the tests' inputs are small, so they ask for
+# every thread to exercise the parallel code. test_dispatch.py checks the default grain.
+os.environ.setdefault("SCORCH_THREAD_GRAIN", "1")
 
 # Modules that set DISPATCH_MODES = ("sparse", "auto") run each of their tests once per mode: "sparse" forces
 # the kernels, "auto" is what users get (the cost model picks dense ATen code for small or dense problems), so

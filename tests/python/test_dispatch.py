@@ -147,3 +147,37 @@ def test_finiteness_check_catches_every_non_finite_value(dtype):
         S = sb.sparse(torch.eye(40, dtype=dtype), "csr")
         S.stored_values[13] = bad
         assert not _all_finite([_operand(torch.ones(40, dtype=dtype), "y"), _operand(S, "S")])
+
+
+@pytest.mark.parametrize("grain", [None, "1", "1000000000"])
+def test_thread_grain_never_changes_values(monkeypatch, grain):
+    """SCORCH_THREAD_GRAIN only decides how many threads a kernel call starts (the default runs small calls on
+    one thread): the values are those of dense torch, whatever it is."""
+    import scorch_backend as sb
+    from conftest import random_dense
+
+    if grain is None:
+        monkeypatch.delenv("SCORCH_THREAD_GRAIN", raising=False)
+    else:
+        monkeypatch.setenv("SCORCH_THREAD_GRAIN", grain)
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for shape, density in (((7, 5), 0.4), ((300, 200), 0.05), ((600, 700), 0.2)):
+            a = random_dense(shape, density, dtype=torch.float64, seed=shape[0])
+            b = torch.randn(shape[1], 9, dtype=torch.float64)
+            torch.testing.assert_close(sb.einsum("ij,jk->ik", sb.sparse(a, "csr"), b), a @ b)
+            torch.testing.assert_close(sb.einsum("ij,j->i", sb.sparse(a, "csr"), b[:, 0]), a @ b[:, 0])
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_thread_grain_bad_value_is_a_clear_error(monkeypatch):
+    import scorch_backend as sb
+
+    monkeypatch.setenv("SCORCH_THREAD_GRAIN", "lots")
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    a = sb.sparse(torch.eye(4), "csr")
+    with pytest.raises(ValueError, match="SCORCH_THREAD_GRAIN"):
+        sb.einsum("ij,jk->ik", a, torch.ones(4, 2))
