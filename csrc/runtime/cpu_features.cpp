@@ -34,19 +34,39 @@ struct Row {
 #define SCORCH_ARM_ROW(macro, name, word, bit) {"aarch64", macro, name, nullptr}
 #endif
 
-#if !defined(__aarch64__) || !defined(HWCAP_ASIMD)
+// Bits the system headers do not define (older kernels, other architectures) read as absent features.
+#ifndef HWCAP_ASIMD
 #define HWCAP_ASIMD 0
+#endif
+#ifndef HWCAP_FP
 #define HWCAP_FP 0
+#endif
+#ifndef HWCAP_ASIMDHP
 #define HWCAP_ASIMDHP 0
+#endif
+#ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP 0
+#endif
+#ifndef HWCAP_ATOMICS
 #define HWCAP_ATOMICS 0
+#endif
+#ifndef HWCAP_CRC32
 #define HWCAP_CRC32 0
+#endif
+#ifndef HWCAP_SVE
 #define HWCAP_SVE 0
 #endif
-#if !defined(__aarch64__) || !defined(HWCAP2_SVE2)
+#ifndef HWCAP2_SVE2
 #define HWCAP2_SVE2 0
+#endif
+#ifndef HWCAP2_BF16
 #define HWCAP2_BF16 0
+#endif
+#ifndef HWCAP2_I8MM
 #define HWCAP2_I8MM 0
+#endif
+#ifndef AT_HWCAP
+#define AT_HWCAP 16
 #endif
 #ifndef AT_HWCAP2
 #define AT_HWCAP2 26
