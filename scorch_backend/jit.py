@@ -195,8 +195,9 @@ def _pack(gm, kinds, real: dict, new_attrs: dict, report: RewriteReport) -> None
                 report.packed.append(PackedWeight(name, fmt, tuple(value.shape), st.nnz, nbytes,
                                                   value.numel() * value.element_size()))
                 packed_cache[key] = (attr_values, attr_buffers, fmt)
-                for attr in [attr_values, *attr_buffers]:  # so that get_attr finds them (FX checks)
-                    gm.register_buffer(attr, new_attrs[attr])
+                owner = gm.graph.owning_module or gm  # so that get_attr finds them (FX checks)
+                for attr in [attr_values, *attr_buffers]:
+                    owner.register_buffer(attr, new_attrs[attr])
             attr_values, attr_buffers, fmt = packed_cache[key]
             with gm.graph.inserting_before(node):
                 slots.append(gm.graph.get_attr(attr_values))
