@@ -29,7 +29,11 @@ pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is 
 
 @pytest.fixture(scope="module")
 def scorch_deploy() -> pathlib.Path:
-    if not (BUILD / "CMakeCache.txt").exists():
+    cache = BUILD / "CMakeCache.txt"
+    # Configured for this package and this torch (a build tree left by another checkout or venv is redone).
+    want = f"SCORCH_OPS_LIBRARY:FILEPATH={sb.ops_library_path()}"
+    if not cache.exists() or want not in cache.read_text().splitlines():
+        shutil.rmtree(BUILD, ignore_errors=True)
         cmd = ["cmake", "-S", str(EXAMPLE), "-B", str(BUILD), f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                f"-DSCORCH_OPS_LIBRARY={sb.ops_library_path()}"]
         if shutil.which("ninja"):
