@@ -147,12 +147,13 @@ class _SparseLinear(torch.nn.Module):
         return torch.sparse.mm(self.weight, x).tanh()
 
 
-def test_model_holding_a_sparse_parameter_trains_like_eager():
-    """A torch.sparse COO parameter: same outputs, a gradient at its stored positions, and an optimizer built
-    before the conversion still updates it."""
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_model_holding_a_sparse_parameter_trains_like_eager(layout):
+    """A torch.sparse COO or CSR parameter: same outputs, a gradient at its stored positions, and an optimizer
+    built before the conversion still updates it."""
     torch._dynamo.reset()
     d = random_dense((20, 12), 0.2, seed=6)
-    model, ref = _SparseLinear(d.to_sparse()), _SparseLinear(d.to_sparse())
+    model, ref = _SparseLinear(LAYOUTS[layout](d)), _SparseLinear(LAYOUTS[layout](d))
     param = model.weight
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -277,7 +278,7 @@ def test_bsr_input():
 def test_products_under_the_automatic_dispatch(dispatch, monkeypatch):
     """Under the cost model (small products run dense), results and gradients are the same."""
     monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
-    test_model_holding_a_sparse_parameter_trains_like_eager()
+    test_model_holding_a_sparse_parameter_trains_like_eager("coo")
 
 
 def test_bsr_gradient_comes_back_as_bsr():
