@@ -176,7 +176,14 @@ def calibration(threads: int | None = None) -> dict:
     hit = _memo.get(fast_key)
     if hit is not None:
         return hit
-    key = machine_key(threads)
+    try:
+        key = machine_key(threads)  # asks the compiler for the target's fingerprint
+    except Exception as e:  # noqa: BLE001 - no compiler (a deployment, SCORCH_JIT=0): the shipped numbers
+        result = dict(_shipped())
+        result["source"] += f"; no measurement here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        result = _agreed_calibration(threads, result)
+        _memo[fast_key] = result
+        return result
     with _lock:
         if key["key"] in _memo:
             _memo[fast_key] = _memo[key["key"]]
@@ -212,8 +219,64 @@ def calibration(threads: int | None = None) -> dict:
             log.sync()
             log.get("cost_model").info("cost model (%d threads): crossover density %.3g, %s", threads,
                                        result["dense_crossover_density"], result["source"])
+        result = _agreed_calibration(threads, result)
         _memo[key["key"]] = _memo[fast_key] = result
         return result
+
+
+# --- one set of numbers for every rank of a distributed job -------------------------------------------------
+# Each rank measures its own machine; ranks whose numbers differ by noise would cut different regions from
+# the same graph (a region on one rank, "too small" on another). In a torch.distributed job, every rank uses
+# rank 0's numbers, handed over through the process group's store: rank 0 never waits, the others wait a
+# bounded time and keep their own numbers (with a warning) if rank 0 never publishes them.
+AGREE_TIMEOUT_S = 120.0
+
+
+def _distributed_rank() -> tuple[int, int] | None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def agreed(name: str, value: float) -> float:
+    """`value` on rank 0 of a distributed job, rank 0's value everywhere else; `value` outside one."""
+    ranks = _distributed_rank()
+    if ranks is None:
+        return value
+    import datetime
+
+    import torch.distributed as dist
+
+    key = f"scorch/cost_model/{name}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if ranks[0] == 0:
+            store.set(key, repr(float(value)))
+            return value
+        store.wait([key], datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+        return float(store.get(key).decode())
+    except Exception as e:  # noqa: BLE001 - agreement is best effort; the job must go on
+        from . import log
+
+        log.get("cost_model").warning("rank %d keeps its own %s (%.4g): rank 0's did not arrive (%s)", ranks[0],
+                                      name, value, e)
+        return value
+
+
+def _agreed_calibration(threads: int, result: dict) -> dict:
+    if _distributed_rank() is None:
+        return result
+    result = dict(result)
+    result["dense_crossover_density"] = agreed(f"crossover/{threads}", float(result["dense_crossover_density"]))
+    if result.get("dense_rate"):
+        result["dense_rate"] = agreed(f"dense_rate/{threads}", float(result["dense_rate"]))
+    result["source"] += " (rank 0's numbers, shared by every rank)"
+    return result
 
 
 def crossover_density() -> float:
@@ -241,6 +304,9 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
 
 
 # --- whole regions of a compiled model ------------------------------------------------------------------
+REGION_OVERHEAD_FALLBACK_S = 20e-6  # where the probe cannot run: measured 13-18 us on a busy 2-core Zen 3
+
+
 @functools.lru_cache(maxsize=1)
 def region_overhead_s() -> float:
     """One scorch::region call's fixed cost on this machine (dispatch, cache checks, plan lookup, the choice),
@@ -275,19 +341,21 @@ def region_overhead_s() -> float:
             op(text, [a, b])
             total = per_call(lambda: op(text, [a, b]))
             dense = per_call(lambda: torch.mm(a, b))
+    except Exception:  # noqa: BLE001 - no kernel can be had (no compiler): a typical figure (Zen 3, 2 threads)
+        return agreed("region_overhead_s", REGION_OVERHEAD_FALLBACK_S)
     finally:
         if before is None:
             del os.environ["SCORCH_DISPATCH"]
         else:
             os.environ["SCORCH_DISPATCH"] = before
-    return max(total - dense, 1e-6)
+    return agreed("region_overhead_s", max(total - dense, 1e-6))
 
 
 def dense_rate(threads: int) -> float:
     """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (from the
     calibration; a quick 384^3 measurement when it has none)."""
     rate = calibration(threads).get("dense_rate")
-    return float(rate) if rate else _quick_dense_rate(threads)
+    return float(rate) if rate else agreed(f"quick_dense_rate/{threads}", _quick_dense_rate(threads))
 
 
 @functools.lru_cache(maxsize=8)

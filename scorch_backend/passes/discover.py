@@ -32,10 +32,32 @@ def is_weight(node: fx.Node, value) -> bool:
 MIN_MEASURED_INPUT = cost_model.TINY_DENSE_ELEMENTS  # smaller inputs are not worth a sparse format
 
 
+def real_weight(value):
+    """The real tensor behind a fake one, when the fake was made from it. Dynamo's DDP graph splitter
+    (optimize_ddp) compiles each bucket's subgraph with fake copies of the real parameters; the fake mode's
+    converter remembers which real tensor each fake came from, so the weights can still be measured, and every
+    rank measures the same (DDP broadcasts them at construction). None when there is no such tensor."""
+    if not isinstance(value, torch._subclasses.FakeTensor):
+        return value
+    try:
+        converter = value.fake_mode.fake_tensor_converter
+        ids = [k for k, fake in list(converter.tensor_memo.items()) if fake is value]  # describer id -> fake
+        if not ids:
+            return None
+        for real, k in list(converter.meta_converter.describer.lookup_tensor.items()):  # real -> describer id
+            if k == ids[0] and not isinstance(real, torch._subclasses.FakeTensor):
+                return real
+    except Exception:  # noqa: BLE001 - private structures of torch: without them, the weight stays unmeasured
+        return None
+    return None
+
+
 def discover(gm: fx.GraphModule, example_inputs, threshold: float, measure_inputs: bool = True) -> dict:
     attrs = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
+        if isinstance(value, torch._subclasses.FakeTensor) and is_weight(node, value):
+            value = real_weight(value) if real_weight(value) is not None else value
         if isinstance(value, SparseTensor):
             attrs[node.name] = SparsityAttr(sparse=True, density=value.density, origin="SparseTensor input",
                                             pattern=str(value.format), format=str(value.format))
