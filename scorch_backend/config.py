@@ -26,7 +26,7 @@ Read by the C++ runtime (csrc/runtime), which checks its own:
     SCORCH_TARGET           the CPU kernels are compiled for: native (default), x86-64-v3, scalar, ...
     SCORCH_COMPILE_TIMEOUT  seconds one kernel compile may take (default 300; 0 = no limit)
     SCORCH_SANITIZE         0 (default) | 1: compile kernels with -fsanitize=address,undefined
-    SCORCH_THREAD_GRAIN     elements a kernel call must touch per thread it starts (default 32768): small
+    SCORCH_THREAD_GRAIN     elements a kernel call must touch per thread it starts (default 2048): small
                             calls run on one thread (an OpenMP team costs more than their work)
     SCORCH_MEASURE          1 (default) | 0: under SCORCH_DISPATCH=auto, a region's first call at each size
                             times its kernel path against the dense one and keeps the faster (logged at INFO)

@@ -104,12 +104,12 @@ bool measure_regions() {
 
 int64_t thread_grain() {
   return cached<int64_t>("SCORCH_THREAD_GRAIN", [](const std::string& v) -> int64_t {
-    if (v.empty()) return int64_t{1} << 15;
+    if (v.empty()) return int64_t{2048};
     bool digits = v.size() <= 12;
     for (char c : v) digits = digits && c >= '0' && c <= '9';
     if (!digits || std::stoll(v) < 1)
       throw_error(ErrorKind::value, fmt::format("SCORCH_THREAD_GRAIN='{}': expected a positive integer, the elements "
-                                                "a call must touch per thread it starts (default 32768)", v));
+                                                "a call must touch per thread it starts (default 2048)", v));
     return std::stoll(v);
   });
 }

@@ -32,7 +32,7 @@ bool jit_enabled();
 // ValueError naming the variable.
 bool measure_regions();
 
-// SCORCH_THREAD_GRAIN: elements a call must touch per thread it starts (default 32768; 1 = always every
+// SCORCH_THREAD_GRAIN: elements a call must touch per thread it starts (default 2048; 1 = always every
 // thread, which the test suite uses to exercise the parallel code on small inputs). A positive integer, else
 // a ValueError naming the variable.
 int64_t thread_grain();
