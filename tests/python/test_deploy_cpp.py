@@ -125,3 +125,22 @@ def test_cpp_program_refuses_a_damaged_bundle(scorch_deploy, example, tmp_path):
             deploy_env(tmp_path / "cache"))
     assert r.returncode == 1 and "refused" in r.stderr and "damaged" in r.stderr, r.stderr
     assert not (tmp_path / "outputs.pt").exists()
+
+
+def test_rewritten_model_runs_in_cpp(scorch_deploy, tmp_path):
+    """examples/rewrite_and_save.py (scorch_backend.jit.rewrite + save) then the C++ program: the pruned MLP's
+    packed regions run from C++ with kernels from its bundle only, on a batch of another size, and give the
+    eager model's output."""
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rewrite_and_save.py"), str(out)],
+                       env=dict(os.environ, SCORCH_DISPATCH="sparse"), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stored compressed" in r.stdout
+    for dispatch in ("sparse", "auto"):
+        env = deploy_env(tmp_path / f"empty-cache-{dispatch}")
+        env["SCORCH_DISPATCH"] = dispatch
+        r = run(scorch_deploy, [out / "model.pt", out / "model.pt.kernels", out / "inputs.pt",
+                                tmp_path / f"outputs-{dispatch}.pt"], env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = torch.load(tmp_path / f"outputs-{dispatch}.pt")
+        torch.testing.assert_close(got, torch.load(out / "expected.pt"), rtol=1e-4, atol=1e-5)
