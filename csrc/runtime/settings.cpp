@@ -84,21 +84,24 @@ int debug_level() {
   });
 }
 
+// A switch that is on unless set to "0"; `meaning` says what 1 and 0 do, for the error.
+static bool parse_switch(const char* name, const std::string& v, const char* meaning) {
+  if (v.empty() || v == "1") return true;
+  if (v == "0") return false;
+  throw_error(ErrorKind::value, fmt::format("{}='{}': expected {}", name, v, meaning));
+}
+
 bool jit_enabled() {
   return cached<bool>("SCORCH_JIT", [](const std::string& v) {
-    if (v.empty() || v == "1") return true;
-    if (v == "0") return false;
-    throw_error(ErrorKind::value, fmt::format("SCORCH_JIT='{}': expected 1 (compile kernels no loaded bundle holds, "
-                                              "the default) or 0 (kernels from loaded bundles only)", v));
+    return parse_switch("SCORCH_JIT", v, "1 (compile kernels no loaded bundle holds, the default) or 0 (kernels "
+                                         "from loaded bundles only)");
   });
 }
 
 bool measure_regions() {
   return cached<bool>("SCORCH_MEASURE", [](const std::string& v) {
-    if (v.empty() || v == "1") return true;
-    if (v == "0") return false;
-    throw_error(ErrorKind::value, fmt::format("SCORCH_MEASURE='{}': expected 1 (time a region's sparse and dense "
-                                              "paths on its first call and keep the faster, the default) or 0", v));
+    return parse_switch("SCORCH_MEASURE", v, "1 (time a region's sparse and dense paths on its first call and keep "
+                                             "the faster, the default) or 0");
   });
 }
 
