@@ -334,6 +334,13 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
+    from .tensor import SparseTensor
+
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and x.layout != torch.strided):
+            raise RewriteError(f"input {i} is a sparse tensor ({type(x).__name__}, {x.layout}): a rewritten module "
+                               "takes dense tensors only (a SparseTensor cannot enter a TorchScript signature). "
+                               "Keep the sparse operand on the module as a buffer, or use torch.compile")
     report = report if report is not None else RewriteReport()
     opts = _options(dict(options or {}, frozen_weights=True))
     with torch.no_grad():

@@ -315,3 +315,41 @@ def test_export_and_aoti_package(tmp_path):
     x2 = case.make_inputs(5)[0]
     with torch.no_grad():
         _close(loaded(x2), model(x2))
+
+
+def test_sparse_inputs_are_a_clear_error():
+    """The zoo GCN takes its adjacency as a SparseTensor input: not rewritable yet (docs/rewrite.md), and the
+    error says so instead of Dynamo's."""
+    case = zoo.make("gcn", "test")
+    with pytest.raises(jit.RewriteError, match="sparse tensor"):
+        jit.rewrite(case.model.eval(), case.inputs)
+
+
+class _BufferGCN(nn.Module):
+    """The zoo GCN with its normalized adjacency held by the module (a fixed graph, as deployed)."""
+
+    def __init__(self, gcn, adj):
+        super().__init__()
+        self.gcn = gcn
+        self.register_buffer("adj", adj.to_dense())
+
+    def forward(self, x):
+        return self.gcn(x, self.adj)
+
+
+def test_gcn_with_its_graph_as_a_buffer_rewrites_packed(tmp_path):
+    case = zoo.make("gcn", "test")
+    x, adj = case.inputs
+    model = _BufferGCN(case.model.eval(), adj)
+    new, report = _rewrite(model, (x,))
+    packed = {p.name: p for p in report.packed}
+    assert "adj" in packed and packed["adj"].bytes < 0.2 * packed["adj"].dense_bytes
+    assert "w_adj" not in dict(new.named_buffers())  # every product reads the packed graph
+    scripted = torch.jit.script(new)
+    torch.jit.save(scripted, str(tmp_path / "gcn.pt"))
+    loaded = torch.jit.load(str(tmp_path / "gcn.pt"))
+    x2 = torch.rand_like(x)
+    with torch.no_grad():
+        want = model(x2)
+        _close(new(x2), want)
+        _close(loaded(x2), want)
