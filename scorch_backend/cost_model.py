@@ -310,20 +310,19 @@ REGION_OVERHEAD_FALLBACK_S = 20e-6  # where the probe cannot run: measured 13-18
 @functools.lru_cache(maxsize=1)
 def region_overhead_s() -> float:
     """One scorch::region call's fixed cost on this machine (dispatch, cache checks, plan lookup, the choice),
-    measured once per process: the median of calls of its kernel path on a 2x2 problem, less a torch.mm call
+    measured once per process: the fastest batch of calls of its kernel path on a 2x2 problem, less a torch.mm call
     of the same size (what the dense product it replaces costs at least)."""
     import json
-    import os
     import time
 
     import torch
 
+    from . import _C
     from . import region as _region  # noqa: F401  (registers the op's Python hooks)
 
     text = json.dumps({"operands": [["ab", "dense", False, True, 0, False], ["bc", "sparse", True, True, 0, True]],
                        "out": "ac", "coef": 1.0, "frozen": True, "name": "overhead", "label": "cost model probe"})
     a, b = torch.ones(2, 2), torch.eye(2)
-    op = torch.ops.scorch.region
 
     def per_call(f, n=200) -> float:
         samples = []
@@ -334,20 +333,16 @@ def region_overhead_s() -> float:
             samples.append((time.perf_counter() - t) / n)
         return min(samples)  # the least disturbed batch: other processes only ever add time
 
-    before = os.environ.get("SCORCH_DISPATCH")
-    os.environ["SCORCH_DISPATCH"] = "sparse"  # the kernel path, without the timing check
+    def kernel_path():  # the op's C++ path with the kernel forced (no density rule, no timing check)
+        return _C.region_run(text, [a, b], "sparse")
+
     try:
         with torch.no_grad():
-            op(text, [a, b])
-            total = per_call(lambda: op(text, [a, b]))
+            kernel_path()
+            total = per_call(kernel_path)
             dense = per_call(lambda: torch.mm(a, b))
     except Exception:  # noqa: BLE001 - no kernel can be had (no compiler): a typical figure (Zen 3, 2 threads)
         return agreed("region_overhead_s", REGION_OVERHEAD_FALLBACK_S)
-    finally:
-        if before is None:
-            del os.environ["SCORCH_DISPATCH"]
-        else:
-            os.environ["SCORCH_DISPATCH"] = before
     return agreed("region_overhead_s", max(total - dense, 1e-6))
 
 

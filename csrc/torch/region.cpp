@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -256,7 +257,7 @@ Slots split_operands(const RegionProgram& p, at::TensorList operands) {
 
 // Buffers checked once per identity and version (a deployed model's buffers are data read from a file).
 std::mutex validated_mu;
-std::unordered_map<std::string, bool> validated;
+std::set<std::vector<int64_t>> validated;  // (address, elements, version) of the values and each buffer
 
 // Packed operand k as the executor takes it, its buffers validated (once per version) against its format.
 Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype) {
@@ -266,8 +267,12 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   const at::Tensor& values = s.slots[k];
   SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
                p.title, k, values.dim());
-  std::string key = o.packed + "#" + tensor_key(values) + "@" + std::to_string(values._version());
-  for (const auto& b : s.buffers[k]) key += "#" + tensor_key(b) + "@" + std::to_string(b._version());
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)};
+  auto add = [&](const at::Tensor& t) {
+    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(), static_cast<int64_t>(t._version())});
+  };
+  add(values);
+  for (const auto& b : s.buffers[k]) add(b);
   bool known = false;
   {
     std::lock_guard lock(validated_mu);
@@ -277,7 +282,7 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
     validate.call(s.buffers[k], values, o.packed_size, o.packed);
     std::lock_guard lock(validated_mu);
     if (validated.size() > 4096) validated.clear();
-    validated.emplace(key, true);
+    validated.insert(std::move(key));
   }
   const FormatRef& f = interned_format(o.packed, static_cast<int>(o.packed_size.size()));
   std::vector<at::Tensor> buffers;
@@ -453,20 +458,22 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
 // for every later call in that bucket. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off.
 constexpr size_t kMaxDecisions = 4096;
 std::mutex decisions_mu;
-std::unordered_map<std::string, std::string> decisions;  // bucket key -> path
+std::map<std::vector<int64_t>, std::string> decisions;  // bucket key -> path
 std::atomic<int64_t> n_measured{0}, n_measured_dense{0};
 
-// Programs are interned (region_program never frees one), so the program's address names it.
-std::string decision_key(const RegionProgram& p, at::TensorList operands, const std::vector<double>& densities,
-                         const std::string& path) {
-  std::string key = fmt::format("{}|{}", static_cast<const void*>(&p), path);
+// The program (interned: its address names it), the path, each letter's size bucket (power of two), each
+// compressed operand's density in 5% steps, the thread count. Integers: looked up on every call.
+std::vector<int64_t> decision_key(const RegionProgram& p, at::TensorList operands, const std::vector<double>& densities,
+                                  const std::string& path) {
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), path == "grouped" ? 1 : 0};
   for (const auto& [letter, size] : letter_sizes(p, operands)) {
-    int bucket = 0;
+    int64_t bucket = 0;
     for (int64_t n = size; n > 1; n = (n + 1) / 2) ++bucket;
-    key += fmt::format("|{}{}", letter, bucket);
+    key.push_back(letter * 64 + bucket);
   }
-  for (double d : densities) key += fmt::format("|{}", static_cast<int>(d * 20));
-  return key + fmt::format("|t{}", at::get_num_threads());
+  for (double d : densities) key.push_back(static_cast<int64_t>(d * 20));
+  key.push_back(at::get_num_threads());
+  return key;
 }
 
 double best_ms(const std::function<void()>& f, int repeats) {
@@ -482,7 +489,7 @@ double best_ms(const std::function<void()>& f, int repeats) {
 std::string measured_path(const RegionProgram& p, const std::string& text, const Slots& s,
                           const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path) {
   const auto densities = densities_of(p, s.slots, entries);
-  const std::string key = decision_key(p, s.slots, densities, path);
+  const std::vector<int64_t> key = decision_key(p, s.slots, densities, path);
   {
     std::lock_guard lock(decisions_mu);
     auto it = decisions.find(key);
