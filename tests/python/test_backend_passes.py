@@ -16,6 +16,14 @@ from scorch_backend.backend import _options, transform
 from scorch_backend.passes import discover, example_run, partition, propagate
 from scorch_backend.sparsity import Support
 
+
+@pytest.fixture(autouse=True)
+def _kernel_path_partitions(monkeypatch):
+    """These tests check which regions the passes cut from small models: under the automatic dispatch the
+    cost model leaves such small products dense, so the kernel path is asked for here, whatever the run's
+    SCORCH_DISPATCH. The tests of the automatic choice set it themselves (after this fixture)."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+
 THRESHOLD = 0.3
 
 
