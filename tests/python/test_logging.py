@@ -13,6 +13,13 @@ import pytest
 import torch
 
 from scorch_backend import backend, config, log
+
+
+@pytest.fixture(autouse=True)
+def _kernel_path(monkeypatch):
+    """The logs checked here are those of regions on small models, which the automatic dispatch leaves dense:
+    the kernel path is asked for, whatever the run's SCORCH_DISPATCH."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
 from scorch_backend import region as R
 from scorch_backend.bench import zoo
 
