@@ -14,6 +14,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "attention.h"
 #include "executor.h"
 #include "kernel_call.h"
 #include "region.h"
@@ -364,6 +365,21 @@ void install_region_hooks(py::object groupable, py::object grouped_worth, py::ob
   glue::set_region_hooks(std::move(h));
 }
 
+// Python's side of masked attention: explain's recording and the log line of the path taken.
+void install_attention_hooks(py::object capture, py::object note_path) {
+  auto c = keep_py(std::move(capture)), n = keep_py(std::move(note_path));
+  glue::AttentionHooks h;
+  h.capture = [c](double scale, at::TensorList ops) {
+    py::gil_scoped_acquire gil;
+    (*c)(scale, ops.vec());
+  };
+  h.note_path = [n](const std::string& path, double density, at::TensorList ops) {
+    py::gil_scoped_acquire gil;
+    (*n)(path, density, ops.vec());
+  };
+  glue::set_attention_hooks(std::move(h));
+}
+
 py::tuple region_sparse_call(const std::string& text, const std::vector<at::Tensor>& operands) {
   auto [eq, args] = glue::region_sparse_call(text, operands);
   py::list out;
@@ -518,7 +534,27 @@ PYBIND11_MODULE(_C, m) {
     d["max_inputs"] = c.max_inputs;
     return d;
   });
-  m.def("region_capture", &glue::set_region_capture, py::arg("on"));
+  m.def("region_capture", [](bool on) {
+    glue::set_region_capture(on);
+    glue::set_attention_capture(on);  // explain records masked attention's operands with the regions'
+  }, py::arg("on"));
+  m.def("install_attention_hooks", &install_attention_hooks, py::arg("capture"), py::arg("note_path"));
+  m.def("attention_run", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale, const std::string& force) {
+    return glue::run_attention(q, k, v, mask, scale, force);
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"), py::arg("scale"), py::arg("force") = "",
+        "Masked attention's forward pass below autograd; force: '' (choose), dense or sparse.");
+  m.def("attention_choose", &glue::attention_choose, py::arg("q"), py::arg("k"), py::arg("mask"),
+        "The path masked attention takes for these operands: dense or sparse.");
+  m.def("attention_stats", [] {
+    const auto s = glue::attention_stats();
+    py::dict d;
+    d["sparse_runs"] = s.sparse_runs;
+    d["dense_runs"] = s.dense_runs;
+    d["sparse_backward"] = s.sparse_backward;
+    d["dense_backward"] = s.dense_backward;
+    return d;
+  });
   m.def("spec_info", &spec_info, py::arg("spec"), "Output variables, format and dtypes of a kernel spec.");
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");

@@ -1,0 +1,341 @@
+#include "attention.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "convert.h"
+#include "executor.h"
+#include "region.h"
+#include "runtime/settings.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+std::atomic<int64_t> n_sparse{0}, n_dense{0}, n_sparse_backward{0}, n_dense_backward{0};
+AttentionHooks hooks;
+std::atomic<bool> capturing{false};
+
+// A shape as Python prints a tuple: "(2, 3)", "(8,)", "()". The messages read as the Python op's did.
+template <typename Sizes>
+std::string py_shape(const Sizes& s) {
+  std::string out = "(";
+  for (size_t d = 0; d < s.size(); ++d) out += fmt::format("{}{}", d ? ", " : "", s[d]);
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+void check_ranks(int64_t q, int64_t k, int64_t v, int64_t mask) {
+  SCORCH_CHECK(q >= 2 && k == q && v == q, "masked_attention: q, k, v must have the same rank >= 2, got {}, {}, {}", q,
+               k, v);
+  SCORCH_CHECK(mask == 2, "masked_attention: the mask must have 2 dimensions (query rows, key rows), got {}", mask);
+}
+
+// The batch dimensions flattened into one: (nb, rows, width), contiguous.
+at::Tensor flat3(const at::Tensor& t, int64_t nb) { return t.reshape({nb, t.size(-2), t.size(-1)}).contiguous(); }
+
+int64_t batch_elements(const at::Tensor& q) {
+  int64_t nb = 1;
+  for (int64_t d = 0; d + 2 < q.dim(); ++d) nb *= q.size(d);
+  return nb;
+}
+
+Operand dense_operand(const at::Tensor& t) { return Operand{nullptr, t.sizes().vec(), {}, t}; }
+
+// The mask's pattern as a batched CSR (a, i, j) of ones in `dtype`, broadcast over the nb batch entries:
+// compressed once per version of the mask (and fingerprint) by the region op's cache of data inputs.
+Operand pattern_of(const at::Tensor& mask, int64_t nb, at::ScalarType dtype) {
+  RegionOperand o;
+  o.letters = "aij";
+  o.kind = RegionOperand::Kind::pattern;
+  o.expand = 1;
+  Operand p = cached_compressed(mask, o, dtype, {nb}, /*frozen=*/false).second;
+  SCORCH_ASSERT(p.sparse() && p.buffers.size() == 2, "the mask's pattern is a batched CSR (pos, crd)");
+  return p;
+}
+
+// The row (a * rows + i) of each stored position, and the number stored in each row.
+struct Rows {
+  at::Tensor row, counts;
+  int64_t n = 0;
+};
+
+Rows rows_of(const Operand& pattern) {
+  const at::Tensor pos = pattern.buffers[0].to(at::kLong);
+  Rows r;
+  r.counts = pos.slice(0, 1) - pos.slice(0, 0, -1);
+  r.n = r.counts.numel();
+  r.row = at::repeat_interleave(at::arange(r.n, pos.options()), r.counts);
+  return r;
+}
+
+Operand run_kernel(const char* equation, const std::vector<Operand>& ops, const char* out_format) {
+  return run_einsum(equation, ops, out_format, at::get_num_threads(), false, /*decide=*/false).result;
+}
+
+// Each stored score's softmax probability within its row. The backward pass computes them again (one sampled
+// product) rather than trusting a cache keyed by tensor identity: a write through .data (gradcheck's
+// perturbations) bypasses the version counter.
+at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale,
+                         const Rows& r) {
+  const Operand s = run_kernel("aij,aie,aje->aij", {pattern, dense_operand(q3), dense_operand(k3)}, "");
+  SCORCH_ASSERT(s.sparse() && s.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
+  const at::Tensor scores = s.values * scale;
+  const at::Tensor top = at::full({r.n}, -std::numeric_limits<double>::infinity(), scores.options())
+                             .scatter_reduce(0, r.row, scores, "amax", /*include_self=*/true);
+  const at::Tensor e = at::exp(scores - top.index_select(0, r.row));
+  const at::Tensor total = at::zeros({r.n}, e.options()).index_add_(0, r.row, e);
+  return e / total.index_select(0, r.row);
+}
+
+std::vector<int64_t> output_shape(const at::Tensor& q, const at::Tensor& v) {
+  std::vector<int64_t> shape = q.sizes().vec();
+  shape.back() = v.size(-1);
+  return shape;
+}
+
+// The same memory and strides as a tensor of its own, not a view (autograd forbids in-place updates of a
+// custom op's output that is a view).
+at::Tensor owning(const at::Tensor& view) {
+  if (!view.is_view()) return view;
+  at::Tensor out = at::empty({0}, view.options());
+  out.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
+  return out;
+}
+
+at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, double scale) {
+  return (at::matmul(q, k.transpose(-2, -1)) * scale)
+      .masked_fill(at::eq(mask, 0), -std::numeric_limits<double>::infinity());
+}
+
+at::Tensor dense_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double scale) {
+  return at::matmul(at::softmax(masked_scores(q, k, mask, scale), -1), v).contiguous();
+}
+
+// The gradients of the dense formula, written out (this runs below autograd).
+std::vector<at::Tensor> dense_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& mask, double scale, const at::Tensor& g) {
+  const at::Tensor p = at::softmax(masked_scores(q, k, mask, scale), -1);
+  const at::Tensor dv = at::matmul(p.transpose(-2, -1), g);
+  const at::Tensor dp = at::matmul(g, v.transpose(-2, -1));
+  const at::Tensor ds = p * (dp - (p * dp).sum(-1, /*keepdim=*/true)) * scale;
+  return {at::matmul(ds, k).contiguous(), at::matmul(ds.transpose(-2, -1), q).contiguous(), dv.contiguous()};
+}
+
+bool degenerate(const at::Tensor& q, const at::Tensor& v) { return q.numel() == 0 || v.numel() == 0; }
+
+std::string path_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                    const std::string& force) {
+  if (degenerate(q, v)) return "dense";
+  if (!force.empty()) {
+    SCORCH_CHECK(force == "dense" || force == "sparse", "masked_attention: unknown path '{}' (dense or sparse)",
+                 force);
+    return force;
+  }
+  return attention_choose(q, k, mask);
+}
+
+void check_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  const char* names[] = {"q", "k", "v", "mask"};
+  const at::Tensor* ts[] = {&q, &k, &v, &mask};
+  for (int i = 0; i < 4; ++i)
+    SCORCH_CHECK(ts[i]->device().is_cpu(), "masked_attention: {} is on {}; Scorch runs on the CPU", names[i],
+                 ts[i]->device().str());
+}
+
+}  // namespace
+
+void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
+  check_ranks(q.dim(), k.dim(), v.dim(), 2);
+  const auto qs = q.sizes(), ks = k.sizes(), vs = v.sizes();
+  const int64_t r = q.dim();
+  SCORCH_CHECK(qs.slice(0, r - 2) == ks.slice(0, r - 2) && ks.slice(0, r - 1) == vs.slice(0, r - 1) &&
+                   qs[r - 1] == ks[r - 1],
+               "masked_attention: shapes q {}, k {}, v {} do not agree", py_shape(qs), py_shape(ks), py_shape(vs));
+  SCORCH_CHECK(mask.dim() == 2 && mask.size(0) == qs[r - 2] && mask.size(1) == ks[r - 2],
+               "masked_attention: mask of shape {}, expected {}", py_shape(mask.sizes()),
+               py_shape(std::vector<int64_t>{qs[r - 2], ks[r - 2]}));
+  SCORCH_CHECK(q.is_floating_point() && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+               "masked_attention: q, k, v must have the same floating dtype, got {}, {}, {}",
+               c10::toString(q.scalar_type()), c10::toString(k.scalar_type()), c10::toString(v.scalar_type()));
+  SCORCH_CHECK(!mask.is_complex(), "masked_attention: the mask must be real or bool, got {}",
+               c10::toString(mask.scalar_type()));
+}
+
+std::string attention_choose(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask) {
+  const double density = cached_density(mask, /*frozen=*/false);
+  const int64_t elements = q.numel() + k.numel() + mask.numel();
+  return choose_by_density({density}, elements, at::get_num_threads(), false).dense ? "dense" : "sparse";
+}
+
+at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double scale, const std::string& force) {
+  check_attention(q, k, v, mask);
+  check_cpu(q, k, v, mask);
+  if (capturing && hooks.capture) hooks.capture(scale, {q, k, v, mask});
+  const std::string path = path_of(q, k, v, mask, force);
+  if (hooks.note_path && debug_level() >= 1) hooks.note_path(path, cached_density(mask, false), {q, k, v, mask});
+  if (path == "dense") {
+    ++n_dense;
+    return dense_forward(q, k, v, mask, scale);
+  }
+  ++n_sparse;
+  const int64_t nb = batch_elements(q);
+  const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb);
+  const Operand pattern = pattern_of(mask, nb, q.scalar_type());
+  const Rows r = rows_of(pattern);
+  const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
+  at::Tensor out = run_kernel("aij,ajf->aif", {pattern.with_values(p), dense_operand(v3)}, "strided").values;
+  // A row with nothing stored is NaN, as the dense formula's softmax over only -inf is.
+  out = out.masked_fill(at::eq(r.counts, 0).reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
+  return owning(out.reshape(output_shape(q, v)));
+}
+
+std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const at::Tensor& mask, double scale, const at::Tensor& grad,
+                                               const std::string& force) {
+  check_attention(q, k, v, mask);
+  check_cpu(q, k, v, mask);
+  SCORCH_CHECK(grad.sizes() == c10::IntArrayRef(output_shape(q, v)),
+               "masked_attention_backward: the gradient has shape {}, the output {}", py_shape(grad.sizes()),
+               py_shape(output_shape(q, v)));
+  const at::Tensor g = grad.scalar_type() == q.scalar_type() ? grad : grad.to(q.scalar_type());
+  if (path_of(q, k, v, mask, force) == "dense") {
+    ++n_dense_backward;
+    return dense_backward(q, k, v, mask, scale, g);
+  }
+  ++n_sparse_backward;
+  const int64_t nb = batch_elements(q);
+  const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb), g3 = flat3(g, nb);
+  const Operand pattern = pattern_of(mask, nb, q.scalar_type());
+  const Rows r = rows_of(pattern);
+  const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
+  // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
+  const at::Tensor dv = run_kernel("aij,aif->ajf", {pattern.with_values(p), dense_operand(g3)}, "strided").values;
+  const Operand sampled = run_kernel("aij,aif,ajf->aij", {pattern, dense_operand(g3), dense_operand(v3)}, "");
+  SCORCH_ASSERT(sampled.sparse() && sampled.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
+  const at::Tensor& dp = sampled.values;
+  const at::Tensor weighted = at::zeros({r.n}, p.options()).index_add_(0, r.row, p * dp);
+  const Operand ds = pattern.with_values(p * (dp - weighted.index_select(0, r.row)) * scale);
+  const at::Tensor dq = run_kernel("aij,aje->aie", {ds, dense_operand(k3)}, "strided").values;
+  const at::Tensor dk = run_kernel("aij,aie->aje", {ds, dense_operand(q3)}, "strided").values;
+  return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
+}
+
+AttentionStats attention_stats() {
+  return {n_sparse.load(), n_dense.load(), n_sparse_backward.load(), n_dense_backward.load()};
+}
+
+void set_attention_hooks(AttentionHooks h) { hooks = std::move(h); }
+void set_attention_capture(bool on) { capturing = on; }
+
+// --- the ops -----------------------------------------------------------------------------------------------
+namespace {
+
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double scale) {
+  return translate_errors([&] { return run_attention(q, k, v, mask, scale); });
+}
+
+std::vector<at::Tensor> attention_backward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const at::Tensor& mask, double scale, const at::Tensor& grad) {
+  return translate_errors([&] { return run_attention_backward(q, k, v, mask, scale, grad); });
+}
+
+// Shapes only (sizes may be symbolic): the ranks are checked, the sizes left to the real kernel.
+at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          double) {
+  return translate_errors([&] {
+    check_ranks(q.dim(), k.dim(), v.dim(), mask.dim());
+    std::vector<c10::SymInt> shape = q.sym_sizes().vec();
+    shape.back() = v.sym_size(-1);
+    return at::empty_symint(shape, q.options());
+  });
+}
+
+std::vector<at::Tensor> attention_backward_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& mask, double, const at::Tensor&) {
+  return translate_errors([&] {
+    check_ranks(q.dim(), k.dim(), v.dim(), mask.dim());
+    return std::vector<at::Tensor>{at::empty_symint(q.sym_sizes(), q.options()),
+                                   at::empty_symint(k.sym_sizes(), k.options()),
+                                   at::empty_symint(v.sym_sizes(), v.options())};
+  });
+}
+
+const auto& forward_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::masked_attention", "").typed<
+      at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return h;
+}
+
+const auto& backward_handle() {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::masked_attention_backward", "").typed<
+      std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                              const at::Tensor&)>();
+  return h;
+}
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                                double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({q, k, v, mask});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return {forward_handle().call(q, k, v, mask, scale)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
+    torch::autograd::variable_list result(5);  // q, k, v; none for the mask and the scale
+    if (!grads[0].defined()) {
+      for (int i = 0; i < 3; ++i)
+        if (ctx->needs_input_grad(i)) result[i] = at::zeros_like(saved[i]);
+      return result;
+    }
+    // Through the dispatcher: AOTAutograd and torch.export trace this call as the backward op.
+    auto g = backward_handle().call(q, k, v, mask, ctx->saved_data["scale"].toDouble(), grads[0].contiguous());
+    for (int i = 0; i < 3; ++i)
+      if (ctx->needs_input_grad(i)) result[i] = g[i];
+    return result;
+  }
+};
+
+at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                              double scale) {
+  const bool wants_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!wants_grad) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_handle().call(q, k, v, mask, scale);
+  }
+  return AttentionFunction::apply(q, k, v, mask, scale)[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(scorch, m) {
+  m.def("masked_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  m.def("masked_attention_backward(Tensor q, Tensor k, Tensor v, Tensor mask, float scale, Tensor grad) -> Tensor[]");
+}
+TORCH_LIBRARY_IMPL(scorch, CPU, m) {
+  m.impl("masked_attention", attention_cpu);
+  m.impl("masked_attention_backward", attention_backward_cpu);
+}
+TORCH_LIBRARY_IMPL(scorch, Meta, m) {
+  m.impl("masked_attention", attention_meta);
+  m.impl("masked_attention_backward", attention_backward_meta);
+}
+TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("masked_attention", attention_autograd); }
+
+}  // namespace scorch::torch_glue

@@ -1,0 +1,221 @@
+"""scorch::masked_attention, the C++ op (csrc/torch/attention.cpp): values against the dense formula, gradients
+(gradcheck in float64) on the sparse and the dense path, rows with no stored position, batch dimensions, the
+mask's cache, input errors, opcheck, and tracing (torch.compile, torch.export, TorchScript)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scorch_backend import _C
+from scorch_backend import attention as A
+
+PATHS = ("sparse", "dense")
+op = torch.ops.scorch.masked_attention
+
+
+def dense_formula(q, k, v, mask, scale):
+    scores = (q @ k.transpose(-2, -1)) * scale
+    return torch.softmax(scores.masked_fill(mask == 0, float("-inf")), -1) @ v
+
+
+def make(batch, L=9, S=7, E=4, F=3, density=0.35, dtype=torch.float64, seed=0, empty_rows=(), grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, L, E, dtype=dtype, generator=g)
+    k = torch.randn(*batch, S, E, dtype=dtype, generator=g)
+    v = torch.randn(*batch, S, F, dtype=dtype, generator=g)
+    mask = torch.rand(L, S, generator=g) < density
+    mask[torch.arange(L), torch.arange(L) % S] = True  # every row keeps one position ...
+    for r in empty_rows:
+        mask[r] = False  # ... unless asked
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_matches_the_dense_formula(path, batch, dtype, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make(batch, dtype=dtype)
+    before = A.stats()[f"{path}_runs"]
+    out = op(q, k, v, mask, 0.3)
+    assert A.stats()[f"{path}_runs"] == before + 1
+    assert out.shape == (*batch, 9, 3) and out.dtype == dtype and out.is_contiguous() and out._base is None
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(out, dense_formula(q, k, v, mask, 0.3), **tol)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("batch", [(), (2,), (2, 2)])
+def test_gradcheck(path, batch, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make(batch, L=6, S=5, grad=True, seed=1)
+    before = A.stats()[f"{path}_backward"]
+    assert torch.autograd.gradcheck(lambda q, k, v: op(q, k, v, mask, 0.7), (q, k, v))
+    assert A.stats()[f"{path}_backward"] > before
+    # Only some inputs asking for a gradient.
+    k2 = k.detach()
+    assert torch.autograd.gradcheck(lambda q, v: op(q, k2, v, mask, 0.7), (q, v))
+
+
+def test_gradients_of_both_paths_agree(monkeypatch):
+    grads = {}
+    for path in PATHS:
+        monkeypatch.setenv("SCORCH_DISPATCH", path)
+        q, k, v, mask = make((2, 3), L=12, S=10, grad=True, seed=2)
+        w = torch.randn(2, 3, 12, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+        (op(q, k, v, mask, 0.5) * w).sum().backward()
+        grads[path] = [t.grad for t in (q, k, v)]
+    for a, b in zip(grads["sparse"], grads["dense"]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_mask_rows_are_nan(path, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make((2,), empty_rows=(0, 4))
+    out = op(q, k, v, mask, 0.5)
+    assert out[:, [0, 4]].isnan().all()
+    keep = [r for r in range(9) if r not in (0, 4)]
+    assert not out[:, keep].isnan().any()
+    torch.testing.assert_close(out, dense_formula(q, k, v, mask, 0.5), equal_nan=True)
+
+
+def test_empty_mask_rows_gradcheck_on_the_sparse_path(monkeypatch):
+    # The other rows' gradients stay finite on the sparse path: an empty row stores nothing to differentiate
+    # (the dense formula's backward is NaN everywhere, as torch's own is).
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    q, k, v, mask = make((2,), L=6, S=5, empty_rows=(1,), grad=True, seed=3)
+    keep = [0, 2, 3, 4, 5]
+    assert torch.autograd.gradcheck(lambda q, k, v: op(q, k, v, mask, 0.4)[:, keep], (q, k, v))
+
+
+def test_an_all_empty_mask_and_empty_tensors(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    q, k, v, mask = make((2,))
+    assert op(q, k, v, torch.zeros_like(mask), 1.0).isnan().all()
+    out = op(q[:, :0], k, v, mask[:0], 1.0)  # no query rows
+    assert out.shape == (2, 0, 3)
+    out = op(q, k, v[..., :0], mask, 1.0)  # no value columns
+    assert out.shape == (2, 9, 0)
+
+
+def test_float_mask_and_a_non_contiguous_input(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    q, k, v, mask = make((2, 3))
+    qt = q.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    fmask = mask.double() * 2.5
+    torch.testing.assert_close(op(qt, k, v, fmask, 0.5), dense_formula(q, k, v, mask, 0.5))
+
+
+def test_the_mask_is_compressed_once_and_again_after_a_write(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    q, k, v, mask = make((2,), L=13, S=11, seed=7)
+    op(q, k, v, mask, 0.5)
+    before = _C.region_stats()["compressions"]
+    for _ in range(3):
+        op(q, k, v, mask, 0.5)
+    assert _C.region_stats()["compressions"] == before
+    mask[2, :] = False  # an in-place write: the version counter moves
+    torch.testing.assert_close(op(q, k, v, mask, 0.5), dense_formula(q, k, v, mask, 0.5), equal_nan=True)
+    assert _C.region_stats()["compressions"] == before + 1
+
+
+def test_automatic_choice(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    q, k, v, mask = make((2,))
+    assert A._use_dense(mask, q, k)  # a tiny problem: dense has less overhead
+    q, k, v, mask = make((4, 4), L=128, S=128, E=32, F=32, density=0.01, dtype=torch.float32)
+    assert not A._use_dense(mask, q, k)
+    before = A.stats()["sparse_runs"]
+    torch.testing.assert_close(op(q, k, v, mask, 0.2), dense_formula(q, k, v, mask, 0.2), rtol=1e-4, atol=1e-5)
+    assert A.stats()["sparse_runs"] == before + 1
+    with pytest.raises(ValueError, match="SCORCH_DISPATCH"):
+        monkeypatch.setenv("SCORCH_DISPATCH", "fast")
+        op(q, k, v, mask, 0.2)
+
+
+@pytest.mark.parametrize("args,match", [
+    (lambda q, k, v, m: (q[0, 0], k, v, m), "same rank >= 2, got 1, 3, 3"),
+    (lambda q, k, v, m: (q, k[0], v, m), "same rank >= 2, got 3, 2, 3"),
+    (lambda q, k, v, m: (q, k[:, :, :2], v, m), r"shapes q \(2, 9, 4\), k \(2, 7, 2\), v \(2, 7, 3\) do not agree"),
+    (lambda q, k, v, m: (q, k, v[:, :3], m), "do not agree"),
+    (lambda q, k, v, m: (q[:1], k, v, m), "do not agree"),
+    (lambda q, k, v, m: (q, k, v, m[:3]), r"mask of shape \(3, 7\), expected \(9, 7\)"),
+    (lambda q, k, v, m: (q, k, v, m[0]), r"mask of shape \(7,\), expected \(9, 7\)"),
+    (lambda q, k, v, m: (q, k.float(), v, m), "same floating dtype"),
+    (lambda q, k, v, m: (q.long(), k.long(), v.long(), m), "same floating dtype"),
+])
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_inputs_are_value_errors(args, match, path, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make((2,))
+    with pytest.raises(ValueError, match=match):
+        op(*args(q, k, v, mask), 0.5)
+
+
+def test_backward_op_checks_its_gradient():
+    q, k, v, mask = make((2,))
+    with pytest.raises(ValueError, match="the gradient has shape"):
+        torch.ops.scorch.masked_attention_backward(q, k, v, mask, 0.5, torch.zeros(2, 9, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_opcheck(path, monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make((2,), grad=True)
+    torch.library.opcheck(op.default, (q, k, v, mask, 0.5))
+    q, k, v, mask = make((2,))
+    g = torch.randn(2, 9, 3, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.scorch.masked_attention_backward.default, (q, k, v, mask, 0.5, g))
+
+
+class Attn(torch.nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        return torch.ops.scorch.masked_attention(q, k, v, self.mask, 0.5) * 2
+
+
+def test_compiles_exports_and_scripts(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    q, k, v, mask = make((2,), grad=True, seed=4)
+    m = Attn(mask)
+    want = m(q, k, v)
+    want.sum().backward()
+    want_grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    got = compiled(q, k, v)
+    got.sum().backward()
+    torch.testing.assert_close(got, want)
+    for t, w in zip((q, k, v), want_grads):
+        torch.testing.assert_close(t.grad, w)
+    torch._dynamo.reset()
+    args = tuple(t.detach() for t in (q, k, v))
+    ep = torch.export.export(m, args)
+    assert "scorch.masked_attention" in str(ep.graph)
+    torch.testing.assert_close(ep.module()(*args), want.detach())
+    scripted = torch.jit.script(m)
+    torch.testing.assert_close(scripted(*args), want.detach())
+
+
+def test_kernel_specs_are_the_ones_the_op_runs(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    from scorch_backend import aot
+
+    q, k, v, mask = make((2, 3), L=10, S=8, seed=6, grad=True)
+    op(q, k, v, mask, 0.5).sum().backward()
+    used = set(aot.used_kernel_specs())
+    specs = A.kernel_specs(q.shape, k.shape, v.shape, q.dtype, training=True)
+    assert len(specs) == 6 and set(specs) <= used
+    assert A.kernel_specs(q.shape, k.shape, v.shape, q.dtype, training=False) == specs[:2]
+    assert math.prod(q.shape[:-2]) == 6
