@@ -351,6 +351,13 @@ def targets_for(row: dict) -> list[dict]:
     elif kind == "bert_encoder" and row["mode"] == "inference":
         add(f"BERT 90% pruned, batch {row['info'].get('batch')}, seq {row['info'].get('seq')}: Scorch >= "
             "1.5x dense Inductor", s.get("speedup_vs_inductor") if s else None, 1.5)
+    elif kind == "relu_mlp_sparse":
+        add(f"MLP with {row['info'].get('activation_zeros', 0):.0%} zeros in its ReLU output, batch "
+            f"{row['info'].get('batch')}: Scorch >= 1.5x dense Inductor", s.get("speedup_vs_inductor") if s else None,
+            1.5)
+    elif kind == "sparse_autoencoder" and row["mode"] == "training":
+        add("sparse autoencoder, training: Scorch >= 2x dense Inductor", s.get("speedup_vs_inductor") if s else None,
+            2.0)
     elif kind == "block_sparse_attention":
         add(f"block-sparse attention ({row['info'].get('mask_sparsity', 0):.0%} masked): Scorch >= 3x dense "
             "masked attention (Inductor)", s.get("speedup_vs_inductor") if s else None, 3.0)

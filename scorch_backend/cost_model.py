@@ -380,3 +380,20 @@ def region_speedup(dense_fmas: float, density: float, sparse_calls: int = 1, den
     t_sparse = calls * region_overhead_s() + sparse_calls * dense_fmas * density / (rate * crossover_density()) \
         + dense_calls * dense_fmas / rate
     return t_dense / t_sparse
+
+
+def calls_speedup(dense_fmas: float, call_densities: list) -> float:
+    """Estimated speedup of a region over the dense products it replaces, from the calls it makes per step:
+    the forward and, in training, one gradient per operand that needs one. Each call does the same number of
+    multiply-adds densely; `call_densities` gives, per call, the density of its sparse factors, or None when
+    it has none (it runs dense, at the dense rate, and still pays the region's fixed cost). A call whose
+    factors are denser than the crossover is costed dense too: the run-time choice runs it so."""
+    import torch
+
+    rate = dense_rate(torch.get_num_threads())
+    crossover = crossover_density()
+    t_dense = len(call_densities) * dense_fmas / rate
+    t_sparse = len(call_densities) * region_overhead_s()
+    for d in call_densities:
+        t_sparse += dense_fmas / rate * (1.0 if d is None else min(d / crossover, 1.0))
+    return t_dense / t_sparse

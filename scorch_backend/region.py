@@ -50,6 +50,10 @@ class Operand:
     # Packed (a rewritten model's weight stored compressed; scorch_backend/jit.py): (format text, full size).
     # The operand's slot holds the stored values and its index buffers follow all slots.
     packed: tuple | None = None
+    # Its gradient is needed only where it is nonzero (a ReLU's output, a top-k scattered into zeros): the
+    # gradient program samples it there, the operand itself joining as a pattern factor. Program text:
+    # the program's "masked_grads" list.
+    masked_grad: bool = False
 
     @property
     def tensor_letters(self) -> str:
@@ -64,6 +68,9 @@ class Program:
     frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True})
     name: str = ""
     label: str = ""  # where the region comes from, for people: "fc1 (Linear): linear" (logs, profiler rows)
+    # The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
+    # programs take it compressed (text: "grad_out": "sparse"). The run-time choice still decides per call.
+    sparse_grad_out: bool = False
 
     @property
     def equation(self) -> str:
@@ -81,16 +88,24 @@ class Program:
              "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name}
         if self.label:
             d["label"] = self.label
+        if self.sparse_grad_out:
+            d["grad_out"] = "sparse"
+        masked = [k for k, o in enumerate(self.operands) if o.masked_grad]
+        if masked:
+            d["masked_grads"] = masked
         return json.dumps(d, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=4096)
 def parse_program(text: str) -> Program:
     d = json.loads(text)
+    masked = set(d.get("masked_grads", ()))
     ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5]),
-                        (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None)
-                for o in d["operands"])
-    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""))
+                        (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None,
+                        k in masked)
+                for k, o in enumerate(d["operands"]))
+    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
+                   d.get("grad_out", "dense") == "sparse")
     _validate(prog)
     return prog
 

@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <list>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,9 +109,35 @@ std::vector<uint8_t> fingerprint(const at::Tensor& t) {
   return out;
 }
 
+// Rows of a contiguous float or double tensor of rank >= 2 (the last dimension is a row) handed to `f(begin,
+// end)` in parallel, each chunk at least SCORCH_THREAD_GRAIN elements; false when the tensor is not such.
+template <typename F>
+bool over_rows(const at::Tensor& t, F&& f) {
+  if (t.dim() < 2 || !t.is_contiguous() || t.numel() == 0 || t.size(-1) == 0 ||
+      (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble))
+    return false;
+  const int64_t cols = t.size(-1), rows = t.numel() / cols;
+  at::parallel_for(0, rows, std::max<int64_t>(1, thread_grain() / cols), f);
+  return true;
+}
+
+// Activations are measured on every call: count_nonzero is a generic reduction, this is one pass.
 double density_of(const at::Tensor& t) {
   const int64_t n = t.numel();
-  return n ? static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n) : 0.0;
+  if (n == 0) return 0.0;
+  std::atomic<int64_t> count{0};
+  const bool floating = t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+  const bool done = floating && AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "region_density", [&] {
+    const scalar_t* x = t.data_ptr<scalar_t>();
+    const int64_t cols = t.dim() ? t.size(-1) : 1;
+    return over_rows(t, [&](int64_t b, int64_t e) {
+      int64_t c = 0;
+      for (int64_t i = b * cols; i < e * cols; ++i) c += x[i] != scalar_t(0);
+      count += c;
+    });
+  });
+  if (!done) return static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n);
+  return static_cast<double>(count.load()) / static_cast<double>(n);
 }
 
 EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
@@ -166,6 +194,51 @@ at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands) {
   return t.value_or(at::kFloat);
 }
 
+// CSR of a contiguous float or double tensor of rank >= 2 (the leading dimensions are the dense outer levels,
+// flattened into rows), built in two passes over its rows: count each row's nonzeros, then write them. The
+// buffers scorch::pack makes (positions, coordinates; int32), without its sort of coordinates, which a
+// dense source gives in order anyway. An activation is compressed on every call: this is that cost.
+std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f) {
+  if (src.dim() < 2 || src.numel() >= std::numeric_limits<int32_t>::max() || !src.is_contiguous() ||
+      (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
+    return std::nullopt;
+  const int64_t cols = src.size(-1), rows = cols ? src.numel() / cols : 0;
+  at::Tensor pos = at::empty({rows + 1}, at::kInt), crd, values;
+  int32_t* p = pos.data_ptr<int32_t>();
+  p[0] = 0;
+  const bool done = AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "region_compress", [&] {
+    const scalar_t* x = src.data_ptr<scalar_t>();
+    if (!over_rows(src, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r) {
+            int32_t c = 0;
+            for (int64_t j = 0; j < cols; ++j) c += x[r * cols + j] != scalar_t(0);
+            p[r + 1] = c;
+          }
+        }))
+      return false;
+    for (int64_t r = 0; r < rows; ++r) p[r + 1] += p[r];
+    crd = at::empty({p[rows]}, at::kInt);
+    values = at::empty({p[rows]}, src.options());
+    int32_t* c = crd.data_ptr<int32_t>();
+    scalar_t* v = values.data_ptr<scalar_t>();
+    over_rows(src, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        int64_t w = p[r];
+        for (int64_t j = 0; j < cols; ++j) {
+          const scalar_t y = x[r * cols + j];
+          if (y != scalar_t(0)) {
+            c[w] = static_cast<int32_t>(j);
+            v[w++] = y;
+          }
+        }
+      }
+    });
+    return true;
+  });
+  if (!done) return std::nullopt;
+  return Operand{&f, src.sizes().vec(), {pos, crd}, values};
+}
+
 // A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
 // levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
 Operand compress(const at::Tensor& src) {
@@ -175,6 +248,8 @@ Operand compress(const at::Tensor& src) {
   const int nd = static_cast<int>(src.dim());
   const FormatRef& f = interned_format(nd >= 2 ? "csr" : nd == 1 ? "compressed(0)" : "dense", nd);
   if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
+  if (nd >= 2)
+    if (auto fast = compress_rows(src, f)) return *fast;
   const at::Tensor idx = src.nonzero().t().contiguous();
   c10::List<std::optional<at::Tensor>> index;
   for (int d = 0; d < nd; ++d) index.push_back(idx[d]);
@@ -191,6 +266,16 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   for (auto s : lead) key += std::to_string(s) + ",";
   auto it = e.sparse.find(key);
   if (it != e.sparse.end()) return it->second;
+  if (o.kind == RegionOperand::Kind::pattern && lead.empty()) {
+    // The same tensor compressed with its values (the forward pass of the region that also samples its
+    // gradient): the pattern is those index buffers with ones.
+    auto same = e.sparse.find(fmt::format("{}|{}|", static_cast<int>(RegionOperand::Kind::sparse), c10::toString(dtype)));
+    if (same != e.sparse.end()) {
+      Operand c = same->second.with_values(at::ones_like(same->second.values));
+      e.sparse.emplace(key, c);
+      return c;
+    }
+  }
   ++n_compressions;
   at::Tensor src = t.detach();
   if (o.kind == RegionOperand::Kind::pattern) {

@@ -26,6 +26,9 @@ struct RegionOperand {
   bool grad = true;     // false for pattern factors
   int expand = 0;       // pattern factors: leading letters the tensor lacks (broadcast along them)
   bool weight = false;  // frozen_weights: checked by version counter only
+  // Its gradient is needed only where it is nonzero (a ReLU's output: the ReLU's backward zeroes the rest), so
+  // the gradient program samples it there (the operand itself joins as a pattern factor).
+  bool masked_grad = false;
   // A compressed operand handed over already packed (a rewritten model's weight, stored compressed): its
   // format, its full size and how many index buffers the format keeps. Its slot in the operand list holds
   // the stored values; the index buffers follow all slots, operand by operand. Never differentiated.
@@ -40,6 +43,9 @@ struct RegionProgram {
   std::string out;
   double coef = 1.0;
   bool frozen = false;
+  // The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
+  // programs take it as a compressed operand (the run-time choice still runs them dense when it is not).
+  bool sparse_grad_out = false;
   std::string name, label;
 
   // Derived once: the loop order's letters, the output's storage letters and the permutation giving back the

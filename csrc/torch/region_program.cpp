@@ -262,6 +262,22 @@ RegionProgram parse_text(const std::string& text) {
   if (const Json* f = field(o, "frozen")) p.frozen = as<bool>(*f, "frozen flag");
   if (const Json* n = field(o, "name")) p.name = as<std::string>(*n, "name");
   if (const Json* l = field(o, "label")) p.label = as<std::string>(*l, "label");
+  if (const Json* g = field(o, "grad_out")) {
+    const std::string kind = as<std::string>(*g, "grad_out");
+    SCORCH_CHECK(kind == "dense" || kind == "sparse", "scorch::region: grad_out is 'dense' or 'sparse', got '{}'", kind);
+    p.sparse_grad_out = kind == "sparse";
+  }
+  if (const Json* m = field(o, "masked_grads")) {
+    for (const Json& e : as<JsonArray>(*m, "masked_grads must be a list")) {
+      const double k = as<double>(e, "masked_grads entry");
+      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
+                   "scorch::region: masked_grads names no operand ({})", k);
+      RegionOperand& r = p.operands[static_cast<size_t>(k)];
+      SCORCH_CHECK(r.kind != RegionOperand::Kind::pattern && r.expand == 0 && r.packed.empty(),
+                   "scorch::region: only a dense or sparse operand's gradient can be masked");
+      r.masked_grad = true;
+    }
+  }
 
   std::string seen;
   for (const auto& r : p.operands) {
@@ -297,6 +313,11 @@ std::string RegionProgram::text() const {
   s += fmt::format("],\"out\":{},\"coef\":{},\"frozen\":{},\"name\":{}", json_string(out), coef,
                    frozen ? "true" : "false", json_string(name));
   if (!label.empty()) s += ",\"label\":" + json_string(label);
+  if (sparse_grad_out) s += ",\"grad_out\":\"sparse\"";
+  std::string masked;
+  for (size_t k = 0; k < operands.size(); ++k)
+    if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
+  if (!masked.empty()) s += ",\"masked_grads\":[" + masked + "]";
   return s + "}";
 }
 
@@ -321,6 +342,10 @@ RegionGradient region_gradient(const std::string& text, int k) {
   RegionProgram g;
   RegionOperand grad_out;
   grad_out.letters = p.out;
+  if (p.sparse_grad_out) {  // compressed once per backward pass: every gradient program of the region reads it
+    grad_out.kind = RegionOperand::Kind::sparse;
+    grad_out.cached = true;
+  }
   g.operands.push_back(grad_out);
   RegionGradient r;
   r.operands.push_back(-1);
@@ -328,8 +353,18 @@ RegionGradient region_gradient(const std::string& text, int k) {
     if (j == k) continue;
     present += p.operands[j].letters;
     g.operands.push_back(p.operands[j]);
+    g.operands.back().masked_grad = false;  // the flags speak of this program's gradients, not of its gradients'
     g.packed_buffers += p.operands[j].packed_buffers;
     r.operands.push_back(j);
+  }
+  if (target.masked_grad) {  // sampled where operand k is nonzero: the rest is zeroed by the op that made it
+    RegionOperand mask = target;
+    mask.kind = RegionOperand::Kind::pattern;
+    mask.grad = false;
+    mask.masked_grad = false;
+    mask.cached = true;  // the forward pass compressed this same tensor: its pattern comes from that entry
+    g.operands.push_back(mask);
+    r.operands.push_back(k);
   }
   for (char c : target.letters)
     if (present.find(c) != std::string::npos) r.produced += c;

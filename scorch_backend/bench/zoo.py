@@ -13,8 +13,9 @@ transformers' own initialisation, from a forked and seeded global RNG), so two c
 
 The models are written the way a user writes them: plain nn.Modules with dense tensors and no Scorch call in
 `forward`. Their sparsity is in the data: pruned weights (pruned_mlp, bert_encoder), a sparse adjacency passed
-in as a Scorch SparseTensor (gcn), one-hot gates (moe), a block mask (block_sparse_attention) and top-k
-activations (sparse_autoencoder). relu_mlp_dense and small_cnn have none, as controls.
+in as a Scorch SparseTensor (gcn), one-hot gates (moe), a block mask (block_sparse_attention), top-k
+activations (sparse_autoencoder) and ReLU activations that are mostly zeros (relu_mlp_sparse). relu_mlp_dense and
+small_cnn have none, as controls.
 
 The Planetoid loaders (`load_planetoid`, `planetoid_graph`, `normalized_adjacency`, `generated_graph`) live
 here too; examples/train_gcn.py and benchmarks/gcn.py use them.
@@ -163,6 +164,49 @@ def relu_mlp_dense(size: str = "test", *, batch: int | None = None, d_in: int = 
     c = _mlp_case("relu_mlp_dense", size, d_in, hidden, d_out, batch, seed, 0.0)
     c.notes = f"3 dense Linear layers {d_in}->{hidden}->{hidden}->{d_out} (no sparsity: a control)"
     return c
+
+
+class TwoLayerMLP(nn.Module):
+    """Linear -> ReLU -> Linear."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def relu_mlp_sparse(size: str = "test", *, batch: int | None = None, d_in: int | None = None,
+                    hidden: int | None = None, d_out: int | None = None, zeros: float = 0.9,
+                    seed: int = 0) -> Case:
+    """Linear(d_in, hidden) -> ReLU -> Linear(hidden, d_out) with dense weights, whose ReLU output is about
+    `zeros` zeros: each hidden unit's bias is shifted down to the `zeros` quantile of its pre-activation over
+    a batch drawn like the inputs (a trained network with sparse activations, without the training). Test:
+    32 -> 128 -> 16, batch 16; bench: 512 -> 2048 -> 512 (a 4x feed-forward block), batch 256."""
+    batch = _pick(size, 16, 256, batch)
+    d_in = _pick(size, 32, 512, d_in)
+    hidden = _pick(size, 128, 2048, hidden)
+    d_out = _pick(size, 16, 512, d_out)
+    g = torch.Generator().manual_seed(seed)
+    model = _seeded_init(TwoLayerMLP(d_in, hidden, d_out), g)
+    gx = torch.Generator().manual_seed(seed + 1)
+
+    def make_inputs(b: int) -> tuple:
+        return (torch.randn(b, d_in, generator=gx),)
+
+    calib = torch.randn(max(batch, 256), d_in, generator=torch.Generator().manual_seed(seed + 2))
+    with torch.no_grad():
+        pre = model.fc1(calib)
+        model.fc1.bias.sub_(torch.quantile(pre, zeros, dim=0))
+    x = make_inputs(batch)
+    with torch.no_grad():
+        measured = float((torch.relu(model.fc1(x[0])) == 0).float().mean())
+    notes = (f"2 dense Linear layers {d_in}->{hidden}->{d_out}, biases shifted so that the ReLU output is about "
+             f"{zeros:.0%} zeros ({measured:.1%} on these inputs): the second product's input is sparse")
+    return Case("relu_mlp_sparse", model, x, make_inputs, True, notes, size,
+                {"d_in": d_in, "hidden": hidden, "d_out": d_out, "batch": batch, "activation_zeros": measured})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -628,6 +672,7 @@ CASES: dict[str, Callable[..., Case]] = {
     "block_sparse_attention": block_sparse_attention,
     "sparse_autoencoder": sparse_autoencoder,
     "relu_mlp_dense": relu_mlp_dense,
+    "relu_mlp_sparse": relu_mlp_sparse,
     "small_cnn": small_cnn,
     "bert_encoder": bert_encoder,
 }

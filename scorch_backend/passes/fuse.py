@@ -76,6 +76,7 @@ class Fused:
     bias: object = None  # a linear's bias, added after the region
     density: float = 1.0  # estimated combined density of the sparse factors
     squeeze: list = field(default_factory=list)  # per leaf: its size-1 dimensions, squeezed before the region
+    densities: list = field(default_factory=list)  # per operand: its estimated density (1.0 for dense ones)
 
 
 class Fuser:
@@ -181,14 +182,35 @@ def _broadcast_patterns(operands: list, out: str) -> list:
     for o in operands:
         lead = "".join(c for c in common if c not in o.letters)
         if o.kind == "pattern" and lead:
-            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead), o.weight)
+            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead), o.weight)  # never masked_grad
         result.append(o)
     return result
 
 
+def zero_grad_outside(node) -> bool:
+    """Does the op that made `node` zero its input's gradient wherever `node` is zero? Then a consumer's
+    gradient with respect to `node` is needed only at its nonzeros. relu(x) is zero exactly where x <= 0, where
+    its backward zeroes the gradient; zeros_like(p).scatter(d, i, relu(v)) is zero off the scattered positions
+    (no gradient flows there) and where relu(v) is (the same argument). Graph inputs never qualify: their
+    gradient is what the caller asked for."""
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
+        return False
+    view = op_of(node)
+    if view.name == "aten.relu":
+        return True
+    if view.name == "aten.scatter" and len(view.args) >= 4:
+        base, src = view.args[0], view.args[3]
+        return isinstance(base, fx.Node) and op_of(base).name == "aten.zeros_like" and \
+            isinstance(src, fx.Node) and op_of(src).name == "aten.relu"
+    return False
+
+
 def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
-         label: str = "") -> Fused:
-    """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none."""
+         label: str = "", sparse_grad_out: bool = False) -> Fused:
+    """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none.
+    `sparse_grad_out`: the output's gradient is known to be mostly zeros (training): the gradient programs
+    take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
+    dense, its gradients sparse)."""
     fuser = Fuser(members, attrs)
     view = op_of(root)
     bias = None
@@ -208,7 +230,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
 
     out = "".join(char(d) for d in term.dims if d is not None)
     unit_dims = [k for k, d in enumerate(term.dims) if d is None]
-    operands, leaves, densities = [], [], []
+    operands, leaves, densities, per_operand = [], [], [], []
     have = set()
     squeeze = []
     for leaf, letters in term.factors:
@@ -229,10 +251,15 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         carried = a.support is not None and a.support.carrier != leaf.name and \
             len(a.support.dims) < len(v.shape)
         kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
-        # Graph inputs (weights and data) are measured and compressed once per version of the tensor.
-        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder", weight=a.weight))
+        # Graph inputs (weights and data) are measured and compressed once per version of the tensor; so is a
+        # sparse activation (a ReLU's output), whose compression the backward pass then reuses (the cache
+        # entry holds the tensor, so its memory cannot be handed to another one while it lives).
+        masked = kind == "sparse" and zero_grad_outside(leaf)
+        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder" or kind == "sparse",
+                                weight=a.weight, masked_grad=masked))
         leaves.append(leaf)
         squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
+        per_operand.append(a.density if kind == "sparse" else 1.0)
         if kind == "sparse":
             densities.append(a.density)
             have.add((leaf.name, text))
@@ -259,9 +286,12 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         leaves.append(carrier)
         squeeze.append(())
         densities.append(ca.density)
-    if not densities:
+        per_operand.append(ca.density)
+    if not densities and not sparse_grad_out:
         raise FuseError("no sparse operand")
     operands = _broadcast_patterns(operands, out)
-    density = min(densities)  # factors' patterns usually coincide (a gate and its pattern): not a product
-    program = Program(tuple(operands), out, term.coef, frozen, name, label)
-    return Fused(program, leaves, unit_dims, bias, density, squeeze)
+    # factors' patterns usually coincide (a gate and its pattern): not a product
+    density = min(densities) if densities else 1.0
+    program = Program(tuple(operands), out, term.coef, frozen, name, label,
+                      sparse_grad_out=sparse_grad_out and len(out) >= 2)
+    return Fused(program, leaves, unit_dims, bias, density, squeeze, per_operand)

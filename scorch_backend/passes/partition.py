@@ -31,7 +31,7 @@ from .. import config, cost_model
 from .. import log as _log
 from .contraction import CONTRACTIONS
 from .fuse import Fused, FuseError, fuse
-from .graph import describe, example, mutated_values, op_of, source_label
+from .graph import describe, example, mutated_values, op_of, shape_of, source_label
 
 GROWABLE = {"aten.mul", "aten.div", "aten.neg", "aten.unsqueeze", "aten.transpose", "aten.permute", "aten.t",
             "aten.clone", "aten._to_copy"}
@@ -178,22 +178,68 @@ def _dense_fmas(fused: Fused) -> float:
     return float(math.prod(sizes.values()))
 
 
-def _calls(fused: Fused, training: bool) -> tuple[int, int]:
-    """(sparse, dense) calls of the region per step: the forward, and in training one gradient per operand
-    that requires grad, sparse unless it is the gradient of the only compressed operand."""
-    sparse, dense = 1, 0
-    if not training:
-        return sparse, dense
+def _call_densities(fused: Fused, training: bool, grad_density: float) -> list:
+    """Per call of the region in a step, the density of its sparse factors (None: a dense call): the forward,
+    and in training one gradient per operand that requires grad. A gradient program reads the other operands,
+    the output's gradient (compressed when the program says so) and, for a masked gradient, the pattern of
+    the operand itself. Factors' patterns usually coincide, so the sparsest stands for them (not a product)."""
     ops = fused.program.operands
+    dens = fused.densities or [1.0] * len(ops)
+    calls = [fused.density if any(o.kind != "dense" for o in ops) else None]
+    if not training:
+        return calls
     for k, (o, leaf) in enumerate(zip(ops, fused.leaves)):
         v = example(leaf)
-        if o.kind == "pattern" or not isinstance(v, torch.Tensor) or not v.requires_grad:
+        if o.kind == "pattern" or not o.grad or not isinstance(v, torch.Tensor) or not v.requires_grad:
             continue
-        if any(j != k and p.kind != "dense" for j, p in enumerate(ops)):
-            sparse += 1
+        ds = [dens[j] for j, p in enumerate(ops) if j != k and p.kind != "dense"]
+        if o.masked_grad:
+            ds.append(dens[k])
+        if fused.program.sparse_grad_out:
+            ds.append(grad_density)
+        calls.append(min(ds) if ds else None)
+    return calls
+
+
+# Ops that hand their input the gradient they receive, at the same positions (or a view of them): the
+# input's gradient is as sparse as theirs.
+_GRAD_AS_IS = {"aten.clone", "aten._to_copy", "aten.neg", "aten.dropout", "aten.detach"}
+
+
+def grad_density(node: fx.Node, attrs: dict, depth: int = 0) -> float:
+    """An upper bound of the density of the gradient that reaches `node` in the backward pass, from what its
+    users do with it (1.0 when unknown): a ReLU passes its gradient only where its output is nonzero (its
+    measured density); a top-k only at the k positions it picked per row; zeros_like(node) none; a clone,
+    a cast, a negation, a scalar factor or the addition of a bias pass theirs as it is. Users' gradients add."""
+    if depth > 8:
+        return 1.0
+    total = 0.0
+    for u in node.users:
+        view = op_of(u)
+        first = view.args[0] if view.args else None
+        if view.name == "aten.relu" and first is node:
+            # Zeros carried by a known support (a one-hot dispatch) are left to the pattern factors that
+            # support gives the regions (passes/fuse.py); only zeros the ReLU makes itself count here.
+            a = attrs.get(u.name)
+            d = a.measured if a is not None and a.measured is not None and a.support is None else 1.0
+        elif view.name == "aten.topk" and first is node and len(view.args) >= 2 and isinstance(view.args[1], int):
+            shape = shape_of(node)
+            dim = view.args[2] if len(view.args) > 2 else view.kwargs.get("dim", -1)
+            n = shape[dim] if shape and isinstance(dim, int) and -len(shape) <= dim < len(shape) else None
+            d = min(view.args[1] / n, 1.0) if isinstance(n, int) and n > 0 else 1.0
+        elif view.name == "aten.zeros_like":
+            d = 0.0
+        elif first is node and (view.name in _GRAD_AS_IS or (
+                view.name in ("aten.mul", "aten.div") and isinstance(view.args[1], (int, float)))):
+            d = grad_density(u, attrs, depth + 1)
+        elif view.name in ("aten.add", "aten.sub") and shape_of(u) is not None and shape_of(u) == shape_of(node):
+            d = grad_density(u, attrs, depth + 1)  # x + bias: x gets the sum's gradient as it is
         else:
-            dense += 1
-    return sparse, dense
+            d = 1.0
+        total += d
+        if total >= 1.0:
+            return 1.0
+    return total
 
 
 _logger = _log.get("passes.partition")
@@ -247,17 +293,21 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         name = f"region{len(regions)}"
         ordered = sorted(members, key=order.get)
         label = source_label(node, ordered)
+        # In training, a product whose output's gradient is mostly zeros (it feeds a ReLU or a top-k that
+        # leaves most of it zero) runs its gradients on that gradient compressed, even when the forward
+        # product has no sparse factor (then it runs dense).
+        dg = grad_density(root, attrs) if training else 1.0
         try:
-            fused = fuse(root, members, attrs, threshold, frozen, name, label)
+            fused = fuse(root, members, attrs, threshold, frozen, name, label, sparse_grad_out=dg < threshold)
         except FuseError as e:
             why = str(e) if "SparseTensor" in str(e) else f"left dense: {e}"
             decisions.append(Decision(node.name, describe(node), why))
             continue
-        if fused.density >= threshold:
+        if fused.density >= threshold and not fused.program.sparse_grad_out:
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
             continue
-        est = cost_model.region_speedup(_dense_fmas(fused), fused.density, *_calls(fused, training))
+        est = cost_model.calls_speedup(_dense_fmas(fused), _call_densities(fused, training, dg))
         if est < 1.0 and config.dispatch_mode() != "sparse":
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
