@@ -11,13 +11,15 @@ graph Dynamo captures from the model, then:
   weight is dropped when nothing else reads it;
 - parameters and buffers the graph still reads become attributes of the new module; sizes Dynamo made
   symbolic are read from the inputs (`x.size(d)`), so the module runs on new batch sizes and shapes;
-- the result is an ordinary `nn.Module` whose code is plain torch calls plus `torch.ops.scorch.region`, which
-  `torch.jit.script`, `torch.jit.trace`, `torch.export.export` and a C++ program with `libscorch_ops` can run.
+- the masked-attention idiom becomes a `torch.ops.scorch.masked_attention` call (its mask stays a buffer or
+  an input; the op compresses its pattern once per version);
+- the result is an ordinary `nn.Module` whose code is plain torch calls plus `torch.ops.scorch.region` and
+  `torch.ops.scorch.masked_attention`, which `torch.jit.script`, `torch.jit.trace`, `torch.export.export` and a
+  C++ program with `libscorch_ops` can run.
 
 Each region still chooses dense or sparse per call (SCORCH_DISPATCH, the measured crossover), so a deployed
-model runs dense where its data is not sparse enough. What is not rewritten (it stays as the model's own dense
-code): masked attention (a Python op) and products whose sparse operand is not a parameter or buffer
-(activations, inputs), which the region op compresses at run time as under torch.compile.
+model runs dense where its data is not sparse enough. Products whose sparse operand is not a parameter or
+buffer (activations, inputs) are regions that compress it at run time, as under torch.compile.
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ def _capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool):
 
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
     try:
-        with torch.no_grad():
+        # Float settings of the model (an attention's scale) stay constants: a symbolic float would hide the
+        # masked-attention idiom from the partition (its scale must be a number) and cost a tensor per call.
+        with torch.no_grad(), torch._dynamo.config.patch(specialize_float=True):
             compiled(*example_inputs)
     except torch._dynamo.exc.TorchDynamoException as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -296,6 +300,8 @@ def _build(gm, kinds, model, example_inputs, new_attrs: dict) -> fx.GraphModule:
     for node in graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.scorch.region.default:
             node.target = torch.ops.scorch.region
+        elif node.op == "call_function" and node.target is torch.ops.scorch.masked_attention.default:
+            node.target = torch.ops.scorch.masked_attention
     graph.eliminate_dead_code()
     graph.lint()
     return fx.GraphModule(root, graph, class_name="ScorchRewritten")
@@ -351,10 +357,11 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, hints))
     with torch.no_grad():
-        result = transform(gm, hints, opts, attention=False)
+        result = transform(gm, hints, opts)
     report.left_dense = [f"{d.node} = {d.op}: {d.reason}" for d in result.decisions]
     new_attrs: dict = {}
     _pack(gm, kinds, real, new_attrs, report)
+    report.regions += [f"{r.name} (masked attention)" for r in result.regions if r.fused is None]
     new = _build(gm, kinds, model, example_inputs, new_attrs)
     _fix_output(new, eager_out)
     new.scorch_report = report
@@ -368,9 +375,11 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
 def kernel_specs(module: fx.GraphModule, example_inputs) -> list[str]:
     """The specs of the kernels the module's regions run on their sparse path, found by running the module on
     `example_inputs` and asking the region op, at each region, what it would run (the same planner as the
-    run-time path: specs do not depend on sizes, only on formats and dtypes). Gradient kernels are not
-    included: a deployed model runs inference."""
+    run-time path: specs do not depend on sizes, only on formats and dtypes), and those of masked attention's
+    sparse path (`attention.kernel_specs`). Gradient kernels are not included: a deployed model runs
+    inference."""
     from . import _C
+    from . import attention
     from .tensor import SparseTensor
 
     if isinstance(example_inputs, torch.Tensor):
@@ -394,6 +403,11 @@ def kernel_specs(module: fx.GraphModule, example_inputs) -> list[str]:
                 spec = _C.plan_einsum(eq, descs, "strided", f64, idx64)["spec"]
                 if spec not in specs:
                     specs.append(spec)
+            elif target in (torch.ops.scorch.masked_attention, torch.ops.scorch.masked_attention.default):
+                q, k, v = args[:3]
+                for spec in attention.kernel_specs(tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, False):
+                    if spec not in specs:
+                        specs.append(spec)
             return super().call_function(target, args, kwargs)
 
     with torch.no_grad():

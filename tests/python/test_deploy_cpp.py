@@ -1,7 +1,8 @@
 """The C++ deployment example (examples/cpp): built with CMake against LibTorch from the torch wheel and the
-installed libscorch_ops, it runs a TorchScript model calling scorch::kernel and scorch::region with kernels
-from a bundle, in a process with no Python, no compiler (CXX=/nonexistent), no JIT (SCORCH_JIT=0) and an
-empty kernel cache; its outputs must equal Python's.
+installed libscorch_ops, it runs TorchScript models calling scorch::kernel, scorch::region and
+scorch::masked_attention (a rewritten block-sparse attention) with kernels from a bundle, in a process with no
+Python, no compiler (CXX=/nonexistent), no JIT (SCORCH_JIT=0) and an empty kernel cache; its outputs must equal
+Python's.
 
 The build goes to build/deploy-example (kept between runs: the first build takes about a minute).
 """
@@ -144,3 +145,38 @@ def test_rewritten_model_runs_in_cpp(scorch_deploy, tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         got = torch.load(tmp_path / f"outputs-{dispatch}.pt")
         torch.testing.assert_close(got, torch.load(out / "expected.pt"), rtol=1e-4, atol=1e-5)
+
+
+def test_rewritten_block_sparse_attention_runs_in_cpp(scorch_deploy, tmp_path):
+    """The zoo's block-sparse attention, rewritten (its masked attention a scorch::masked_attention call, the
+    mask a buffer) and saved with its bundle, runs from C++ with attention's kernels from the bundle only."""
+    from scorch_backend import attention, jit
+    from scorch_backend.bench import zoo
+
+    torch._dynamo.reset()
+    case = zoo.make("block_sparse_attention", "test")
+    model = case.model.eval()
+    new = jit.rewrite(model, case.inputs)  # SCORCH_DISPATCH=sparse (the tests' default): the idiom is taken
+    torch._dynamo.reset()
+    assert "torch.ops.scorch.masked_attention(" in new.code
+    info = jit.save(new, tmp_path / "model.pt", case.inputs)
+    x = case.make_inputs(3)
+    qkv = (2, 2, 256, 16)  # (batch, heads, seq, head_dim): the specs depend on formats and dtypes only
+    specs = attention.kernel_specs(qkv, qkv, qkv, torch.float32, False)
+    assert len(specs) == 2 and set(specs) == set(info["kernels"]), info["kernels"]
+    torch.save(x, tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = model(*x)
+    for dispatch in ("sparse", "auto"):
+        cache = tmp_path / f"empty-cache-{dispatch}"
+        env = deploy_env(cache)
+        env["SCORCH_DISPATCH"] = dispatch
+        r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "inputs.pt",
+                                tmp_path / f"outputs-{dispatch}.pt"], env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        torch.testing.assert_close(torch.load(tmp_path / f"outputs-{dispatch}.pt"), expected, rtol=1e-4, atol=1e-5)
+        assert list(cache.iterdir()) == []  # no kernel compiled or cached
+    # Without the bundle, the C++ program names attention's first kernel (the sampled product).
+    r = run(scorch_deploy, [tmp_path / "model.pt", "-", tmp_path / "inputs.pt", tmp_path / "o.pt"],
+            deploy_env(tmp_path / "cache-none"))
+    assert r.returncode == 1 and specs[0] in r.stderr, r.stderr
