@@ -138,8 +138,7 @@ def _region_lines(regions, decisions) -> list[str]:
 def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None, *,
               attention: bool = True) -> GraphReport:
     """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
-    `attention` False leaves masked attention to the model's own code (TorchScript rewriting: the op is
-    Python's)."""
+    `attention` False leaves masked attention to the model's own code."""
     threshold = float(opts["sparse_threshold"])
     before = str(gm.graph)
     if dump:

@@ -9,7 +9,7 @@ import torch
 from torch import fx
 
 from .. import log as _log
-from ..attention import masked_attention as _attention_op  # noqa: F401  (registers scorch::masked_attention)
+from ..attention import masked_attention as _attention_op  # noqa: F401  (installs the op's Python hooks)
 from ..region import region as _region_op  # noqa: F401  (registers scorch::region)
 
 
