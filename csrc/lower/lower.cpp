@@ -125,7 +125,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
     if (p.kind == "compressed") {
-      out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s));
+      out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s, span_checked(id, p.level)));
     } else {
       out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
       out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
@@ -133,7 +133,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   }
   auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
   // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
-  auto checked_crd = [&](int id) { return fmt::format("in_range({}, {}, bad)", crd(id), size_of(v)); };
+  // Not in rows rows_in_range checked already.
+  auto checked_crd = [&](int id) {
+    return span_checked(id, parts.at(id).level) ? crd(id) : fmt::format("in_range({}, {}, bad)", crd(id), size_of(v));
+  };
   // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
   auto run_end = [&](int id, Stmts& body) -> std::string {
     const Part& p = parts.at(id);
@@ -167,6 +170,24 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   const bool can_parallel = d == 0 && sched_.parallel;
   if (full) {
     // Dense loop over the whole extent; sparse iterators advance when they hold the coordinate.
+    std::string lo = "0", hi = size_of(v);
+    if (can_parallel && all_iters.empty()) {
+      parallel_ = true;
+      split_dense_range(v, parts, states, out, lo, hi);
+    } else if (can_parallel) {
+      parallel_why_ = fmt::format("outer loop {} merges sparse iterators in a dense loop: serial", st_.var_names[v]);
+    }
+    // Under a split whose rows were checked, the nest is made with vector reductions over long rows first;
+    // if any loop took one, it is made again without, and each thread picks one copy by its rows' mean
+    // length. A copy per thread, not a test per row: on Zen 3 a scalar loop sharing its row loop with a
+    // vector one ran 15-25% slower on short rows (graphs, 3-7 entries a row).
+    const bool span_here = span_tensor_ >= 0 && span_var_ == v;
+    const bool vector_rows = span_here && machine_.vector_bytes > 0;
+    if (vector_rows) {
+      simd_rows_ = true;
+      simd_rows_used_ = false;
+    }
+    const size_t reasons_before = reasons_.size();
     Stmts body;
     std::map<int, std::string> ends;
     for (int id : all_iters) {
@@ -191,13 +212,28 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     }
     body.push_back(loops::if_chain(conds, branches));
     for (int id : all_iters) body.push_back(loops::line(fmt::format("if ({}) {} = {};", m(id), k(id), ends[id])));
-    std::string lo = "0", hi = size_of(v);
-    if (can_parallel && all_iters.empty()) {
-      parallel_ = true;
-      split_dense_range(v, parts, states, out, lo, hi);
-    } else if (can_parallel) {
-      parallel_why_ = fmt::format("outer loop {} merges sparse iterators in a dense loop: serial", st_.var_names[v]);
+    if (vector_rows && simd_rows_used_) {
+      simd_rows_ = false;
+      std::vector<Stmts> scalar_branches;
+      for (const auto& pt : lattice) {
+        scalar_branches.push_back(case_body(pt, ends));
+        if (pt.iterators.empty()) break;
+      }
+      reasons_.resize(reasons_before + (reasons_.size() - reasons_before) / 2);  // the copy repeats them
+      // Rows of 16 vectors or more on average (entries, not bytes): shorter ones spend more on the
+      // vector loop's head and tail than its partial sums save.
+      const int min_mean = 16 * vector_width();
+      out.push_back(loops::line(fmt::format("const bool long_rows = (int64_t)({0}[{1}] - {0}[{2}]) >= (int64_t){3} * ({1} - {2});",
+                                            span_pos_, hi, lo, min_mean)));
+      reasons_.push_back(fmt::format("reductions over rows of >= {} entries on average run as vector loops", min_mean));
+      out.push_back(loops::if_chain({"long_rows", ""}, {{loops::for_range(iv, lo, hi, body, false)},
+                                                        {loops::for_range(iv, lo, hi, {loops::if_chain(conds, scalar_branches)}, false)}}));
+      simd_rows_ = false;
+      span_tensor_ = span_var_ = -1;
+      return out;
     }
+    if (vector_rows) simd_rows_ = false;
+    if (span_here) span_tensor_ = span_var_ = -1;  // the checked rows end with this loop
     const bool simd = d == n - 1 && all_iters.empty() && current_sink_ == Sink::dense &&
                       std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
     const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
@@ -248,7 +284,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       // Not inside a register tile: there each entry feeds a tile of multiply-adds, which hide a compare
       // and a select per load, while a check per segment would run once per pass over the row (measured on
       // the SpMM yardstick, Zen 3: 3-7% slower on short rows).
-      const bool hoisted = parts.at(id).unique && current_sink_ != Sink::vtile && current_sink_ != Sink::tile;
+      const bool rows_checked = span_checked(id, parts.at(id).level);
+      const bool hoisted = !rows_checked && parts.at(id).unique && current_sink_ != Sink::vtile && current_sink_ != Sink::tile;
       const std::string coord = hoisted ? crd(id) : checked_crd(id);
       body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, coord)));
       Stmts inner = case_body(P, ends);
@@ -280,7 +317,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         if (hoisted)
           out.push_back(loops::line(fmt::format("coords_in_range({}, {}, {}, {}, bad);",
                                                 buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id), size_of(v))));
-        // No simd pragma here: the loads through crd are gathers, slower than scalar code on this CPU kind.
+        // No simd pragma by default: on short rows the gathers and the vector head and tail cost more than they save.
         const std::string p_var = "p" + tag(id);
         if (current_sink_ == Sink::vtile) {
           auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id));
@@ -295,7 +332,11 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
             continue;
           }
         }
-        out.push_back(loops::for_range(p_var, k(id), ke(id), fbody, false, ""));
+        // A row's sum as a vector loop (partial sums in lanes; the loads through crd become gathers) in the
+        // long-row copy of the row loop (see the dense loop above).
+        const bool vector_sum = simd_rows_ && rows_checked && red == "lacc";
+        simd_rows_used_ |= vector_sum;
+        out.push_back(loops::for_range(p_var, k(id), ke(id), fbody, false, vector_sum ? red : ""));
         continue;
       }
       body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));

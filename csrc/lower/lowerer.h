@@ -334,7 +334,10 @@ class Lowerer {
 
   // The segment [k, ke) of a compressed level under the positions of `s`, clamped to the crd buffer: a pos
   // entry out of range or decreasing gives an empty segment and sets the thread's bad flag.
-  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s) const {
+  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s,
+                               bool checked = false) const {
+    if (checked)  // inside rows checked by rows_in_range
+      return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}];", k, ke, buf(tensor, level, "pos"), s.b, s.e));
     return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}]; segment({0}, {1}, {5}_n, bad);", k, ke,
                                    buf(tensor, level, "pos"), s.b, s.e, buf(tensor, level, "crd")));
   }
@@ -423,8 +426,17 @@ class Lowerer {
       if (p.kind == "dense" && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->name() == "compressed" &&
           states.at(id).b == "0") {
         const std::string pos = buf(p.tensor, 1, "pos");
+        const std::string crd = buf(p.tensor, 1, "crd");
         out.push_back(loops::line(fmt::format("const int64_t lo{0} = balanced_bound({1}, {2}, tid, nt);", v, pos, size_of(v))));
-        out.push_back(loops::line(fmt::format("const int64_t hi{0} = balanced_bound({1}, {2}, tid + 1, nt);", v, pos, size_of(v))));
+        out.push_back(loops::line(fmt::format("int64_t hi{0} = balanced_bound({1}, {2}, tid + 1, nt);", v, pos, size_of(v))));
+        // The thread's rows checked at once (rows_in_range): inside them, this operand's row segments and
+        // coordinates are used unchecked (span_checked). Bad rows leave the thread nothing to do.
+        const auto& lvars = access_.at(id).lvars;
+        out.push_back(loops::line(fmt::format("if (!rows_in_range({0}, {1}, lo{2}, hi{2}, {1}_n, {3}, bad)) hi{2} = lo{2};",
+                                              pos, crd, v, size_of(lvars.at(1)))));
+        span_tensor_ = p.tensor;
+        span_var_ = v;
+        span_pos_ = pos;
         lo = fmt::format("lo{}", v);
         hi = fmt::format("hi{}", v);
         reasons_.push_back(fmt::format("outer loop {} split by nonzeros of operand {}", st_.var_names[v],
@@ -436,6 +448,14 @@ class Lowerer {
     out.push_back(loops::line(fmt::format("const int64_t hi{0} = (int64_t)((__int128){1} * (tid + 1) / nt);", v, size_of(v))));
     lo = fmt::format("lo{}", v);
     hi = fmt::format("hi{}", v);
+  }
+
+  // Whether access `id`'s level `level` lies in the rows this thread checked with rows_in_range: the
+  // compressed level under the split loop's dense level, of the operand the split was balanced on.
+  bool span_checked(int id, int level) const {
+    if (span_tensor_ < 0 || level != 1) return false;
+    const Access& a = access_.at(id);
+    return a.tensor == span_tensor_ && !a.lvars.empty() && a.lvars[0] == span_var_;
   }
 
   const KernelSpec& spec_;
@@ -453,6 +473,14 @@ class Lowerer {
   bool parallel_ = false;
   std::string parallel_why_ = "outer loop is not split";
   std::vector<std::string> reasons_;
+  // The operand whose rows the parallel split checked (rows_in_range), the split variable and the row pointers.
+  int span_tensor_ = -1;
+  int span_var_ = -1;
+  std::string span_pos_;
+  // Reductions over a checked row's entries run as vector loops (partial sums in lanes, gathers): set while
+  // the long-row copy of the row loop is generated; *_used_ says whether any loop took it.
+  bool simd_rows_ = false;
+  bool simd_rows_used_ = false;
 };
 
 

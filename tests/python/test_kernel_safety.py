@@ -260,3 +260,42 @@ def test_segment_checks_catch_every_position():
     """
     lines = errors_of(run_child(body))
     assert lines == [f"RESULT ({6}, {6 * 40 * 3}, 0)"], lines
+
+
+def test_checked_rows_of_long_and_short_rows():
+    # A CSR operand's rows are checked once per thread before its rows run (rows_in_range), and rows of 16
+    # vectors or more on average run as vector reductions (a copy of the row loop of its own). Both copies
+    # must compute right and catch a bad coordinate or a bad row pointer anywhere: long rows (mean 200 and
+    # 2000, so both copies on every target), short rows, both threads' shares, f32 and f64, i32 and i64.
+    body = """
+    import itertools
+    results = []
+    for rows, per_row, k in ((6, 200, 300), (4, 2000, 2100), (40, 3, 50)):
+        g = torch.Generator().manual_seed(rows)
+        crd = torch.cat([torch.randperm(k, generator=g)[:per_row].sort().values for _ in range(rows)])
+        pos = torch.arange(rows + 1) * per_row
+        for vt, it in itertools.product((torch.float32, torch.float64), ("i32", "i64")):
+            dt = torch.int32 if it == "i32" else torch.int64
+            ft = "f32" if vt == torch.float32 else "f64"
+            spec = f"out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; {ft}; {it}"
+            vals = torch.rand(len(crd), dtype=vt, generator=g) - 0.5
+            x = torch.randn(k, dtype=vt, generator=g)
+            dense = torch.zeros(rows, k, dtype=vt)
+            dense[torch.arange(rows).repeat_interleave(per_row), crd] = vals
+            got = torch.ops.scorch.kernel(spec, [pos.to(dt), crd.to(dt), vals, x], [rows, k], 2)[0]
+            ok = torch.allclose(got, dense @ x, rtol=1e-5, atol=1e-5)
+            caught = 0
+            tries = [("crd1", at, bad) for at in (0, len(crd) // 2 - 1, len(crd) // 2, len(crd) - 1) for bad in (k, -1)]
+            tries += [("pos1", r, v) for r, v in ((1, len(crd) + 1), (rows // 2, 0), (rows, len(crd) + 5))]
+            for name, at, bad in tries:
+                p, c = pos.to(dt).clone(), crd.to(dt).clone()
+                (c if name == "crd1" else p)[at] = bad
+                try:
+                    torch.ops.scorch.kernel(spec, [p, c, vals, x], [rows, k], 2)
+                except ValueError as e:
+                    caught += name[:3] in str(e)  # the last row pointer is checked on entry: "pos[-1]"
+            results.append((ok, caught == len(tries)))
+    print("RESULT", (all(a for a, _ in results), all(b for _, b in results)))
+    """
+    lines = errors_of(run_child(body))
+    assert lines == ["RESULT (True, True)"], lines
