@@ -45,6 +45,17 @@ Stmts unpack_arguments(const KernelSpec& spec) {
       if (a->tensor == static_cast<int>(t) && !first) first = a;
     // Positions of each level so far: the length of a crd buffer when the caller gives no lengths.
     std::string count = "1";
+    // The level's extent: its dimension's size, or the number of blocks (d/b), or the block size (d%b).
+    auto extent = [&](size_t l) -> std::string {
+      const LevelExpr& x = levels[l].expr;
+      const std::string n = fmt::format("N{}", first->vars[x.dim]);
+      switch (x.part) {
+        case LevelExpr::Part::whole: return n;
+        case LevelExpr::Part::outer: return fmt::format("({} / {})", n, x.block);
+        case LevelExpr::Part::inner: return std::to_string(x.block);
+      }
+      return n;
+    };
     for (size_t l = 0; l < levels.size(); ++l) {
       const std::string kind = levels[l].kind->name();
       for (const auto& name : levels[l].kind->buffer_names()) {
@@ -56,13 +67,12 @@ Stmts unpack_arguments(const KernelSpec& spec) {
           count = fmt::format("t{}_crd{}_n", t, l);
           // Every coordinate of a level of extent 0 is out of range (and 0 could not stand in for it).
           if (first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
-            b.push_back(line(fmt::format("if (N{} == 0 && {} > 0) return SCORCH_STATUS_BAD_INDEX;",
-                                         first->vars[levels[l].expr.dim], count)));
+            b.push_back(line(fmt::format("if ({} == 0 && {} > 0) return SCORCH_STATUS_BAD_INDEX;", extent(l), count)));
         }
         ++p;
       }
       if (kind == "dense" && first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
-        count = fmt::format("({} * N{})", count, first->vars[levels[l].expr.dim]);
+        count = fmt::format("({} * {})", count, extent(l));
     }
     b.push_back(line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));
   }

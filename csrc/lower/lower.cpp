@@ -1,5 +1,6 @@
 #include "lower/lower.h"
 
+#include "lower/blocked.h"
 #include "lower/lowerer.h"
 
 namespace scorch {
@@ -384,6 +385,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
 }  // namespace lowering
 
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
+  // A blocked operand in a form the block kernels cover is walked block by block (blocked.h).
+  if (auto m = match_blocked(spec.stmt, spec.operands, spec.output)) return lower_blocked(spec, schedule, *m, machine);
   return lowering::Lowerer(spec, schedule, machine).run();
 }
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "common/error.h"
 #include "ir/parser.h"
+#include "lower/blocked.h"
 #include "lower/kernel_spec.h"
 #include "lower/schedule.h"
 
@@ -158,11 +160,26 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
   spec.f64 = f64;
   spec.idx64 = idx64;
   plan.convert.assign(ops.size(), "");
+  // A blocked operand the compiler runs natively (blocked.h) keeps its format.
+  std::optional<BlockedMatch> blocked;
+  {
+    std::vector<Storage> as_given;
+    for (const auto& o : ops) {
+      Storage s;
+      if (o.format != "strided") s.format = Format::parse(o.format, static_cast<int>(o.shape.size()));
+      as_given.push_back(s);
+    }
+    if (out_format.empty() || out_format == "strided" || out_format == "dense")
+      blocked = match_blocked(st, as_given, Storage{});
+    if (blocked)
+      plan.reasons.push_back(fmt::format("{} ({}) walked natively, block by block: no conversion",
+                                         st.tensor_names[blocked->sparse], as_given[blocked->sparse].format->short_name()));
+  }
   for (size_t t = 0; t < ops.size(); ++t) {
     Storage s;
     if (ops[t].format != "strided") {
       Format f = Format::parse(ops[t].format, static_cast<int>(ops[t].shape.size()));
-      if (!compilable(f)) {
+      if (!compilable(f) && !(blocked && blocked->sparse == static_cast<int>(t))) {
         const std::string eq = compilable_equivalent(f);
         plan.reasons.push_back(fmt::format("{} ({}) converted to {}: the compiler walks dense, compressed and "
                                            "singleton levels, unblocked and ordered",
@@ -196,7 +213,7 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
     std::vector<std::pair<int, int>> mine;
     for (const ir::Expr* a : acc) {
       if (a->tensor != t) continue;
-      const auto lv = level_vars(*spec.operands[t].format, a->vars);
+      const auto lv = ordered_level_vars(*spec.operands[t].format, a->vars);
       for (size_t l = 1; l < lv.size(); ++l) mine.emplace_back(lv[l - 1], lv[l]);
     }
     auto trial = accepted;

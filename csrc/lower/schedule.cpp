@@ -12,6 +12,13 @@ std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars
   return vars;
 }
 
+std::vector<int> ordered_level_vars(const Format& f, const std::vector<int>& access_vars) {
+  std::vector<int> vars;
+  for (const auto& l : f.levels())
+    if (l.expr.part != LevelExpr::Part::inner) vars.push_back(access_vars[l.expr.dim]);
+  return vars;
+}
+
 std::vector<std::pair<int, int>> order_constraints(const KernelSpec& spec) {
   std::vector<std::pair<int, int>> c;
   std::vector<const ir::Expr*> acc;
@@ -19,7 +26,7 @@ std::vector<std::pair<int, int>> order_constraints(const KernelSpec& spec) {
   for (const ir::Expr* a : acc) {
     const Storage& s = spec.operands[a->tensor];
     if (s.strided()) continue;
-    const auto vars = level_vars(*s.format, a->vars);
+    const auto vars = ordered_level_vars(*s.format, a->vars);
     for (size_t l = 1; l < vars.size(); ++l) c.emplace_back(vars[l - 1], vars[l]);
   }
   return c;

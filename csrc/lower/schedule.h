@@ -46,4 +46,8 @@ int sampling_operand(const KernelSpec& spec);
 // Level variables of an access of a level-format operand: the index variable of each level, in level order.
 std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars);
 
+// The level variables that order the loops: those of every level except the inner levels of a block (d%b),
+// which a kernel over blocks walks inside each block (blocked.h), whatever the loop order of the rest.
+std::vector<int> ordered_level_vars(const Format& f, const std::vector<int>& access_vars);
+
 }  // namespace scorch
