@@ -133,12 +133,13 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
     dbase = fmt::format("t{}_data", D);
     dstride = fmt::format("t{}_st0", D);
   }
-  // Output element (row p, column k): the output itself (spmm) or its transposed copy (linear), added back
-  // into the output at the end. Every element of the copy is written once, by one pass.
+  // Output element (row p, column k): the output itself (spmm) or its transposed copy (linear), copied into
+  // the output at the end. Every element is written once, by one pass (block rows without blocks too), so
+  // it is stored, not added: the output is not read.
   auto out_at = [&](const std::string& p, const std::string& k) {
     return linear ? fmt::format("Ot[({}) * {} + ({})]", p, NK, k) : fmt::format("o[({}) * os0 + ({}) * os1]", p, k);
   };
-  const char* add_to = linear ? " = " : " += ";
+  const char* add_to = " = ";
 
   // One pass: `vectors` accumulators per row of the group (width `lanes`: w, or 1 for the scalar tail).
   auto pass = [&](int vectors, bool vector_code) {
@@ -247,8 +248,8 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
         line(fmt::format("val_t* __restrict Ot = scratch.p + {} * {};", NQ, NK)),
         transpose("Dt", "=", fmt::format("t{}_data", D), NQ, NK, fmt::format("t{}_st0", D))};
     frame.insert(frame.begin() + 1, pre.begin(), pre.end());
-    // After the blocks' region (before the status lines): out(k, p) += Ot(p, k), rows of out split.
-    frame.insert(frame.end() - 2, transpose("out", "+=", "Ot", NK, NP, NK));
+    // After the blocks' region (before the status lines): out(k, p) = Ot(p, k), rows of out split.
+    frame.insert(frame.end() - 2, transpose("out", "=", "Ot", NK, NP, NK));
   }
   b.insert(b.end(), frame.begin(), frame.end());
   out.reasons.push_back(fmt::format(
