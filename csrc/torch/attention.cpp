@@ -322,6 +322,21 @@ at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at
   return AttentionFunction::apply(q, k, v, mask, scale)[0];
 }
 
+// The backward op is not differentiated itself: a gradient of the gradient (create_graph=True) would
+// otherwise silently miss this op's part.
+std::vector<at::Tensor> attention_backward_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    const at::Tensor& mask, double scale, const at::Tensor& grad) {
+  const bool wants_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
+                                                         v.requires_grad() || grad.requires_grad());
+  if (wants_grad)
+    translate_errors([] {
+      SCORCH_CHECK(false, "masked_attention: the gradient of its gradient (double backward, create_graph=True) is "
+                          "not supported");
+    });
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return backward_handle().call(q, k, v, mask, scale, grad);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
@@ -336,6 +351,9 @@ TORCH_LIBRARY_IMPL(scorch, Meta, m) {
   m.impl("masked_attention", attention_meta);
   m.impl("masked_attention_backward", attention_backward_meta);
 }
-TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("masked_attention", attention_autograd); }
+TORCH_LIBRARY_IMPL(scorch, Autograd, m) {
+  m.impl("masked_attention", attention_autograd);
+  m.impl("masked_attention_backward", attention_backward_autograd);
+}
 
 }  // namespace scorch::torch_glue

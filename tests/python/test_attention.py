@@ -164,6 +164,16 @@ def test_backward_op_checks_its_gradient():
         torch.ops.scorch.masked_attention_backward(q, k, v, mask, 0.5, torch.zeros(2, 9, 4, dtype=torch.float64))
 
 
+def test_double_backward_is_a_clear_error():
+    q, k, v, mask = make((2,), grad=True)
+    out = op(q, k, v, mask, 0.5)
+    (gq,) = torch.autograd.grad(out.sum(), q)  # the ordinary backward works
+    assert gq.shape == q.shape
+    out = op(q, k, v, mask, 0.5)
+    with pytest.raises(ValueError, match="double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_opcheck(path, monkeypatch):
     monkeypatch.setenv("SCORCH_DISPATCH", path)
