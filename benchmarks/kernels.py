@@ -11,6 +11,10 @@ Kernels (float32 values, int32 Scorch indices):
     spgemm  C = A A^T                        sb.einsum("ij,jk->ik", A, At)          (sparse output)
     spadd   C = A + A^T (square A only)      sb.compute("C(i,j) = A(i,j) + B(i,j)", A=A, B=At)
     mttkrp  M = T_(1) (B kr C), rank 32      sb.einsum("ikl,kj,lj->ij", T, B, C), T in CSF (generated)
+    bsr     C = A B, A block-pruned (90%)    sb.einsum("ij,jk->ik", A, B), A stored BSR 4x4 / 16x16 (generated,
+            DLMC-sized 512x512 and 1024x1024 weights, B 128 columns); the block kernel runs natively. Its
+            columns differ: "torch CSR" is torch's BSR mm (torch.sparse_bsr @ B), "torch COO" is Scorch's own
+            CSR kernel on the same weights (the native blocks should be >= 2x it), "dense" is A_dense @ B.
 
 Contenders, all in this process with the same thread count: torch.sparse CSR, torch.sparse COO and dense torch
 (when the dense operands fit under --dense-limit-gb and the dense work under --dense-max-gflop). Every time is
@@ -60,13 +64,15 @@ from scorch_backend import datasets  # noqa: E402
 from scorch_backend.bench import measure, stream_triad  # noqa: E402
 from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 
-KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp")
+KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "bsr")
 N_SPMM = 128
 K_SDDMM = 128
 RANK_MTTKRP = 32
 
 # Geometric mean of (torch CSR time / Scorch time) that each kernel should reach, and JIT limits in seconds.
-TARGETS = {"spmm": 1.5, "spmv": 1.2, "sddmm": 3.0, "spgemm": 2.0, "spadd": 2.0}
+TARGETS = {"spmm": 1.5, "spmv": 1.2, "sddmm": 3.0, "spgemm": 2.0, "spadd": 2.0, "bsr": 1.0}
+# bsr: the native block kernel against Scorch's CSR kernel on the same weights (the "torch_coo" slot).
+BSR_TARGET_VS_SCORCH_CSR = 2.0
 JIT_COLD_TARGET_S = 1.0
 JIT_DISK_TARGET_S = 0.010
 
@@ -77,6 +83,7 @@ EQUATIONS = {
     "spgemm": "sb.einsum('ij,jk->ik', A, At)",
     "spadd": "sb.compute('C(i,j) = A(i,j) + B(i,j)', A=A, B=At)",
     "mttkrp": "sb.einsum('ikl,kj,lj->ij', T, B, C)",
+    "bsr": "sb.einsum('ij,jk->ik', A, B), A in BSR",
 }
 TORCH_OPS = {
     "spmv": {"torch_csr": "A_csr @ x", "torch_coo": "torch.mv(A_coo, x)", "dense": "A_dense @ x"},
@@ -91,6 +98,9 @@ TORCH_OPS = {
     "mttkrp": {"torch_csr": "T_(1) CSR (I x K*L) @ khatri_rao(B, C)",
                "torch_coo": "zeros(I,R).index_add_(0, i, v * B[k] * C[l])",
                "dense": "torch.einsum('ikl,kj,lj->ij', T_dense, B, C)"},
+    "bsr": {"torch_csr": "A_torch_bsr @ B (torch.sparse_bsr: torch's BSR mm)",
+            "torch_coo": "sb.einsum('ij,jk->ik', A_csr, B): Scorch's CSR kernel on the same weights",
+            "dense": "A_dense @ B"},
 }
 CONTENDERS = ("torch_csr", "torch_coo", "dense")
 
@@ -413,6 +423,50 @@ def setup_mttkrp(name, idx, vals, shape, args) -> dict:
     return case
 
 
+def block_pruned(rows: int, cols: int, block, keep: float, seed: int = 0) -> torch.Tensor:
+    """A float32 weight whose blocks of `block` are all zero except a random fraction `keep` of them."""
+    g = torch.Generator().manual_seed(seed)
+    bh, bw = block
+    w = torch.randn(rows, cols, generator=g)
+    mask = (torch.rand(rows // bh, cols // bw, generator=g) < keep).float()
+    return w * mask.repeat_interleave(bh, 0).repeat_interleave(bw, 1)
+
+
+def setup_bsr(w: torch.Tensor, block, args) -> dict:
+    g = torch.Generator().manual_seed(0)
+    B = torch.randn(w.shape[1], N_SPMM, generator=g)
+    A = sb.sparse(w, "bsr", blocksize=block)
+    Ac = sb.sparse(w, "csr")
+    At = w.to_sparse_bsr(tuple(block))
+    case = {"contenders": {}, "skipped": {}, "inputs": [A, B]}
+    case["scorch"] = lambda: sb.einsum("ij,jk->ik", A, B)
+    case["contenders"]["torch_csr"] = lambda: At @ B
+    case["contenders"]["torch_coo"] = lambda: sb.einsum("ij,jk->ik", Ac, B)
+    case["contenders"]["dense"] = lambda: w @ B
+    return case
+
+
+def run_bsr(args, triad_gbps, results):
+    sizes = [512, 1024]
+    blocks = [(4, 4), (16, 16)]
+    for n in sizes:
+        for block in blocks:
+            name = f"generated/block_pruned_{n}x{n}_b{block[0]}x{block[1]}_d0.1"
+            w = block_pruned(n, n, block, 0.1)
+            log(f"\n{name}: {int((w != 0).sum())} stored values in {block[0]}x{block[1]} blocks")
+            try:
+                case = setup_bsr(w, block, args)
+            except Exception as e:
+                results.append({"kernel": "bsr", "matrix": name, "shape": [n, n], "nnz": int((w != 0).sum()),
+                                "error": f"setup: {type(e).__name__}: {e}"})
+                log(f"  !! bsr setup failed: {type(e).__name__}: {e}")
+                continue
+            r = run_case("bsr", name, (n, n), int((w != 0).sum()), case, args)
+            results.append(r)
+            if "scorch" in r:
+                log(case_line(r, triad_gbps))
+
+
 def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
     res = {"kernel": kernel, "matrix": name, "shape": list(shape), "nnz": int(nnz),
            "scorch_call": EQUATIONS[kernel], "contenders": {}, "skipped": dict(case["skipped"])}
@@ -483,6 +537,7 @@ x = torch.rand(48); B = torch.rand(48, 128); P = torch.rand(64, 128); Q = torch.
 idx = torch.stack([torch.randint(0, 20, (200,), generator=g) for _ in range(3)])
 T = sb.from_coordinates(idx, torch.rand(200), (20, 20, 20), "csf")
 Bm = torch.rand(20, 32); Cm = torch.rand(20, 32)
+Ab = sb.sparse(torch.rand(64, 48, generator=g) * (torch.rand(16, 12, generator=g) < 0.1).float().repeat_interleave(4, 0).repeat_interleave(4, 1), "bsr", blocksize=(4, 4)); Bb = torch.rand(48, 128)
 calls = {
     "spmv": lambda: sb.einsum("ij,j->i", A, x),
     "spmm": lambda: sb.einsum("ij,jk->ik", A, B),
@@ -490,6 +545,7 @@ calls = {
     "spgemm": lambda: sb.einsum("ij,jk->ik", A, At),
     "spadd": lambda: sb.compute("C(i,j) = A(i,j) + B(i,j)", A=As, B=Ast),
     "mttkrp": lambda: sb.einsum("ikl,kj,lj->ij", T, Bm, Cm),
+    "bsr": lambda: sb.einsum("ij,jk->ik", Ab, Bb),
 }
 plans = {
     "spmv": lambda: sb.plan_einsum("ij,j->i", A, x),
@@ -497,6 +553,7 @@ plans = {
     "sddmm": lambda: sb.plan_einsum("ij,ik,jk->ij", A, P, Q),
     "spgemm": lambda: sb.plan_einsum("ij,jk->ik", A, At),
     "mttkrp": lambda: sb.plan_einsum("ikl,kj,lj->ij", T, Bm, Cm),
+    "bsr": lambda: sb.plan_einsum("ij,jk->ik", Ab, Bb),
 }
 out = {}
 # The first kernel of a process pays one-time costs (loading the OpenMP runtime, ...): a row sum, which is
@@ -731,7 +788,15 @@ def report_targets(summary, jit_summary) -> dict:
                       "reached": summary[k]["target_reached"]}
         state = "not measured" if g is None else "REACHED" if summary[k]["target_reached"] else "not reached"
         extra = f" ({len(summary[k]['failed'])} cases failed)" if summary[k]["failed"] else ""
-        log(f"  {k:<9} {fmt_ratio(g):>8} vs torch CSR, target >= {tgt:g}x: {state}{extra}")
+        log(f"  {k:<9} {fmt_ratio(g):>8} vs torch {'BSR mm' if k == 'bsr' else 'CSR'}, target >= {tgt:g}x: "
+            f"{state}{extra}")
+        if k == "bsr":
+            c = summary[k]["geomean_ratio_torch_coo"]
+            ok = None if c is None else bool(c >= BSR_TARGET_VS_SCORCH_CSR)
+            targets["bsr_vs_scorch_csr"] = {"target": f"geomean(Scorch CSR time / Scorch BSR time) >= "
+                                                      f"{BSR_TARGET_VS_SCORCH_CSR:g}", "value": c, "reached": ok}
+            log(f"  {'bsr':<9} {fmt_ratio(c):>8} vs Scorch's CSR kernel, target >= {BSR_TARGET_VS_SCORCH_CSR:g}x: "
+                f"{'not measured' if ok is None else 'REACHED' if ok else 'not reached'}")
     if jit_summary is not None:
         for phase, tgt in (("cold", JIT_COLD_TARGET_S), ("disk", JIT_DISK_TARGET_S)):
             v = jit_summary[f"max_{phase}_first_call_s"]
@@ -836,6 +901,7 @@ def run_mttkrp(args, triad_gbps, results):
 def main(argv=None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+    warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta state")
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
@@ -872,7 +938,7 @@ def main(argv=None) -> int:
         jit = jit_times(args.kernels, args.threads)
 
     results = []
-    mat_kernels = [k for k in args.kernels if k != "mttkrp"]
+    mat_kernels = [k for k in args.kernels if k not in ("mttkrp", "bsr")]
     if mat_kernels:
         for name, loader in load_matrices(args):
             with contention_watch(name, results):
@@ -880,6 +946,9 @@ def main(argv=None) -> int:
     if "mttkrp" in args.kernels:
         with contention_watch("mttkrp tensors", results):
             run_mttkrp(args, triad_gbps, results)
+    if "bsr" in args.kernels:
+        with contention_watch("block-pruned weights", results):
+            run_bsr(args, triad_gbps, results)
 
     log("\n" + "=" * 100)
     log(f"Results ({args.threads} threads; median times, ratio = contender / Scorch; GB/s from the traffic "
