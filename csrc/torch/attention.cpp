@@ -203,6 +203,8 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
                                                const std::string& force) {
   check_attention(q, k, v, mask);
   check_cpu(q, k, v, mask);
+  SCORCH_CHECK(grad.device().is_cpu(), "masked_attention_backward: the gradient is on {}; Scorch runs on the CPU",
+               grad.device().str());
   SCORCH_CHECK(grad.sizes() == c10::IntArrayRef(output_shape(q, v)),
                "masked_attention_backward: the gradient has shape {}, the output {}", py_shape(grad.sizes()),
                py_shape(output_shape(q, v)));
