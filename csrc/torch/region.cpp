@@ -322,14 +322,48 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
 struct Slots {
   at::TensorList slots;
   std::vector<at::TensorList> buffers;  // per operand; empty unless packed
+  std::vector<std::vector<int64_t>> packed_sizes;  // per packed operand: its size in this call
 };
 
-Slots split_operands(const RegionProgram& p, at::TensorList operands) {
+// Packed operand k's size in this call. The program gives each dimension's size, or -1 where only the call
+// knows it (a rewritten model's sparse input: a new graph each call). A -1 is the size of the same letter in
+// another operand, or, for the dimension of a dense first level above a compressed one, the number of row
+// pointers less one.
+std::vector<int64_t> resolve_packed_size(const RegionProgram& p, size_t k, const Slots& s) {
+  const RegionOperand& o = p.operands[k];
+  std::vector<int64_t> size = o.packed_size;
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] >= 0) continue;
+    const char c = o.letters[d];
+    for (size_t j = 0; j < p.operands.size() && size[d] < 0; ++j) {
+      const std::string letters = p.operands[j].tensor_letters();
+      const size_t at = letters.find(c);
+      if (j == k || at == std::string::npos) continue;
+      if (!p.operands[j].packed.empty()) {
+        size[d] = p.operands[j].packed_size[at];
+      } else if (s.slots[j].dim() == static_cast<int64_t>(letters.size())) {
+        size[d] = s.slots[j].size(static_cast<int64_t>(at));
+      }
+    }
+    const Format& f = interned_format(o.packed, static_cast<int>(size.size())).format;
+    const auto& levels = f.levels();
+    if (size[d] < 0 && levels.size() >= 2 && levels[0].kind->name() == "dense" &&
+        levels[0].expr.part == LevelExpr::Part::whole && levels[0].expr.dim == static_cast<int>(d) &&
+        levels[1].kind->name() == "compressed" && !s.buffers[k].empty() && s.buffers[k][0].dim() == 1)
+      size[d] = s.buffers[k][0].numel() - 1;
+    SCORCH_CHECK(size[d] >= 0, "scorch::region {}: packed operand {} has no size for its letter '{}' (give it in "
+                 "the program, or pass an operand that has that letter)", p.title, k, c);
+  }
+  return size;
+}
+
+// `resolve`: work out the packed operands' sizes (the Meta kernel, whose sizes may be symbolic, does it itself).
+Slots split_operands(const RegionProgram& p, at::TensorList operands, bool resolve = true) {
   const size_t n = p.operands.size();
   SCORCH_CHECK(operands.size() == n + static_cast<size_t>(p.packed_buffers),
                "scorch::region {}: {} operands expected ({} index buffers of packed operands included), got {}",
                p.title, n + p.packed_buffers, p.packed_buffers, operands.size());
-  Slots s{operands.slice(0, n), std::vector<at::TensorList>(n)};
+  Slots s{operands.slice(0, n), std::vector<at::TensorList>(n), std::vector<std::vector<int64_t>>(n)};
   size_t at = n;
   for (size_t k = 0; k < n; ++k) {
     const int nb = p.operands[k].packed_buffers;
@@ -337,6 +371,8 @@ Slots split_operands(const RegionProgram& p, at::TensorList operands) {
     s.buffers[k] = operands.slice(at, nb);
     at += nb;
   }
+  for (size_t k = 0; k < n && resolve; ++k)
+    if (!p.operands[k].packed.empty()) s.packed_sizes[k] = resolve_packed_size(p, k, s);
   return s;
 }
 
@@ -358,30 +394,33 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   };
   add(values);
   for (const auto& b : s.buffers[k]) add(b);
+  const std::vector<int64_t>& size = s.packed_sizes[k];
+  key.insert(key.end(), size.begin(), size.end());
   bool known = false;
   {
     std::lock_guard lock(validated_mu);
     known = validated.count(key) > 0;
   }
   if (!known) {
-    validate.call(s.buffers[k], values, o.packed_size, o.packed);
+    validate.call(s.buffers[k], values, size, o.packed);
     std::lock_guard lock(validated_mu);
     if (validated.size() > 4096) validated.clear();
     validated.insert(std::move(key));
   }
-  const FormatRef& f = interned_format(o.packed, static_cast<int>(o.packed_size.size()));
+  const FormatRef& f = interned_format(o.packed, static_cast<int>(size.size()));
   std::vector<at::Tensor> buffers;
   for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());
-  return Operand{&f, o.packed_size, std::move(buffers),
+  return Operand{&f, size, std::move(buffers),
                  values.scalar_type() == dtype ? values.contiguous() : values.to(dtype)};
 }
 
-std::map<char, int64_t> letter_sizes(const RegionProgram& p, at::TensorList operands) {
+std::map<char, int64_t> letter_sizes(const RegionProgram& p, const Slots& s) {
+  const at::TensorList operands = s.slots;
   std::map<char, int64_t> sizes;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const std::string letters = p.operands[k].tensor_letters();
     if (!p.operands[k].packed.empty()) {
-      for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
+      for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], s.packed_sizes[k][d]);
       continue;
     }
     SCORCH_CHECK(static_cast<int64_t>(letters.size()) == operands[k].dim(),
@@ -395,7 +434,7 @@ std::map<char, int64_t> letter_sizes(const RegionProgram& p, at::TensorList oper
 std::vector<Operand> sparse_args(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries,
                                  at::ScalarType dtype) {
   const at::TensorList operands = s.slots;
-  const auto sizes = letter_sizes(p, operands);
+  const auto sizes = letter_sizes(p, s);
   std::vector<Operand> args;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
@@ -430,30 +469,32 @@ bool groupable(const std::string& text) {
 }
 
 // The compressed operands' densities (cached or packed).
-std::vector<double> densities_of(const RegionProgram& p, at::TensorList slots, const std::vector<EntryPtr>& entries) {
+std::vector<double> densities_of(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries) {
+  const at::TensorList slots = s.slots;
   std::vector<double> densities;
   for (size_t k = 0; k < slots.size(); ++k) {
     if (entries[k]) {
       densities.push_back(entries[k]->density);
     } else if (!p.operands[k].packed.empty()) {
       int64_t n = 1;
-      for (auto d : p.operands[k].packed_size) n *= d;
+      for (auto d : s.packed_sizes[k]) n *= d;
       densities.push_back(n ? static_cast<double>(slots[k].numel()) / static_cast<double>(n) : 0.0);
     }
   }
   return densities;
 }
 
-std::string choose_path(const RegionProgram& p, const std::string& text, at::TensorList operands,
+std::string choose_path(const RegionProgram& p, const std::string& text, const Slots& s,
                         const std::vector<EntryPtr>& entries) {
-  const std::vector<double> densities = densities_of(p, operands, entries);
+  const at::TensorList operands = s.slots;
+  const std::vector<double> densities = densities_of(p, s, entries);
   int64_t elements = 0;
   bool empty = false;
   for (size_t k = 0; k < operands.size(); ++k) {
     int64_t n = operands[k].numel();
     if (!p.operands[k].packed.empty()) {
       n = 1;
-      for (auto d : p.operands[k].packed_size) n *= d;
+      for (auto d : s.packed_sizes[k]) n *= d;
     }
     elements += n;
     empty = empty || n == 0;
@@ -475,6 +516,35 @@ at::Tensor owning(const at::Tensor& view) {
   return out;
 }
 
+// A float or double matrix stored transposed (strides (1, rows)) copied into row-major order, in 16x16 tiles,
+// tiles of rows in parallel. A gradient program's result comes out in the kernel's loop order, often the
+// transpose of its operand's (dW = g^T h walks h's rows outermost); autograd would copy it into the
+// parameter's layout with ATen's generic transposing copy, several times slower than this.
+at::Tensor untransposed(const at::Tensor& v) {
+  const int64_t rows = v.size(0), cols = v.size(1);
+  at::Tensor out = at::empty({rows, cols}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "region_untranspose", [&] {
+    // 16 x 16 tiles: a tile's 16 source lines sit a row stride apart, and with strides that are multiples of a
+    // large power of two a bigger tile's lines fall into too few cache sets.
+    constexpr int64_t T = 16;
+    const scalar_t* src = v.data_ptr<scalar_t>();  // v[i][j] is src[j * rows + i]
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    at::parallel_for(0, (rows + T - 1) / T, std::max<int64_t>(1, thread_grain() / (T * std::max<int64_t>(cols, 1))),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t i0 = b * T; i0 < std::min(e * T, rows); i0 += T)
+                         for (int64_t j0 = 0; j0 < cols; j0 += T)
+                           for (int64_t i = i0; i < std::min(i0 + T, rows); ++i)
+                             for (int64_t j = j0; j < std::min(j0 + T, cols); ++j) dst[i * cols + j] = src[j * rows + i];
+                     });
+  });
+  return out;
+}
+
+bool stored_transposed(const at::Tensor& g) {
+  return g.dim() == 2 && g.size(0) > 1 && g.size(1) > 1 && g.stride(0) == 1 && g.stride(1) == g.size(0) &&
+         (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
+}
+
 bool shares_memory(const at::Tensor& a, at::TensorList others) {
   for (const auto& t : others)
     if (t.has_storage() && a.has_storage() && t.storage().data() == a.storage().data() && a.storage().data()) return true;
@@ -493,7 +563,7 @@ std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::strin
 std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
   const Slots s = split_operands(p, operands);
-  return choose_path(p, text, s.slots, entries_of(p, s.slots));
+  return choose_path(p, text, s, entries_of(p, s.slots));
 }
 
 namespace {
@@ -548,10 +618,10 @@ std::atomic<int64_t> n_measured{0}, n_measured_dense{0};
 
 // The program (interned: its address names it), the path, each letter's size bucket (power of two), each
 // compressed operand's density in 5% steps, the thread count. Integers: looked up on every call.
-std::vector<int64_t> decision_key(const RegionProgram& p, at::TensorList operands, const std::vector<double>& densities,
+std::vector<int64_t> decision_key(const RegionProgram& p, const Slots& s, const std::vector<double>& densities,
                                   const std::string& path) {
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), path == "grouped" ? 1 : 0};
-  for (const auto& [letter, size] : letter_sizes(p, operands)) {
+  for (const auto& [letter, size] : letter_sizes(p, s)) {
     int64_t bucket = 0;
     for (int64_t n = size; n > 1; n = (n + 1) / 2) ++bucket;
     key.push_back(letter * 64 + bucket);
@@ -573,8 +643,8 @@ double best_ms(const std::function<void()>& f, int repeats) {
 
 std::string measured_path(const RegionProgram& p, const std::string& text, const Slots& s,
                           const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path) {
-  const auto densities = densities_of(p, s.slots, entries);
-  const std::vector<int64_t> key = decision_key(p, s.slots, densities, path);
+  const auto densities = densities_of(p, s, entries);
+  const std::vector<int64_t> key = decision_key(p, s, densities, path);
   {
     std::lock_guard lock(decisions_mu);
     auto it = decisions.find(key);
@@ -613,15 +683,17 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, operands);
   const at::ScalarType dtype = region_dtype(p, operands);
   const auto entries = entries_of(p, operands);
-  std::string path = force.empty() ? choose_path(p, text, operands, entries) : force;
+  std::string path = force.empty() ? choose_path(p, text, s, entries) : force;
   if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions())
     path = measured_path(p, text, s, entries, dtype, path);
-  if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, operands, entries), all);
+  if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, s, entries), all);
   at::Tensor out = run_path(p, text, s, entries, dtype, path, true);
   if (path == "dense" && shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
   out = out.contiguous();
   if (p.coef != 1.0) out.mul_(p.coef);
-  return owning(out.permute(p.back));
+  out = out.permute(p.back);
+  if (p.contiguous_out && !out.is_contiguous()) return stored_transposed(out) ? untransposed(out) : out.contiguous();
+  return owning(out);
 }
 
 std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,
@@ -675,12 +747,14 @@ at::Tensor region_meta(c10::string_view program, at::TensorList all) {
   return translate_errors([&] {
     const RegionProgram& p = region_program(std::string(program));
     SCORCH_CHECK(!p.operands.empty(), "scorch::region {}: a program without operands", p.title);
-    const at::TensorList operands = split_operands(p, all).slots;
+    const Slots s = split_operands(p, all, /*resolve=*/false);
+    const at::TensorList operands = s.slots;
     std::map<char, c10::SymInt> sizes;
     for (size_t k = 0; k < operands.size(); ++k) {
       const std::string letters = p.operands[k].tensor_letters();
       if (!p.operands[k].packed.empty()) {
-        for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
+        for (size_t d = 0; d < letters.size(); ++d)
+          if (p.operands[k].packed_size[d] >= 0) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
         continue;
       }
       const auto s = operands[k].sym_sizes();
@@ -688,9 +762,22 @@ at::Tensor region_meta(c10::string_view program, at::TensorList all) {
                    p.title, k, s.size(), letters.size());
       for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], s[d]);
     }
+    // A packed size the call gives (-1) and no other operand has: the row pointers' count less one (see
+    // resolve_packed_size).
+    for (size_t k = 0; k < operands.size(); ++k) {
+      const std::string letters = p.operands[k].tensor_letters();
+      for (size_t d = 0; d < letters.size() && !p.operands[k].packed.empty(); ++d)
+        if (!sizes.count(letters[d]) && !s.buffers[k].empty() && s.buffers[k][0].dim() == 1)
+          sizes.emplace(letters[d], s.buffers[k][0].sym_numel() - 1);
+    }
     std::vector<c10::SymInt> shape;
+    const auto options = operands[0].options().dtype(region_dtype(p, operands));
+    if (p.contiguous_out) {
+      for (char c : p.out) shape.push_back(sizes.at(c));
+      return at::empty_symint(shape, options);
+    }
     for (char c : p.storage) shape.push_back(sizes.at(c));
-    return at::empty_symint(shape, operands[0].options().dtype(region_dtype(p, operands))).permute(p.back);
+    return at::empty_symint(shape, options).permute(p.back);
   });
 }
 

@@ -33,7 +33,7 @@ struct RegionOperand {
   // format, its full size and how many index buffers the format keeps. Its slot in the operand list holds
   // the stored values; the index buffers follow all slots, operand by operand. Never differentiated.
   std::string packed;  // the format's text; empty: not packed
-  std::vector<int64_t> packed_size;
+  std::vector<int64_t> packed_size;  // -1 where the call gives the size (region.cpp: resolve_packed_size)
   int packed_buffers = 0;
   std::string tensor_letters() const { return letters.substr(expand); }
 };
@@ -46,6 +46,9 @@ struct RegionProgram {
   // The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
   // programs take it as a compressed operand (the run-time choice still runs them dense when it is not).
   bool sparse_grad_out = false;
+  // The result is handed back contiguous in the requested order, not as a view of the kernel's storage order
+  // (gradient programs: autograd would otherwise copy a parameter's gradient into its layout, slowly).
+  bool contiguous_out = false;
   std::string name, label;
 
   // Derived once: the loop order's letters, the output's storage letters and the permutation giving back the

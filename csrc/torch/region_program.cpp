@@ -206,7 +206,8 @@ void derive(RegionProgram& p) {
   p.profile_name = "scorch::region " + p.title;
 }
 
-// {"format": "dense(0),compressed(1)", "size": [rows, cols]}: a packed operand (see RegionOperand).
+// {"format": "dense(0),compressed(1)", "size": [rows, cols]}: a packed operand (see RegionOperand); a size
+// of -1 is given by the call.
 void read_packed(const JsonObject& o, RegionOperand& r) {
   const Json* f = field(o, "format");
   const Json* size = field(o, "size");
@@ -214,8 +215,8 @@ void read_packed(const JsonObject& o, RegionOperand& r) {
   SCORCH_CHECK(r.kind == RegionOperand::Kind::sparse && r.expand == 0,
                "scorch::region: only sparse operands without broadcast letters can be packed");
   for (const Json& d : as<JsonArray>(*size, "packed size must be a list")) {
-    const double n = as<double>(d, "packed size");
-    SCORCH_CHECK(n >= 0 && n < 9.2e18 && n == static_cast<double>(static_cast<int64_t>(n)),
+    const double n = as<double>(d, "packed size");  // -1: given by the call (region.cpp, resolve_packed_size)
+    SCORCH_CHECK(n >= -1 && n < 9.2e18 && n == static_cast<double>(static_cast<int64_t>(n)),
                  "scorch::region: bad packed size {}", n);
     r.packed_size.push_back(static_cast<int64_t>(n));
   }
@@ -262,6 +263,7 @@ RegionProgram parse_text(const std::string& text) {
   if (const Json* f = field(o, "frozen")) p.frozen = as<bool>(*f, "frozen flag");
   if (const Json* n = field(o, "name")) p.name = as<std::string>(*n, "name");
   if (const Json* l = field(o, "label")) p.label = as<std::string>(*l, "label");
+  if (const Json* c = field(o, "contiguous")) p.contiguous_out = as<bool>(*c, "contiguous flag");
   if (const Json* g = field(o, "grad_out")) {
     const std::string kind = as<std::string>(*g, "grad_out");
     SCORCH_CHECK(kind == "dense" || kind == "sparse", "scorch::region: grad_out is 'dense' or 'sparse', got '{}'", kind);
@@ -314,6 +316,7 @@ std::string RegionProgram::text() const {
                    frozen ? "true" : "false", json_string(name));
   if (!label.empty()) s += ",\"label\":" + json_string(label);
   if (sparse_grad_out) s += ",\"grad_out\":\"sparse\"";
+  if (contiguous_out) s += ",\"contiguous\":true";
   std::string masked;
   for (size_t k = 0; k < operands.size(); ++k)
     if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
@@ -369,6 +372,7 @@ RegionGradient region_gradient(const std::string& text, int k) {
   for (char c : target.letters)
     if (present.find(c) != std::string::npos) r.produced += c;
   g.out = r.produced;
+  g.contiguous_out = true;
   g.coef = p.coef;
   g.frozen = p.frozen;
   g.name = p.name + ".grad" + std::to_string(k);

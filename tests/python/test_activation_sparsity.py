@@ -1,0 +1,250 @@
+"""Activation sparsity: a ReLU (or top-k) output measured mostly zero makes the next product sparse in it, and in
+training the product before it takes its output gradient compressed and the product after it samples the
+ReLU output's gradient at its nonzeros. Pass tests (the graph before, the graph expected after), the region
+programs' gradients, and whole models against eager under both dispatch modes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from model_check import check_model
+from scorch_backend import region as R
+from scorch_backend.backend import _options, transform
+from scorch_backend.bench import zoo
+from scorch_backend.passes import partition
+from test_backend_passes import THRESHOLD, attrs_of, capture
+
+DISPATCH_MODES = ("sparse", "auto")  # model tests run under the forced kernels and the default dispatch
+# The pass tests check which regions are cut from small models: under the automatic dispatch the cost model
+# leaves such small products dense, so they ask for the kernel path (as test_backend_passes.py does).
+kernel_path = pytest.mark.parametrize("scorch_dispatch", ["sparse"], indirect=True)
+
+
+class ReluMLP(nn.Module):
+    """fc1 -> ReLU -> fc2, fc1's bias shifted so that about 90% of the ReLU output is zero."""
+
+    def __init__(self, d=24, h=96, o=12):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(d, h), nn.Linear(h, o)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            self.fc1.bias.sub_(1.3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _x(n=32, d=24, seed=1):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed))
+
+
+def calls(gm):
+    """The rewritten graph as a list of (op, operand kinds, program flags), one per call: the structure the
+    tests compare. A region is ("region", kinds, grad_out, masked operand indices); other ops by name."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method"):
+            continue
+        if n.target is torch.ops.scorch.region.default:
+            p = json.loads(n.args[0])
+            out.append(("region", tuple(o[1] for o in p["operands"]), p.get("grad_out", "dense"),
+                        tuple(p.get("masked_grads", ()))))
+        else:
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            out.append((name,))
+    return out
+
+
+def rewritten(model, *inputs, training=True):
+    gm, ex = capture(model, *inputs)
+    before = calls(gm)
+    with torch.set_grad_enabled(training):
+        transform(gm, ex, _options({"sparse_threshold": THRESHOLD}))
+    return before, calls(gm), gm, ex
+
+
+# --- pass tests: the graph before, the graph expected after ---------------------------------------------
+
+@kernel_path
+def test_relu_mlp_training_graph_before_and_after():
+    before, after, _, _ = rewritten(ReluMLP(), _x())
+    assert before == [("linear",), ("relu",), ("linear",)]
+    assert after == [
+        ("region", ("dense", "dense"), "sparse", ()),   # fc1: dense forward, output gradient compressed
+        ("add",),                                       # fc1's bias
+        ("relu",),
+        ("region", ("sparse", "dense"), "dense", (0,)),  # fc2: the ReLU output compressed, its gradient sampled
+        ("add",),                                       # fc2's bias
+    ]
+
+
+@kernel_path
+def test_relu_mlp_inference_graph_before_and_after():
+    before, after, _, _ = rewritten(ReluMLP(), _x(), training=False)
+    assert before == [("linear",), ("relu",), ("linear",)]
+    # without gradients fc1 has nothing sparse: it stays a linear for Inductor
+    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense"), "dense", (0,)), ("add",)]
+
+
+@kernel_path
+def test_topk_autoencoder_training_graph_before_and_after():
+    case = zoo.make("sparse_autoencoder")
+    before, after, _, _ = rewritten(case.model, *case.inputs)
+    assert before == [("linear",), ("topk",), ("getitem",), ("getitem",), ("zeros_like",), ("relu",),
+                      ("scatter",), ("linear",)]
+    assert after == [("region", ("dense", "dense"), "sparse", ()), ("add",), ("topk",), ("getitem",),
+                     ("getitem",), ("zeros_like",), ("relu",), ("scatter",),
+                     ("region", ("sparse", "dense"), "dense", (0,)), ("add",)]
+
+
+@kernel_path
+def test_dense_relu_output_changes_nothing():
+    model = ReluMLP()
+    with torch.no_grad():
+        model.fc1.bias.add_(1.3)  # about half of the ReLU output is zero now: not sparse
+    before, after, _, _ = rewritten(model, _x())
+    assert after == before
+
+
+@kernel_path
+def test_one_hot_supports_are_left_to_their_pattern_factors():
+    """The MoE's ReLU is zero where the one-hot dispatch is: its regions already read that pattern, and do
+    not take a compressed output gradient (that would make two compressed factors of the same zeros)."""
+    from test_backend_passes import MoE
+
+    gm, ex, attrs = attrs_of(MoE(), torch.randn(10, 8))
+    regions, _ = partition(gm, attrs, THRESHOLD, frozen=False, training=True)
+    assert regions and not any(r.fused.program.sparse_grad_out for r in regions)
+
+
+@kernel_path
+def test_grad_density_bounds():
+    from scorch_backend.passes.partition import grad_density
+
+    gm, ex, attrs = attrs_of(ReluMLP(), _x())
+    linear = next(n for n in gm.graph.nodes if n.name == "linear")
+    relu = next(n for n in gm.graph.nodes if n.name == "relu")
+    assert grad_density(linear, attrs) == pytest.approx(attrs["relu"].measured) and grad_density(linear, attrs) < 0.3
+    assert grad_density(relu, attrs) == 1.0  # read by a product: its gradient is dense
+    case = zoo.make("sparse_autoencoder")
+    gm, ex, attrs = attrs_of(case.model, *case.inputs)
+    pre = next(n for n in gm.graph.nodes if n.name == "pre")
+    assert grad_density(pre, attrs) == pytest.approx(16 / 512)  # top-16 of 512; zeros_like adds none
+
+
+# --- the programs' gradients -----------------------------------------------------------------------------
+
+@kernel_path
+def test_gradient_programs_of_masked_and_sparse_output_gradient():
+    prog = R.Program((R.Operand("ac", "sparse", cached=True, masked_grad=True), R.Operand("bc", cached=True)), "ab",
+                     sparse_grad_out=True).text()
+    assert R.parse_program(prog).operands[0].masked_grad and R.parse_program(prog).sparse_grad_out
+    g0, which0, produced0 = R.gradient_program(prog, 0)
+    p0 = R.parse_program(g0)
+    assert which0 == [-1, 1, 0] and produced0 == "ac"
+    assert [(o.letters, o.kind) for o in p0.operands] == [("ab", "sparse"), ("bc", "dense"), ("ac", "pattern")]
+    assert p0.contiguous_out and not any(o.masked_grad for o in p0.operands) and not p0.sparse_grad_out
+    g1, which1, _ = R.gradient_program(prog, 1)
+    assert which1 == [-1, 0] and [o.kind for o in R.parse_program(g1).operands] == ["sparse", "sparse"]
+    with pytest.raises(ValueError, match="masked_grads"):
+        R.region(json.dumps(dict(json.loads(prog), masked_grads=[5])), [torch.ones(2, 3), torch.ones(4, 3)])
+
+
+@kernel_path
+@pytest.mark.parametrize("path", ["sparse", "dense"])
+def test_masked_gradient_is_the_gradient_at_the_nonzeros(path):
+    g = torch.Generator().manual_seed(0)
+    pre = torch.randn(9, 20, dtype=torch.float64, generator=g) - 1.0
+    w = torch.randn(7, 20, dtype=torch.float64, generator=g, requires_grad=True)
+    prog = R.Program((R.Operand("ac", "sparse", cached=True, masked_grad=True), R.Operand("bc")), "ab").text()
+    h = torch.relu(pre).requires_grad_()
+    up = torch.randn(9, 7, dtype=torch.float64, generator=g)
+    text, which, _ = R.gradient_program(prog, 0)
+    got = R.run(text, [up if j < 0 else [h, w][j].detach() for j in which], force=path)
+    full = up @ w.detach()
+    torch.testing.assert_close(got, full * (h != 0))  # sampled where h is nonzero, zero elsewhere
+    # through the ReLU, the masked gradient is the true one
+    pre_a = pre.clone().requires_grad_()
+    torch.ops.scorch.region(prog, [torch.relu(pre_a), w]).backward(up)
+    pre_b = pre.clone().requires_grad_()
+    (torch.relu(pre_b) @ w.detach().t()).backward(up)
+    torch.testing.assert_close(pre_a.grad, pre_b.grad)
+
+
+@kernel_path
+def test_weight_gradients_come_back_contiguous():
+    """A gradient program's result is handed back in its operand's layout (the kernel's storage order is the
+    transpose here), so autograd does not copy it."""
+    h = torch.relu(torch.randn(16, 40) - 1)
+    w = torch.randn(12, 40, requires_grad=True)
+    prog = R.Program((R.Operand("ac", "sparse", cached=True), R.Operand("bc", cached=True, weight=True)), "ab").text()
+    text, which, _ = R.gradient_program(prog, 1)
+    args = [torch.randn(16, 12) if j < 0 else h for j in which]
+    for path in ("sparse", "dense"):
+        r = R.run(text, args, force=path)
+        assert r.is_contiguous() and r.shape == (12, 40)
+        torch.testing.assert_close(r, args[0].t() @ h)
+    out = torch.ops.scorch.region(prog, [h, w])
+    out.backward(torch.ones_like(out))
+    assert w.grad.is_contiguous()
+
+
+@kernel_path
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compressed_rows_match_dense(dtype):
+    """Activations are compressed row by row (contiguous float/double, rank >= 2); other layouts take the
+    general path. Both give the dense product."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.relu(torch.randn(3, 5, 33, generator=g, dtype=dtype) - 1)
+    a[1, 2] = 0  # an empty row
+    w = torch.randn(33, 6, generator=g, dtype=dtype)
+    prog = R.Program((R.Operand("abc", "sparse"), R.Operand("cd")), "abd").text()
+    torch.testing.assert_close(R.run(prog, [a, w], force="sparse"), torch.einsum("abc,cd->abd", a, w))
+    t = a.transpose(0, 1)  # not contiguous
+    torch.testing.assert_close(R.run(prog, [t, w], force="sparse"), torch.einsum("abc,cd->abd", t, w))
+    nan = a.clone()
+    nan[0, 0, 0] = float("nan")  # NaN is stored (it is not zero)
+    assert R.run(prog, [nan, w], force="sparse")[0, 0].isnan().all()
+
+
+# --- whole models against eager ---------------------------------------------------------------------------
+
+def _with_input_grads(inputs):
+    return tuple(x.detach().clone().requires_grad_(True) if type(x) is torch.Tensor and x.is_floating_point() else x
+                 for x in inputs)
+
+
+@pytest.mark.parametrize("name", ["relu_mlp_sparse", "sparse_autoencoder"])
+def test_zoo_models_train_like_eager(name, scorch_dispatch):
+    case = zoo.make(name)
+    check_model(case, _with_input_grads(case.inputs), extra_inputs=[case.make_inputs(5)])
+
+
+def test_relu_mlp_sparse_bench_size_trains_like_eager(scorch_dispatch):
+    case = zoo.make("relu_mlp_sparse", "bench", batch=64, d_in=128, hidden=512, d_out=64)
+    check_model(case, _with_input_grads(case.inputs))
+
+
+@kernel_path  # switches to "auto" itself
+def test_activation_that_turns_out_dense_runs_dense(monkeypatch):
+    """Compiled while the ReLU output is 90% zeros; then the activation is dense: the run-time choice runs
+    the products dense, and the values stay right."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    torch._dynamo.reset()
+    case = zoo.make("relu_mlp_sparse", "bench", batch=256, d_in=256, hidden=1024, d_out=256)
+    model = case.model
+    compiled = torch.compile(model, backend="scorch")
+    x = case.inputs[0]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        sparse_before, dense_before = R.stats["sparse_runs"], R.stats["dense_runs"]
+        model.fc1.bias.add_(5.0)  # most pre-activations positive now: the ReLU output is dense
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-3)
+        assert R.stats["dense_runs"] == dense_before + 1 and R.stats["sparse_runs"] == sparse_before
+    torch._dynamo.reset()
