@@ -213,6 +213,12 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
     plan = _plan_einsum_cached(equation, _frozen(o.desc() for o in ops_), out_text,
                                _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
     dense, why = False, "the caller chose the sparse kernel"
+    if choose and torch.compiler.is_compiling():
+        # Dynamo runs this on fake tensors only for the result's shape and dtype, which both paths share; the
+        # choice is made when the graph runs (by this function again, or by the region op the backend puts
+        # there). Deciding here would read a density that may be symbolic (a guard on the number of stored
+        # entries, or an error formatting it).
+        choose, why = False, "traced: the choice is made when the graph runs"
     if choose:
         dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
                                              sum(math.prod(o.tensor.shape) for o in ops_))

@@ -139,6 +139,8 @@ def _classify(gm: fx.GraphModule, values: list, model: torch.nn.Module, example_
                 if _expr(s) == want:
                     found = ("size", other, d)
                     break
+        if found is None and not node.users:
+            found = ("unused",)  # e.g. a sparse input's number of stored entries, which nothing reads
         if found is None:
             raise RewriteError(f"the symbolic size {node.target} ({want}) is no input's dimension")
         kinds[node] = found
@@ -212,6 +214,75 @@ def _pack(gm, kinds, real: dict, new_attrs: dict, report: RewriteReport) -> None
                               program.label)
         node.target = torch.ops.scorch.region.default
         node.args = (new_program.text(), slots + extra)
+
+
+# --- sparse inputs ----------------------------------------------------------------------------------------
+# A model that takes a sparse operand as an input (a GCN's adjacency: a new graph per call) takes it in the
+# rewritten module as a torch.sparse CSR tensor, which TorchScript, C++ (torch::sparse_csr_tensor) and Python
+# can all pass. Its products become region calls that read it packed: the stored values in the slot, the row
+# pointers and column indices after the slots, and a size the region takes from the call (-1: the rows from
+# the row pointers, the columns from the other operand), so every new graph runs without recompiling.
+
+_SPARSE_PRODUCTS = {("call_function", operator.matmul), ("call_function", torch.matmul),
+                    ("call_function", torch.mm), ("call_function", torch.sparse.mm),
+                    ("call_method", "matmul"), ("call_method", "mm"), ("call_method", "__matmul__")}
+
+
+def _sparse_input_formats(example_inputs, names) -> dict:
+    """{input position: the SparseTensor's canonical format} for the sparse inputs (CSR only); RewriteError for
+    any other sparse input."""
+    from .tensor import SparseTensor
+
+    found = {}
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, SparseTensor):
+            if x.format.name != "csr" or x.dim() != 2:
+                raise RewriteError(f"input {names[i]} is a {x.format.name} SparseTensor: a rewritten module "
+                                   "takes a sparse input as a torch.sparse CSR matrix (convert it: "
+                                   "x.to_format('csr')), or keep it on the module as a buffer")
+            found[i] = x.format.canonical
+        elif isinstance(x, torch.Tensor) and x.layout != torch.strided:
+            raise RewriteError(f"input {names[i]} is a torch.sparse tensor ({x.layout}): pass it as a Scorch "
+                               "SparseTensor for the rewrite (scorch_backend.sparse(x, 'csr')); the rewritten "
+                               "module then takes the torch.sparse CSR form")
+    return found
+
+
+def _route_sparse_inputs(gm, kinds, formats: dict, names, report: RewriteReport) -> None:
+    """Each product of a sparse input becomes a region call reading it packed (see above)."""
+    from .region import Operand
+
+    count = 0
+    for node in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        kind = kinds.get(node)
+        if kind is None or kind[0] != "input" or kind[1] not in formats:
+            continue
+        name = names[kind[1]]
+        for user in list(node.users):
+            other = user.args[1] if len(user.args) == 2 else None
+            ev = getattr(other, "meta", {}).get("example_value") if isinstance(other, fx.Node) else None
+            if ((user.op, user.target) not in _SPARSE_PRODUCTS or user.kwargs or other is None or
+                    user.args[0] is not node or other is node or not isinstance(ev, torch.Tensor) or
+                    ev.dim() not in (1, 2)):
+                what = user.target if user.op != "call_method" else f".{user.target}()"
+                raise RewriteError(f"the sparse input {name} is used by {what}: a rewritten module runs only its "
+                                   "products with dense matrices or vectors (input @ x); keep the rest in the "
+                                   "model's own code before the sparse input reaches it, or use torch.compile")
+            dense_letters, out = ("jk", "ik") if ev.dim() == 2 else ("j", "i")
+            program = Program((Operand("ij", "sparse", grad=False, packed=(formats[kind[1]], (-1, -1))),
+                               Operand(dense_letters, "dense")), out, name=f"sparse_input{count}",
+                              label=f"{name} @ {other.name}")
+            count += 1
+            with gm.graph.inserting_before(user):
+                pos = gm.graph.call_method("crow_indices", (node,))
+                crd = gm.graph.call_method("col_indices", (node,))
+                values = gm.graph.call_method("values", (node,))
+                region = gm.graph.call_function(torch.ops.scorch.region.default,
+                                                (program.text(), [values, other, pos, crd]))
+            region.meta.update(user.meta)
+            user.replace_all_uses_with(region)
+            gm.graph.erase_node(user)
+            report.regions.append(f"{program.title} (sparse input)")
 
 
 # --- the new module ---------------------------------------------------------------------------------------
@@ -340,13 +411,7 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
-    from .tensor import SparseTensor
-
-    for i, x in enumerate(example_inputs):
-        if isinstance(x, SparseTensor) or (isinstance(x, torch.Tensor) and x.layout != torch.strided):
-            raise RewriteError(f"input {i} is a sparse tensor ({type(x).__name__}, {x.layout}): a rewritten module "
-                               "takes dense tensors only (a SparseTensor cannot enter a TorchScript signature). "
-                               "Keep the sparse operand on the module as a buffer, or use torch.compile")
+    sparse_formats = _sparse_input_formats(example_inputs, _input_names(model, len(example_inputs)))
     report = report if report is not None else RewriteReport()
     opts = _options(dict(options or {}, frozen_weights=True))
     with torch.no_grad():
@@ -361,6 +426,10 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     report.left_dense = [f"{d.node} = {d.op}: {d.reason}" for d in result.decisions]
     new_attrs: dict = {}
     _pack(gm, kinds, real, new_attrs, report)
+    _route_sparse_inputs(gm, kinds, sparse_formats, _input_names(model, len(example_inputs)), report)
+    for node, kind in kinds.items():
+        if kind[0] == "unused":
+            gm.graph.erase_node(node)
     report.regions += [f"{r.name} (masked attention)" for r in result.regions if r.fused is None]
     new = _build(gm, kinds, model, example_inputs, new_attrs)
     _fix_output(new, eager_out)
@@ -400,9 +469,13 @@ def kernel_specs(module: fx.GraphModule, example_inputs) -> list[str]:
                         descs.append(("strided", list(o.shape), o.numel()))
                         f64 = f64 or o.dtype == torch.float64
                 idx64 = any(isinstance(o, SparseTensor) and o.index_dtype == torch.int64 for o in ops)
-                spec = _C.plan_einsum(eq, descs, "strided", f64, idx64)["spec"]
-                if spec not in specs:
-                    specs.append(spec)
+                # A sparse input (a packed size the call gives) may come with int32 or int64 indices (torch's
+                # default): both kernels.
+                dynamic = any(-1 in o.packed[1] for o in parse_program(text).operands if o.packed)
+                for wide in ((idx64, not idx64) if dynamic else (idx64,)):
+                    spec = _C.plan_einsum(eq, descs, "strided", f64, wide)["spec"]
+                    if spec not in specs:
+                        specs.append(spec)
             elif target in (torch.ops.scorch.masked_attention, torch.ops.scorch.masked_attention.default):
                 q, k, v = args[:3]
                 for spec in attention.kernel_specs(tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, False):

@@ -61,7 +61,9 @@ class SparseTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, format: Format, shape: Sequence[int], buffers: Sequence[torch.Tensor], values: torch.Tensor,
                 *, validate: bool = True, requires_grad: bool = False):
-        shape = tuple(int(s) for s in shape) if not isinstance(shape, torch.Size) else shape
+        # Symbolic sizes (tracing with dynamic shapes) stay symbolic: int() would specialize them.
+        shape = tuple(s if isinstance(s, torch.SymInt) else int(s) for s in shape) \
+            if not isinstance(shape, torch.Size) else shape
         if not isinstance(format, Format):
             from .format import make_format
 

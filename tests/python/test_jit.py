@@ -366,12 +366,102 @@ def test_export_and_aoti_package(tmp_path):
         _close(loaded(x2), model(x2))
 
 
-def test_sparse_inputs_are_a_clear_error():
-    """The zoo GCN takes its adjacency as a SparseTensor input: not rewritable yet (docs/rewrite.md), and the
-    error says so instead of Dynamo's."""
+def _torch_csr(adj, index_dtype):
+    """A Scorch CSR SparseTensor as the torch.sparse CSR tensor a deployed model is handed."""
+    t = adj.to_torch(torch.sparse_csr)
+    return torch.sparse_csr_tensor(t.crow_indices().to(index_dtype), t.col_indices().to(index_dtype), t.values(),
+                                   t.shape)
+
+
+def test_gcn_with_a_sparse_input_rewrites_and_takes_new_graphs(tmp_path):
+    """The zoo GCN takes its adjacency as a SparseTensor input: the rewritten module takes it as a torch.sparse
+    CSR tensor (int32 or int64 indices), its products are regions reading it packed with the size of each
+    call, and a graph of another size runs without a new rewrite, scripted and after save/load."""
     case = zoo.make("gcn", "test")
-    with pytest.raises(jit.RewriteError, match="sparse tensor"):
-        jit.rewrite(case.model.eval(), case.inputs)
+    other = zoo.make("gcn", "test", nodes=411, edges=5000, seed=3)
+    model = case.model.eval()
+    new, report = _rewrite(model, case.inputs)
+    assert sum("(sparse input)" in r for r in report.regions) == 2, report.regions
+    assert "scorch.region" in new.code and "crow_indices" in new.code
+    scripted = torch.jit.script(new)
+    torch.jit.save(scripted, str(tmp_path / "gcn.pt"))
+    loaded = torch.jit.load(str(tmp_path / "gcn.pt"))
+    for c in (case, other, case):
+        x, adj = c.inputs
+        with torch.no_grad():
+            want = model(x, adj)
+        for index_dtype in (torch.int32, torch.int64):
+            a = _torch_csr(adj, index_dtype)
+            _close(new(x, a), want)
+            _close(loaded(x, a), want)
+    # An empty graph (no edges): every output row is the bias path.
+    x, adj = other.inputs
+    empty = torch.sparse_csr_tensor(torch.zeros(x.shape[0] + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                                    torch.zeros(0), (x.shape[0], x.shape[0]))
+    with torch.no_grad():
+        _close(loaded(x, empty), model(x, sb_sparse(torch.zeros(x.shape[0], x.shape[0]))))
+
+
+def sb_sparse(dense):
+    import scorch_backend as sb
+
+    return sb.sparse(dense, "csr")
+
+
+def test_saved_gcn_with_a_sparse_input_runs_without_a_compiler(tmp_path):
+    import subprocess
+    import sys
+
+    case = zoo.make("gcn", "test")
+    model = case.model.eval()
+    new, _ = _rewrite(model, case.inputs)
+    x, adj = zoo.make("gcn", "test", nodes=257, edges=2000, seed=5).inputs
+    info = jit.save(new, tmp_path / "gcn.pt", (case.inputs[0], _torch_csr(case.inputs[1], torch.int32)))
+    assert any("i64" in k for k in info["kernels"]) and any("i32" in k for k in info["kernels"]), info["kernels"]
+    torch.save({"x": x, "adj": _torch_csr(adj, torch.int64)}, tmp_path / "in.pt")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch\nfrom scorch_backend import jit\nm = jit.load(sys.argv[1])\ni = torch.load(sys.argv[2])\n"
+        "torch.save({'y': m(i['x'], i['adj'])}, sys.argv[3])\n")
+    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
+               SCORCH_DISPATCH="sparse")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "gcn.pt"), str(tmp_path / "in.pt"),
+                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with torch.no_grad():
+        _close(torch.load(tmp_path / "out.pt")["y"], model(x, adj))
+
+
+class _SparseInputMisuse(nn.Module):
+    def forward(self, x, adj):
+        return adj.to_dense() @ x
+
+
+def test_sparse_inputs_the_rewrite_cannot_take_are_clear_errors():
+    case = zoo.make("gcn", "test")
+    x, adj = case.inputs
+    with pytest.raises(jit.RewriteError, match="torch.sparse CSR"):
+        jit.rewrite(case.model.eval(), (x, adj.to_format("coo")))
+    with pytest.raises(jit.RewriteError, match="torch.sparse tensor"):
+        jit.rewrite(case.model.eval(), (x, adj.to_torch(torch.sparse_csr)))
+    with pytest.raises(jit.RewriteError, match="sparse input adj is used by"):
+        _rewrite(_SparseInputMisuse(), (torch.randn(x.shape[0], 4), adj))
+
+
+def test_packed_sizes_given_by_the_call_are_checked():
+    """A region program whose packed size is -1 takes it from the call; a letter no operand gives is a clear
+    error, and row pointers that disagree with the other operand are caught by the validation."""
+    a = random_dense((5, 7), 0.4)
+    t = _torch_csr(sb_sparse(a), torch.int32)
+    b = torch.randn(7, 3)
+    program = ('{"operands":[["ij","sparse",false,false,0,false,{"format":"dense(0),compressed(1)","size":[-1,-1]}],'
+               '["jk","dense",false,true,0,false]],"out":"ik","coef":1.0,"frozen":false,"name":"t"}')
+    _close(torch.ops.scorch.region(program, [t.values(), b, t.crow_indices(), t.col_indices()]), a @ b)
+    lonely = program.replace('["jk","dense",false,true,0,false]],"out":"ik"', '["kl","dense",false,true,0,false]],"out":"il"')
+    with pytest.raises(ValueError, match="no size for its letter 'j'"):
+        torch.ops.scorch.region(lonely, [t.values(), b, t.crow_indices(), t.col_indices()])
+    with pytest.raises(ValueError):
+        torch.ops.scorch.region(program, [t.values(), torch.randn(4, 3), t.crow_indices(), t.col_indices()])
 
 
 class _BufferGCN(nn.Module):
