@@ -37,6 +37,8 @@ class RegionReport:
     dense_ms: float | None = None
     path: str = ""  # what runs: "sparse" (the kernel), "grouped" (dense products per group) or "dense"
     label: str = ""  # where the region comes from: "fc1 (Linear): linear"
+    gradients: list = field(default_factory=list)  # how its backward pass uses sparsity (train=True)
+    after: str = ""  # what is added to its result outside it (a linear's bias)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Report:
             if r.label:
                 lines.append("  from:      " + r.label)
             lines.append("  ops:       " + "; ".join(r.ops))
+            if r.after:
+                lines.append("  then:      " + r.after)
             for o in r.operands:
                 lines.append(f"  {o['kind']:<8}   {o['input']} {tuple(o['shape'])}: {o['attr']}")
             lines.append(f"  formats:   {', '.join(r.formats)}")
@@ -67,6 +71,8 @@ class Report:
                     f"dense {r.dense_ms:.3f} ms)"
                     if r.measured_speedup is not None else "not measured")
             lines.append(f"  speedup:   estimated {r.estimated_speedup:.2f}x, measured {meas}")
+            for g in r.gradients:
+                lines.append(f"  gradient:  {g}")
         if self.left_dense:
             lines.append("\nContractions not in a region:")
             lines += [f"  {op}: {why}" for op, why in self.left_dense]
@@ -111,15 +117,30 @@ def _attention_report(r, g, runs, repeat: int, patterns: dict) -> RegionReport:
     return rep
 
 
-def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 5) -> Report:
-    """Compile `model` with the scorch backend, run it once on `inputs` and report every region."""
+def _gradient_notes(prog, leaves) -> list:
+    """How a region's gradient programs use sparsity beyond its forward operands (training graphs)."""
+    notes = []
+    if prog.sparse_grad_out:
+        notes.append("its output's gradient is mostly zeros (it feeds a ReLU or top-k measured sparse): the "
+                     "gradient programs take it compressed")
+    for o, leaf in zip(prog.operands, leaves):
+        if o.masked_grad:
+            notes.append(f"the gradient of {leaf.name} is computed only where {leaf.name} is nonzero (sampled: "
+                         "the op that made its zeros drops the rest)")
+    return notes
+
+
+def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 5, train: bool = False) -> Report:
+    """Compile `model` with the scorch backend, run it once on `inputs` and report every region. train=True
+    compiles the graph Dynamo makes under grad mode (the training partition: regions may then also use the
+    sparsity of their gradients, which the report says) and runs the forward with gradients enabled."""
     reports, captured = [], []
     _backend._recorders.append(reports)
     _region._captures.append(captured)
     try:
         # A backend object of its own: a model already compiled with "scorch" is compiled again (and seen).
         compiled = torch.compile(model, backend=functools.partial(_backend.scorch, options=options))
-        with torch.no_grad():
+        with torch.set_grad_enabled(train):
             compiled(*inputs)
     finally:
         _backend._recorders.remove(reports)
@@ -144,9 +165,16 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                 ops_desc.append({"input": leaf.name, "kind": o.kind, "shape": shape,
                                  "attr": attr.describe() if attr is not None else "dense"})
             rep = RegionReport(r.name, r.ops, prog.equation, ops_desc, [], "", "", [], r.estimated_speedup,
-                               label=r.label)
+                               label=r.label, gradients=_gradient_notes(prog, r.fused.leaves))
+            if r.fused.bias is not None:
+                rep.after = f"+ {r.fused.bias.name} (the linear's bias, added to the region's result by the fallback)"
             operands = runs.get(r.program_text)
-            if operands is not None:
+            if operands is not None and all(o.kind == "dense" for o in prog.operands):
+                rep.path, rep.formats = "dense", ["dense"] * len(prog.operands)
+                rep.statement = "the dense einsum (no compressed operand in the forward pass)"
+                rep.reasons = ["a region for its gradients: the forward product has nothing sparse and runs dense"]
+                rep.dense_ms = _time(lambda: _region.run(r.program_text, operands, force="dense"), repeat) * 1e3
+            elif operands is not None:
                 plan = _region.sparse_plan(r.program_text, operands)
                 rep.formats, rep.schedule = plan["formats"], plan["schedule"]
                 rep.statement, rep.reasons = plan["statement"], plan["reasons"]

@@ -248,3 +248,19 @@ def test_activation_that_turns_out_dense_runs_dense(monkeypatch):
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-3)
         assert R.stats["dense_runs"] == dense_before + 1 and R.stats["sparse_runs"] == sparse_before
     torch._dynamo.reset()
+
+
+@kernel_path
+def test_explain_in_training_shows_the_gradient_regions():
+    import scorch_backend as sb
+
+    rep = sb.explain(ReluMLP(), _x(), repeat=1, train=True)
+    assert [r.label for r in rep.regions] == ["fc1 (Linear): linear", "fc2 (Linear): linear"]
+    fc1, fc2 = rep.regions
+    assert fc1.path == "dense" and fc1.measured_speedup is None and "compressed" in fc1.gradients[0]
+    assert fc2.path == "sparse" and "only where relu is nonzero" in fc2.gradients[0]
+    assert all("bias" in r.after for r in rep.regions)
+    text = str(rep)
+    assert "gradient:  its output's gradient is mostly zeros" in text and "then:      + " in text
+    rep = sb.explain(ReluMLP(), _x(), repeat=1)  # inference: fc1 has nothing sparse, and no gradients
+    assert [r.label for r in rep.regions] == ["fc2 (Linear): linear"] and len(rep.regions[0].gradients) == 1
