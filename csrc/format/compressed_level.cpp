@@ -12,6 +12,16 @@ class CompressedLevel final : public LevelKind {
   std::string name() const override { return "compressed"; }
   std::vector<std::string> buffer_names() const override { return {"pos", "crd"}; }
   bool supports(LevelProperties) const override { return true; }
+  // Parent p's children are positions pos[p] .. pos[p + 1] - 1.
+  LevelWalk walk() const override { return properties().ordered ? LevelWalk::iterate : LevelWalk::none; }
+  std::pair<std::string, std::string> position_range(const LevelBufferName& buf, const std::string& pb,
+                                                     const std::string& pe) const override {
+    return {buf("pos") + "[" + pb + "]", buf("pos") + "[" + pe + "]"};
+  }
+  bool prefix_positions() const override { return true; }
+  std::string implied_positions(const LevelBufferName& buf, const std::string& parents) const override {
+    return "(int64_t)" + buf("pos") + "[" + parents + "]";
+  }
 
   std::vector<int64_t> pack(std::span<const int64_t> parents, std::span<const int64_t> coords, int64_t,
                             std::vector<std::vector<int64_t>>& out) const override {

@@ -12,6 +12,7 @@ class DenseLevel final : public LevelKind {
   std::string name() const override { return "dense"; }
   std::vector<std::string> buffer_names() const override { return {}; }
   bool supports(LevelProperties props) const override { return props.ordered && props.unique; }
+  LevelWalk walk() const override { return LevelWalk::locate; }
 
   std::vector<int64_t> pack(std::span<const int64_t> parents, std::span<const int64_t> coords, int64_t size,
                             std::vector<std::vector<int64_t>>&) const override {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace scorch {
@@ -27,6 +28,17 @@ struct IndexSpan {
     return wide ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
   }
 };
+
+// How generated code walks a level: the compiler asks the level kind (LevelKind::walk and the expressions
+// below) and never looks at its name, so a kind registered at run time is compiled too when it says how.
+enum class LevelWalk {
+  none,     // the compiler cannot walk it: the planner converts the operand first
+  locate,   // every coordinate exists under every parent: position = parent * extent + coordinate (dense)
+  iterate,  // each parent owns a range of positions; position k's coordinate is crd[k] (a buffer named "crd")
+};
+
+// The C++ name a kernel gives buffer `name` of the level being lowered ("pos" -> "t0_pos1").
+using LevelBufferName = std::function<std::string(const std::string& name)>;
 
 // Properties a level promises about the coordinates under one parent position.
 struct LevelProperties {
@@ -68,6 +80,22 @@ class LevelKind {
   // Call f(coordinate, child position) for each child of parent position `parent`, in storage order.
   virtual void for_each_child(std::span<const IndexSpan> buffers, int64_t size, int64_t parent,
                               const std::function<void(int64_t, int64_t)>& f) const = 0;
+
+  // Lowering capabilities (see LevelWalk). The expressions are C++ text over the level's buffer names.
+  virtual LevelWalk walk() const { return LevelWalk::none; }
+  // iterate: the positions [begin, end) under the parent positions [pb, pe) (contiguous parents).
+  virtual std::pair<std::string, std::string> position_range(const LevelBufferName&, const std::string& pb,
+                                                             const std::string& pe) const {
+    return {pb, pe};
+  }
+  // iterate: whether position_range reads buffers (the kernel then clamps the range to the crd buffer, as a
+  // bad buffer could give any range), and whether that range is pos[pb]..pos[pe] of a buffer named "pos"
+  // (row pointers: parallel loops balance their shares by them).
+  virtual bool range_from_buffers() const { return true; }
+  virtual bool prefix_positions() const { return false; }
+  // iterate: the number of positions of the level for `parents` parent positions, read from its buffers, for
+  // callers that pass no buffer lengths.
+  virtual std::string implied_positions(const LevelBufferName&, const std::string& parents) const { return parents; }
 
   const LevelProperties& properties() const { return props_; }
 

@@ -12,6 +12,9 @@ class SingletonLevel final : public LevelKind {
   std::string name() const override { return "singleton"; }
   std::vector<std::string> buffer_names() const override { return {"crd"}; }
   bool supports(LevelProperties) const override { return true; }
+  // One child per parent, at the parent's own position.
+  LevelWalk walk() const override { return properties().ordered ? LevelWalk::iterate : LevelWalk::none; }
+  bool range_from_buffers() const override { return false; }
 
   std::vector<int64_t> pack(std::span<const int64_t> parents, std::span<const int64_t> coords, int64_t,
                             std::vector<std::vector<int64_t>>& out) const override {

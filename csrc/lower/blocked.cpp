@@ -32,12 +32,13 @@ bool bsr_blocks(const Format& f, int64_t& bh, int64_t& bw) {
   using P = LevelExpr::Part;
   const auto& ls = f.levels();
   if (f.ndim() != 2 || ls.size() != 4) return false;
-  auto is = [&](size_t l, const char* kind, int dim, P part) {
-    return ls[l].kind->name() == kind && ls[l].expr.dim == dim && ls[l].expr.part == part &&
+  // Asked of the level kinds, not their names: block rows and the block located, block columns iterated.
+  auto is = [&](size_t l, LevelWalk walk, int dim, P part) {
+    return ls[l].kind->walk() == walk && ls[l].expr.dim == dim && ls[l].expr.part == part &&
            ls[l].kind->properties().ordered && ls[l].kind->properties().unique;
   };
-  if (!is(0, "dense", 0, P::outer) || !is(1, "compressed", 1, P::outer) || !is(2, "dense", 0, P::inner) ||
-      !is(3, "dense", 1, P::inner))
+  if (!is(0, LevelWalk::locate, 0, P::outer) || !is(1, LevelWalk::iterate, 1, P::outer) ||
+      !is(2, LevelWalk::locate, 0, P::inner) || !is(3, LevelWalk::locate, 1, P::inner))
     return false;
   bh = ls[0].expr.block;
   bw = ls[1].expr.block;
@@ -203,15 +204,25 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
     rows.push_back(line("}"));
   }
 
+  const LevelKind& cols = *spec.operands[A].format->levels()[1].kind;
+  const auto [kb0, kbe0] = cols.position_range([&](const std::string& n) { return fmt::format("t{}_{}1", A, n); }, "po",
+                                               "po + 1");
   Stmts row_body{
-      line(fmt::format("int64_t kb = {0}[po], kbe = {0}[po + 1]; segment(kb, kbe, {1}_n, bad);", pos, crd)),
+      line(fmt::format("int64_t kb = {}, kbe = {};{}", kb0, kbe0,
+                       cols.range_from_buffers() ? fmt::format(" segment(kb, kbe, {}_n, bad);", crd) : "")),
       line(fmt::format("coords_in_range({}, kb, kbe, NQb, bad);", crd)),
       line(fmt::format("for (int64_t rr = 0; rr < {}; rr += {}) {{", BH, rt))};
   row_body.insert(row_body.end(), rows.begin(), rows.end());
   row_body.push_back(line("}"));
-  Stmts nest{line(fmt::format("const int64_t lo = balanced_bound({}, NPb, tid, nt);", pos)),
-             line(fmt::format("const int64_t hi = balanced_bound({}, NPb, tid + 1, nt);", pos)),
-             loops::for_range("po", "lo", "hi", row_body)};
+  // Threads take block rows balanced by stored blocks when the level has row pointers, else equal shares.
+  Stmts nest;
+  if (cols.prefix_positions()) {
+    nest.push_back(line(fmt::format("const int64_t lo = balanced_bound({}, NPb, tid, nt);", pos)));
+    nest.push_back(line(fmt::format("const int64_t hi = balanced_bound({}, NPb, tid + 1, nt);", pos)));
+  } else {
+    nest.push_back(line("const int64_t lo = (int64_t)((__int128)NPb * tid / nt), hi = (int64_t)((__int128)NPb * (tid + 1) / nt);"));
+  }
+  nest.push_back(loops::for_range("po", "lo", "hi", row_body));
 
   Schedule s = sched;
   s.private_output = false;  // p is an output index: threads write disjoint rows

@@ -57,12 +57,13 @@ Stmts unpack_arguments(const KernelSpec& spec) {
       return n;
     };
     for (size_t l = 0; l < levels.size(); ++l) {
-      const std::string kind = levels[l].kind->name();
-      for (const auto& name : levels[l].kind->buffer_names()) {
+      const LevelKind& kind = *levels[l].kind;
+      auto names = [&](const std::string& n) { return fmt::format("t{}_{}{}", t, n, l); };
+      for (const auto& name : kind.buffer_names()) {
         b.push_back(line(fmt::format("const idx_t* __restrict t{}_{}{} = (const idx_t*)args->inputs[{}];", t, name, l, p)));
         if (name == "crd") {
           // t<T>_crd<l>_n: entries of the crd buffer, which every segment of the level is clamped to.
-          const std::string implied = kind == "compressed" ? fmt::format("(int64_t)t{}_pos{}[{}]", t, l, count) : count;
+          const std::string implied = kind.implied_positions(names, count);
           b.push_back(line(fmt::format("const int64_t t{0}_crd{1}_n = args->lengths ? args->lengths[{2}] : {3};", t, l, p, implied)));
           count = fmt::format("t{}_crd{}_n", t, l);
           // Every coordinate of a level of extent 0 is out of range (and 0 could not stand in for it).
@@ -71,7 +72,7 @@ Stmts unpack_arguments(const KernelSpec& spec) {
         }
         ++p;
       }
-      if (kind == "dense" && first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
+      if (kind.walk() == LevelWalk::locate && first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
         count = fmt::format("({} * {})", count, extent(l));
     }
     b.push_back(line(fmt::format("const val_t* __restrict t{}_vals = (const val_t*)args->inputs[{}];", t, p++)));

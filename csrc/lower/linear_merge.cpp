@@ -43,10 +43,10 @@ bool Lowerer::always_present(const ExprPtr& e, const std::function<bool(const Ex
 // sparse one would locate into an absent parent, so those keep the lattice.
 bool Lowerer::linear_merge_fits(const std::map<int, Part>& parts) const {
   for (const auto& [id, p] : parts) {
-    if (p.kind == "dense") continue;
+    if (p.walk == LevelWalk::locate) continue;
     const auto& levels = format_of(id).levels();
     for (size_t l = p.level + 1; l < levels.size(); ++l)
-      if (levels[l].kind->name() == "dense") return false;
+      if (levels[l].kind->walk() == LevelWalk::locate) return false;
   }
   return true;
 }
@@ -68,11 +68,7 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
   for (int id : iters) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
-    if (p.kind == "compressed") {
-      out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
-    } else {
-      out.push_back(loops::line(fmt::format("int64_t {} = {}, {} = {};", name("k", id), s.b, name("ke", id), s.e)));
-    }
+    out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
   }
   Stmts body;
   if (full) {
@@ -106,7 +102,7 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
     State s = states.at(a->access_id);
     auto it = parts.find(a->access_id);
     if (it != parts.end()) {
-      if (it->second.kind == "dense") {
+      if (it->second.walk == LevelWalk::locate) {
         const std::string pos = fmt::format("({} * {} + {})", s.b, n, iv);
         s = State{s.level + 1, pos, pos + " + 1", s.present};
       } else {

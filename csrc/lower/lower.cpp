@@ -93,18 +93,18 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     const State& s = states.at(a->access_id);
     if (s.level < static_cast<int>(info.lvars.size()) && info.lvars[s.level] == v) {
       const auto& lvl = format_of(a->access_id).levels()[s.level];
-      parts[a->access_id] = {a->access_id, info.tensor, s.level, lvl.kind->name(), lvl.kind->properties().unique};
+      parts[a->access_id] = {a->access_id, info.tensor, s.level, lvl.kind.get(), lvl.kind->walk(), lvl.kind->properties().unique};
     }
   }
   auto sparse_here = [&](const Expr& a) {
     auto it = parts.find(a.access_id);
-    return it != parts.end() && it->second.kind != "dense";
+    return it != parts.end() && it->second.walk != LevelWalk::locate;
   };
   // A union of many sparse iterators has a lattice of 2^n points: merge them linearly instead.
   if (lattice_points_bound(e, sparse_here).first > kLatticeLimit && linear_merge_fits(parts)) {
     std::vector<int> iters;
     for (const auto& [id, p] : parts)
-      if (p.kind != "dense") iters.push_back(id);
+      if (p.walk != LevelWalk::locate) iters.push_back(id);
     return linear_merge(d, e, states, parts, iters, always_present(e, sparse_here));
   }
   const auto lattice = build_lattice(e, sparse_here);
@@ -125,12 +125,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   for (int id : all_iters) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
-    if (p.kind == "compressed") {
-      out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s, span_checked(id, p.level)));
-    } else {
-      out.push_back(loops::line(fmt::format("int64_t {} = {};", k(id), s.b)));
-      out.push_back(loops::line(fmt::format("int64_t {} = {};", ke(id), s.e)));
-    }
+    out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s, span_checked(id, p.level)));
   }
   auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
   // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
@@ -156,7 +151,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       State s = states.at(a->access_id);
       auto it = parts.find(a->access_id);
       if (it != parts.end()) {
-        if (it->second.kind == "dense") {
+        if (it->second.walk == LevelWalk::locate) {
           const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
           s = State{s.level + 1, pos, pos + " + 1", s.present};
         } else {

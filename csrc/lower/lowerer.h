@@ -34,9 +34,8 @@ class Lowerer {
       if (!s.strided()) {
         info.lvars = level_vars(*s.format, a->vars);
         for (const auto& l : s.format->levels()) {
-          const std::string k = l.kind->name();
-          SCORCH_CHECK(k == "dense" || k == "compressed" || k == "singleton",
-                       "the compiler handles dense, compressed and singleton levels; convert '{}' first", k);
+          SCORCH_CHECK(l.kind->walk() != LevelWalk::none, "level kind '{}' does not say how to walk it; convert first",
+                       l.kind->name());
           SCORCH_CHECK(l.expr.part == LevelExpr::Part::whole, "blocked levels are not compiled; convert first");
           SCORCH_CHECK(l.kind->properties().ordered, "unordered levels are not compiled; convert first");
         }
@@ -104,7 +103,8 @@ class Lowerer {
   // A level-format access that has a level at the current loop variable.
   struct Part {
     int id, tensor, level;
-    std::string kind;
+    const LevelKind* kind;
+    LevelWalk walk;  // locate (dense) or iterate (sparse iterator)
     bool unique;
   };
   // Above this many lattice points (an upper bound, see lattice_points_bound) a union is merged linearly.
@@ -334,12 +334,16 @@ class Lowerer {
 
   // The segment [k, ke) of a compressed level under the positions of `s`, clamped to the crd buffer: a pos
   // entry out of range or decreasing gives an empty segment and sets the thread's bad flag.
+  // The level kind says where the range comes from (LevelKind::position_range); a range read from buffers is
+  // clamped, one computed from the parent's positions (a singleton level's) is inside by induction.
   loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s,
                                bool checked = false) const {
-    if (checked)  // inside rows checked by rows_in_range
-      return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}];", k, ke, buf(tensor, level, "pos"), s.b, s.e));
-    return loops::line(fmt::format("int64_t {0} = {2}[{3}], {1} = {2}[{4}]; segment({0}, {1}, {5}_n, bad);", k, ke,
-                                   buf(tensor, level, "pos"), s.b, s.e, buf(tensor, level, "crd")));
+    const LevelKind& kind = *spec_.operands[tensor].format->levels()[level].kind;
+    const auto [b, e] = kind.position_range([&](const std::string& n) { return buf(tensor, level, n.c_str()); }, s.b, s.e);
+    if (checked || !kind.range_from_buffers())  // checked: inside rows checked by rows_in_range
+      return loops::line(fmt::format("int64_t {} = {}, {} = {};", k, b, ke, e));
+    return loops::line(fmt::format("int64_t {0} = {2}, {1} = {3}; segment({0}, {1}, {4}_n, bad);", k, ke, b, e,
+                                   buf(tensor, level, "crd")));
   }
 
   // Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has
@@ -423,7 +427,7 @@ class Lowerer {
   void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, std::string& lo, std::string& hi) {
     for (const auto& [id, p] : parts) {
       const Format& f = format_of(id);
-      if (p.kind == "dense" && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->name() == "compressed" &&
+      if (p.walk == LevelWalk::locate && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->prefix_positions() &&
           states.at(id).b == "0") {
         const std::string pos = buf(p.tensor, 1, "pos");
         const std::string crd = buf(p.tensor, 1, "crd");

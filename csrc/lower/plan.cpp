@@ -15,8 +15,7 @@ namespace {
 
 bool compilable(const Format& f) {
   for (const auto& l : f.levels()) {
-    const std::string k = l.kind->name();
-    if (k != "dense" && k != "compressed" && k != "singleton") return false;
+    if (l.kind->walk() == LevelWalk::none) return false;
     if (l.expr.part != LevelExpr::Part::whole || !l.kind->properties().ordered) return false;
   }
   return true;
@@ -38,7 +37,7 @@ std::string compilable_equivalent(const Format& f) {
   for (const auto& l : f.levels())
     if (std::find(dims.begin(), dims.end(), l.expr.dim) == dims.end()) dims.push_back(l.expr.dim);
   for (size_t k = 0; k < dims.size(); ++k) {
-    const bool dense = f.levels()[0].kind->name() == "dense" && k + 1 < dims.size() && dense_prefix;
+    const bool dense = f.levels()[0].kind->walk() == LevelWalk::locate && k + 1 < dims.size() && dense_prefix;
     dense_prefix = dense;
     out += std::string(first ? "" : ",") + (dense ? "dense" : "compressed") + fmt::format("({})", dims[k]);
     first = false;
@@ -126,7 +125,7 @@ std::string bounded_levels(const std::string& text, const std::vector<int64_t>& 
     const Level& lvl = f.levels()[l];
     const double extent = static_cast<double>(shape[lvl.expr.dim]);
     std::string piece = level_text(lvl, lvl.expr.dim);
-    if (lvl.kind->name() == "dense" && lvl.expr.part == LevelExpr::Part::whole && positions * extent > limit) {
+    if (lvl.kind->walk() == LevelWalk::locate && lvl.expr.part == LevelExpr::Part::whole && positions * extent > limit) {
       piece = fmt::format("compressed({})", lvl.expr.dim);
       changed = true;
     }

@@ -613,5 +613,94 @@ TEST_F(Jit, SumOf64CompressedVectors) {
   ASSERT_EQ(k->fn(&args), SCORCH_STATUS_BAD_INDEX);
 }
 
+
+// --- Levels are capabilities (issue 12, point 1): a level kind defined only here is compiled and run.
+
+// Row begin/end arrays (the 4-array CSR of some BLAS libraries): parent p's children are positions
+// beg[p] .. end[p] - 1 of crd, so rows may be stored out of order or with gaps. The lowerer asks it how to
+// walk it (LevelKind::walk, position_range) and never sees its name.
+class BeginEndLevel final : public LevelKind {
+ public:
+  using LevelKind::LevelKind;
+  std::string name() const override { return "begin_end"; }
+  std::vector<std::string> buffer_names() const override { return {"beg", "end", "crd"}; }
+  bool supports(LevelProperties p) const override { return p.ordered && p.unique; }
+  std::vector<int64_t> pack(std::span<const int64_t> parents, std::span<const int64_t> coords, int64_t,
+                            std::vector<std::vector<int64_t>>& out) const override {
+    const int64_t np = static_cast<int64_t>(parents.size()) - 1;
+    std::vector<int64_t> children;
+    for (int64_t p = 0; p < np; ++p) {
+      out[0].push_back(static_cast<int64_t>(out[2].size()));
+      for (int64_t t = parents[p]; t < parents[p + 1]; ++t) {
+        out[2].push_back(coords[t]);
+        children.push_back(t);
+      }
+      out[1].push_back(static_cast<int64_t>(out[2].size()));
+    }
+    children.push_back(parents[np]);
+    return children;
+  }
+  int64_t validate(std::span<const IndexSpan> b, int64_t parents, int64_t size, const std::string& where) const override {
+    SCORCH_CHECK(b[0].size == parents && b[1].size == parents, "{}: beg/end need one entry per parent", where);
+    for (int64_t k = 0; k < b[2].size; ++k)
+      SCORCH_CHECK(b[2][k] >= 0 && b[2][k] < size, "{}: crd[{}] out of range", where, k);
+    return b[2].size;
+  }
+  void for_each_child(std::span<const IndexSpan> b, int64_t, int64_t parent,
+                      const std::function<void(int64_t, int64_t)>& f) const override {
+    for (int64_t k = b[0][parent]; k < b[1][parent]; ++k) f(b[2][k], k);
+  }
+  // How the compiler walks it: an iterated level whose range comes from two buffers (clamped by the kernel).
+  LevelWalk walk() const override { return LevelWalk::iterate; }
+  std::pair<std::string, std::string> position_range(const LevelBufferName& buf, const std::string& pb,
+                                                     const std::string& pe) const override {
+    return {buf("beg") + "[" + pb + "]", buf("end") + "[" + pe + " - 1]"};
+  }
+  std::string implied_positions(const LevelBufferName& buf, const std::string& parents) const override {
+    return "(" + parents + " > 0 ? (int64_t)" + buf("end") + "[" + parents + " - 1] : 0)";
+  }
+};
+
+TEST_F(Jit, ToyLevelKindIsCompiledAndRun) {
+  if (!has_level_kind("begin_end"))
+    register_level_kind("begin_end", [](LevelProperties p) { return std::make_shared<BeginEndLevel>(p); });
+  // [[1 0 2] [0 0 0] [0 3 0]], rows stored out of order in crd: row 2 first, then row 0.
+  const int32_t beg[] = {1, 3, 0}, end[] = {3, 3, 1}, crd[] = {1, 0, 2};
+  const double vals[] = {3, 1, 2}, x[] = {1, 2, 3};
+  const std::string fmt = "dense(0),begin_end(1)";
+  // y = A x and Y = A B: the lowerer's dense loop locates rows, the toy level iterates each row.
+  auto spmv = get_kernel("out(i0) = t0(i0,i1) * t1(i1); t0=" + fmt + "; t1=strided; out=strided; f64; i32");
+  EXPECT_NE(spmv->loop_ir.find("t0_beg1["), std::string::npos) << spmv->loop_ir;
+  double y[3] = {0, 0, 0};
+  void* inputs[] = {(void*)beg, (void*)end, (void*)crd, (void*)vals, (void*)x};
+  const int64_t sizes[] = {3, 3}, strides[] = {1};
+  const int64_t lengths[] = {3, 3, 3, 3, 3};
+  scorch_kernel_args args{inputs, sizes, strides, y, 0, nullptr, nullptr, 2, 0, lengths};
+  ASSERT_EQ(spmv->fn(&args), 0);
+  EXPECT_EQ(y[0], 7);
+  EXPECT_EQ(y[1], 0);
+  EXPECT_EQ(y[2], 6);
+  // A row range outside crd is clamped and reported, not read.
+  const int32_t bad_end[] = {3, 3, 9};
+  void* bad_inputs[] = {(void*)beg, (void*)bad_end, (void*)crd, (void*)vals, (void*)x};
+  scorch_kernel_args bad{bad_inputs, sizes, strides, y, 0, nullptr, nullptr, 1, 0, lengths};
+  EXPECT_EQ(spmv->fn(&bad), SCORCH_STATUS_BAD_INDEX);
+  // SpMM with the register-tiled inner loop, 2 x 19 right-hand side.
+  auto spmm = get_kernel("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=" + fmt + "; t1=strided; out=strided; f64; i32");
+  std::vector<double> B(3 * 19), C(3 * 19, 0.0);
+  for (size_t q = 0; q < B.size(); ++q) B[q] = static_cast<double>(q % 7) - 3;
+  void* in2[] = {(void*)beg, (void*)end, (void*)crd, (void*)vals, (void*)B.data()};
+  const int64_t sizes2[] = {3, 19, 3}, len2[] = {3, 3, 3, 3, 57};
+  scorch_kernel_args a2{in2, sizes2, strides, C.data(), 0, nullptr, nullptr, 2, 0, len2};
+  ASSERT_EQ(spmm->fn(&a2), 0);
+  const double A[3][3] = {{1, 0, 2}, {0, 0, 0}, {0, 3, 0}};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 19; ++j) {
+      double ref = 0;
+      for (int k = 0; k < 3; ++k) ref += A[i][k] * B[k * 19 + j];
+      EXPECT_EQ(C[i * 19 + j], ref) << i << "," << j;
+    }
+}
+
 }  // namespace
 }  // namespace scorch
