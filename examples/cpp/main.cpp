@@ -5,9 +5,9 @@
 //
 // The bundle is a file, or "@": the one stored inside model.pt as the extra file "scorch/kernels"
 // (scorch_backend.aot.save_model), or "-": none (then kernels come from the JIT, if it may compile).
-// inputs.pt holds a tensor, or a tuple or list of tensors, saved with torch.save (torch::jit::pickle_load reads
-// it); they are the model's forward() arguments. outputs.pt receives forward()'s result, saved with
-// torch::jit::pickle_save (torch.load reads it).
+// inputs.pt holds a tensor, or a tuple or list of tensors (a dict for a sparse CSR matrix: see argument()),
+// saved with torch.save (torch::jit::pickle_load reads it); they are the model's forward() arguments.
+// outputs.pt receives forward()'s result, saved with torch::jit::pickle_save (torch.load reads it).
 // --repeat N runs forward() N more times and prints the median latency. The model is frozen first
 // (torch::jit::freeze) unless --no-freeze is given.
 #include <torch/script.h>
@@ -54,10 +54,36 @@ int64_t load_kernel_bytes(std::string& bytes, const std::string& name) {
 
 constexpr const char* kBundleExtraFile = "scorch/kernels";  // scorch_backend.aot.EXTRA_FILE
 
+// A sparse CSR matrix (a GCN's graph) as the inputs file carries it: the pickle format C++ reads has no sparse
+// layouts, so a dict {"crow_indices", "col_indices", "values", "size"} stands for
+// at::sparse_csr_tensor(crow_indices, col_indices, values, size), which is how a C++ caller builds one.
+c10::IValue argument(const c10::IValue& v) {
+  if (!v.isGenericDict()) return v;
+  const c10::Dict<c10::IValue, c10::IValue> d = v.toGenericDict();
+  for (const char* key : {"crow_indices", "col_indices", "values", "size"})
+    if (!d.contains(key)) throw std::runtime_error(std::string("an input dict (a sparse CSR matrix) lacks '") + key + "'");
+  std::vector<int64_t> size;
+  const c10::IValue s = d.at("size");
+  const std::vector<c10::IValue> items = s.isTuple() ? s.toTupleRef().elements().vec()
+                                         : s.isList() ? s.toListRef().vec()
+                                                      : std::vector<c10::IValue>{};
+  for (const auto& n : items) {
+    if (!n.isInt()) throw std::runtime_error("a sparse CSR input's 'size' must be a list of integers");
+    size.push_back(n.toInt());
+  }
+  if (size.size() != 2) throw std::runtime_error("a sparse CSR input's 'size' must have 2 entries");
+  return at::sparse_csr_tensor(d.at("crow_indices").toTensor(), d.at("col_indices").toTensor(),
+                               d.at("values").toTensor(), size,
+                               d.at("values").toTensor().options().layout(at::kSparseCsr));
+}
+
 std::vector<c10::IValue> forward_arguments(const c10::IValue& v) {
-  if (v.isTuple()) return v.toTupleRef().elements().vec();
-  if (v.isList()) return v.toListRef().vec();
-  return {v};
+  std::vector<c10::IValue> args;
+  if (v.isTuple()) args = v.toTupleRef().elements().vec();
+  else if (v.isList()) args = v.toListRef().vec();
+  else args = {v};
+  for (auto& a : args) a = argument(a);
+  return args;
 }
 
 }  // namespace

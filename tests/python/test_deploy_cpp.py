@@ -180,3 +180,40 @@ def test_rewritten_block_sparse_attention_runs_in_cpp(scorch_deploy, tmp_path):
     r = run(scorch_deploy, [tmp_path / "model.pt", "-", tmp_path / "inputs.pt", tmp_path / "o.pt"],
             deploy_env(tmp_path / "cache-none"))
     assert r.returncode == 1 and specs[0] in r.stderr, r.stderr
+
+
+def test_rewritten_gcn_with_a_sparse_input_runs_in_cpp(scorch_deploy, tmp_path):
+    """The zoo GCN, rewritten with its adjacency as an input (a torch.sparse CSR tensor in the signature), runs
+    from C++ on a graph of another size, int64 indices, with kernels from its bundle only. The inputs file
+    carries the graph as a dict of its CSR parts (C++'s pickle reader has no sparse layouts); the program
+    builds the torch.sparse CSR tensor from it, as a C++ caller would."""
+    from scorch_backend import jit
+    from scorch_backend.bench import zoo
+
+    torch._dynamo.reset()
+    case = zoo.make("gcn", "test")
+    model = case.model.eval()
+    new = jit.rewrite(model, case.inputs)
+    torch._dynamo.reset()
+    x, adj = zoo.make("gcn", "test", nodes=257, edges=2000, seed=5).inputs
+    t = adj.to_torch(torch.sparse_csr)
+    info = jit.save(new, tmp_path / "model.pt", (case.inputs[0], t))
+    graph = {"crow_indices": t.crow_indices().long(), "col_indices": t.col_indices().long(), "values": t.values(),
+             "size": list(t.shape)}
+    torch.save((x, graph), tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = model(x, adj)
+    for dispatch in ("sparse", "auto"):
+        cache = tmp_path / f"empty-cache-{dispatch}"
+        env = deploy_env(cache)
+        env["SCORCH_DISPATCH"] = dispatch
+        r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "inputs.pt",
+                                tmp_path / f"outputs-{dispatch}.pt"], env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        torch.testing.assert_close(torch.load(tmp_path / f"outputs-{dispatch}.pt"), expected, rtol=1e-4, atol=1e-5)
+        assert list(cache.iterdir()) == []
+    # A malformed graph entry is a clear error, not a crash.
+    torch.save((x, {"crow_indices": graph["crow_indices"]}), tmp_path / "bad.pt")
+    r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "bad.pt", tmp_path / "o.pt"],
+            deploy_env(tmp_path / "cache-bad"))
+    assert r.returncode == 1 and "lacks 'col_indices'" in r.stderr, r.stderr
