@@ -259,8 +259,11 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
         line(fmt::format("val_t* __restrict Ot = scratch.p + {} * {};", NQ, NK)),
         transpose("Dt", "=", fmt::format("t{}_data", D), NQ, NK, fmt::format("t{}_st0", D))};
     frame.insert(frame.begin() + 1, pre.begin(), pre.end());
-    // After the blocks' region (before the status lines): out(k, p) = Ot(p, k), rows of out split.
+    // After the blocks' region (before the status lines): out(k, p) = Ot(p, k), rows of out split. Scratch
+    // past 64 MB is not kept (a large call's work dwarfs its page faults; a thread should not hold that much).
     frame.insert(frame.end() - 2, transpose("out", "=", "Ot", NK, NP, NK));
+    frame.insert(frame.end() - 1,
+                 line("if (scratch.n * sizeof(val_t) > ((size_t)64 << 20)) { free(scratch.p); scratch.p = nullptr; scratch.n = 0; }"));
   }
   b.insert(b.end(), frame.begin(), frame.end());
   out.reasons.push_back(fmt::format(
