@@ -71,10 +71,6 @@ class Program:
     # The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
     # programs take it compressed (text: "grad_out": "sparse"). The run-time choice still decides per call.
     sparse_grad_out: bool = False
-    # The result comes back contiguous in `out`'s order, not as a view of the kernel's storage order (the C++
-    # op's gradient programs set it: autograd would copy a parameter's gradient into its layout). Text:
-    # "contiguous": true.
-    contiguous_out: bool = False
 
     @property
     def equation(self) -> str:
@@ -92,8 +88,6 @@ class Program:
              "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name}
         if self.label:
             d["label"] = self.label
-        if self.contiguous_out:
-            d["contiguous"] = True
         if self.sparse_grad_out:
             d["grad_out"] = "sparse"
         masked = [k for k, o in enumerate(self.operands) if o.masked_grad]
@@ -111,7 +105,7 @@ def parse_program(text: str) -> Program:
                         k in masked)
                 for k, o in enumerate(d["operands"]))
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
-                   d.get("grad_out", "dense") == "sparse", bool(d.get("contiguous", False)))
+                   d.get("grad_out", "dense") == "sparse")
     _validate(prog)
     return prog
 

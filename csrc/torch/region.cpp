@@ -516,35 +516,6 @@ at::Tensor owning(const at::Tensor& view) {
   return out;
 }
 
-// A float or double matrix stored transposed (strides (1, rows)) copied into row-major order, in 16x16 tiles,
-// tiles of rows in parallel. A gradient program's result comes out in the kernel's loop order, often the
-// transpose of its operand's (dW = g^T h walks h's rows outermost); autograd would copy it into the
-// parameter's layout with ATen's generic transposing copy, several times slower than this.
-at::Tensor untransposed(const at::Tensor& v) {
-  const int64_t rows = v.size(0), cols = v.size(1);
-  at::Tensor out = at::empty({rows, cols}, v.options());
-  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "region_untranspose", [&] {
-    // 16 x 16 tiles: a tile's 16 source lines sit a row stride apart, and with strides that are multiples of a
-    // large power of two a bigger tile's lines fall into too few cache sets.
-    constexpr int64_t T = 16;
-    const scalar_t* src = v.data_ptr<scalar_t>();  // v[i][j] is src[j * rows + i]
-    scalar_t* dst = out.data_ptr<scalar_t>();
-    at::parallel_for(0, (rows + T - 1) / T, std::max<int64_t>(1, thread_grain() / (T * std::max<int64_t>(cols, 1))),
-                     [&](int64_t b, int64_t e) {
-                       for (int64_t i0 = b * T; i0 < std::min(e * T, rows); i0 += T)
-                         for (int64_t j0 = 0; j0 < cols; j0 += T)
-                           for (int64_t i = i0; i < std::min(i0 + T, rows); ++i)
-                             for (int64_t j = j0; j < std::min(j0 + T, cols); ++j) dst[i * cols + j] = src[j * rows + i];
-                     });
-  });
-  return out;
-}
-
-bool stored_transposed(const at::Tensor& g) {
-  return g.dim() == 2 && g.size(0) > 1 && g.size(1) > 1 && g.stride(0) == 1 && g.stride(1) == g.size(0) &&
-         (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
-}
-
 bool shares_memory(const at::Tensor& a, at::TensorList others) {
   for (const auto& t : others)
     if (t.has_storage() && a.has_storage() && t.storage().data() == a.storage().data() && a.storage().data()) return true;
@@ -691,9 +662,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   if (path == "dense" && shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
   out = out.contiguous();
   if (p.coef != 1.0) out.mul_(p.coef);
-  out = out.permute(p.back);
-  if (p.contiguous_out && !out.is_contiguous()) return stored_transposed(out) ? untransposed(out) : out.contiguous();
-  return owning(out);
+  return owning(out.permute(p.back));
 }
 
 std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,
@@ -771,13 +740,8 @@ at::Tensor region_meta(c10::string_view program, at::TensorList all) {
           sizes.emplace(letters[d], s.buffers[k][0].sym_numel() - 1);
     }
     std::vector<c10::SymInt> shape;
-    const auto options = operands[0].options().dtype(region_dtype(p, operands));
-    if (p.contiguous_out) {
-      for (char c : p.out) shape.push_back(sizes.at(c));
-      return at::empty_symint(shape, options);
-    }
     for (char c : p.storage) shape.push_back(sizes.at(c));
-    return at::empty_symint(shape, options).permute(p.back);
+    return at::empty_symint(shape, operands[0].options().dtype(region_dtype(p, operands))).permute(p.back);
   });
 }
 

@@ -46,9 +46,6 @@ struct RegionProgram {
   // The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
   // programs take it as a compressed operand (the run-time choice still runs them dense when it is not).
   bool sparse_grad_out = false;
-  // The result is handed back contiguous in the requested order, not as a view of the kernel's storage order
-  // (gradient programs: autograd would otherwise copy a parameter's gradient into its layout, slowly).
-  bool contiguous_out = false;
   std::string name, label;
 
   // Derived once: the loop order's letters, the output's storage letters and the permutation giving back the

@@ -263,7 +263,6 @@ RegionProgram parse_text(const std::string& text) {
   if (const Json* f = field(o, "frozen")) p.frozen = as<bool>(*f, "frozen flag");
   if (const Json* n = field(o, "name")) p.name = as<std::string>(*n, "name");
   if (const Json* l = field(o, "label")) p.label = as<std::string>(*l, "label");
-  if (const Json* c = field(o, "contiguous")) p.contiguous_out = as<bool>(*c, "contiguous flag");
   if (const Json* g = field(o, "grad_out")) {
     const std::string kind = as<std::string>(*g, "grad_out");
     SCORCH_CHECK(kind == "dense" || kind == "sparse", "scorch::region: grad_out is 'dense' or 'sparse', got '{}'", kind);
@@ -316,7 +315,6 @@ std::string RegionProgram::text() const {
                    frozen ? "true" : "false", json_string(name));
   if (!label.empty()) s += ",\"label\":" + json_string(label);
   if (sparse_grad_out) s += ",\"grad_out\":\"sparse\"";
-  if (contiguous_out) s += ",\"contiguous\":true";
   std::string masked;
   for (size_t k = 0; k < operands.size(); ++k)
     if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
@@ -372,7 +370,6 @@ RegionGradient region_gradient(const std::string& text, int k) {
   for (char c : target.letters)
     if (present.find(c) != std::string::npos) r.produced += c;
   g.out = r.produced;
-  g.contiguous_out = true;
   g.coef = p.coef;
   g.frozen = p.frozen;
   g.name = p.name + ".grad" + std::to_string(k);

@@ -149,7 +149,7 @@ def test_gradient_programs_of_masked_and_sparse_output_gradient():
     p0 = R.parse_program(g0)
     assert which0 == [-1, 1, 0] and produced0 == "ac"
     assert [(o.letters, o.kind) for o in p0.operands] == [("ab", "sparse"), ("bc", "dense"), ("ac", "pattern")]
-    assert p0.contiguous_out and not any(o.masked_grad for o in p0.operands) and not p0.sparse_grad_out
+    assert not any(o.masked_grad for o in p0.operands) and not p0.sparse_grad_out
     g1, which1, _ = R.gradient_program(prog, 1)
     assert which1 == [-1, 0] and [o.kind for o in R.parse_program(g1).operands] == ["sparse", "sparse"]
     with pytest.raises(ValueError, match="masked_grads"):
@@ -175,24 +175,6 @@ def test_masked_gradient_is_the_gradient_at_the_nonzeros(path):
     pre_b = pre.clone().requires_grad_()
     (torch.relu(pre_b) @ w.detach().t()).backward(up)
     torch.testing.assert_close(pre_a.grad, pre_b.grad)
-
-
-@kernel_path
-def test_weight_gradients_come_back_contiguous():
-    """A gradient program's result is handed back in its operand's layout (the kernel's storage order is the
-    transpose here), so autograd does not copy it."""
-    h = torch.relu(torch.randn(16, 40) - 1)
-    w = torch.randn(12, 40, requires_grad=True)
-    prog = R.Program((R.Operand("ac", "sparse", cached=True), R.Operand("bc", cached=True, weight=True)), "ab").text()
-    text, which, _ = R.gradient_program(prog, 1)
-    args = [torch.randn(16, 12) if j < 0 else h for j in which]
-    for path in ("sparse", "dense"):
-        r = R.run(text, args, force=path)
-        assert r.is_contiguous() and r.shape == (12, 40)
-        torch.testing.assert_close(r, args[0].t() @ h)
-    out = torch.ops.scorch.region(prog, [h, w])
-    out.backward(torch.ones_like(out))
-    assert w.grad.is_contiguous()
 
 
 @kernel_path
