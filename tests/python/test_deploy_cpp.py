@@ -128,6 +128,20 @@ def test_cpp_program_refuses_a_damaged_bundle(scorch_deploy, example, tmp_path):
     assert not (tmp_path / "outputs.pt").exists()
 
 
+def runs_from_bundle_alone(binary, tmp_path, bundle, expected) -> None:
+    """tmp_path/model.pt on tmp_path/inputs.pt from C++, under the forced kernels and the automatic dispatch,
+    kernels from `bundle` only: its outputs match `expected`, and nothing is compiled or cached."""
+    for dispatch in ("sparse", "auto"):
+        cache = tmp_path / f"empty-cache-{dispatch}"
+        env = deploy_env(cache)
+        env["SCORCH_DISPATCH"] = dispatch
+        r = run(binary, [tmp_path / "model.pt", bundle, tmp_path / "inputs.pt", tmp_path / f"outputs-{dispatch}.pt"],
+                env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        torch.testing.assert_close(torch.load(tmp_path / f"outputs-{dispatch}.pt"), expected, rtol=1e-4, atol=1e-5)
+        assert list(cache.iterdir()) == []  # no kernel compiled or cached
+
+
 def test_rewritten_model_runs_in_cpp(scorch_deploy, tmp_path):
     """examples/rewrite_and_save.py (scorch_backend.jit.rewrite + save) then the C++ program: the pruned MLP's
     packed regions run from C++ with kernels from its bundle only, on a batch of another size, and give the
@@ -167,15 +181,7 @@ def test_rewritten_block_sparse_attention_runs_in_cpp(scorch_deploy, tmp_path):
     torch.save(x, tmp_path / "inputs.pt")
     with torch.no_grad():
         expected = model(*x)
-    for dispatch in ("sparse", "auto"):
-        cache = tmp_path / f"empty-cache-{dispatch}"
-        env = deploy_env(cache)
-        env["SCORCH_DISPATCH"] = dispatch
-        r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "inputs.pt",
-                                tmp_path / f"outputs-{dispatch}.pt"], env)
-        assert r.returncode == 0, r.stdout + r.stderr
-        torch.testing.assert_close(torch.load(tmp_path / f"outputs-{dispatch}.pt"), expected, rtol=1e-4, atol=1e-5)
-        assert list(cache.iterdir()) == []  # no kernel compiled or cached
+    runs_from_bundle_alone(scorch_deploy, tmp_path, info["bundle"], expected)
     # Without the bundle, the C++ program names attention's first kernel (the sampled product).
     r = run(scorch_deploy, [tmp_path / "model.pt", "-", tmp_path / "inputs.pt", tmp_path / "o.pt"],
             deploy_env(tmp_path / "cache-none"))
@@ -203,15 +209,7 @@ def test_rewritten_gcn_with_a_sparse_input_runs_in_cpp(scorch_deploy, tmp_path):
     torch.save((x, graph), tmp_path / "inputs.pt")
     with torch.no_grad():
         expected = model(x, adj)
-    for dispatch in ("sparse", "auto"):
-        cache = tmp_path / f"empty-cache-{dispatch}"
-        env = deploy_env(cache)
-        env["SCORCH_DISPATCH"] = dispatch
-        r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "inputs.pt",
-                                tmp_path / f"outputs-{dispatch}.pt"], env)
-        assert r.returncode == 0, r.stdout + r.stderr
-        torch.testing.assert_close(torch.load(tmp_path / f"outputs-{dispatch}.pt"), expected, rtol=1e-4, atol=1e-5)
-        assert list(cache.iterdir()) == []
+    runs_from_bundle_alone(scorch_deploy, tmp_path, info["bundle"], expected)
     # A malformed graph entry is a clear error, not a crash.
     torch.save((x, {"crow_indices": graph["crow_indices"]}), tmp_path / "bad.pt")
     r = run(scorch_deploy, [tmp_path / "model.pt", info["bundle"], tmp_path / "bad.pt", tmp_path / "o.pt"],
