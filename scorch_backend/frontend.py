@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import re
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +74,7 @@ def _result_dtype(operands) -> torch.dtype:
 
 def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dtype: torch.dtype):
     compute = _COMPUTE_DTYPES[result_dtype]
-    inputs = []
+    inputs, layout = [], []
     for o, conv in zip(operands, plan["convert"]):
         t = o.tensor
         if conv == "strided":
@@ -84,14 +85,159 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
             t.check_unchanged()
             inputs.extend(b.to(idx_dtype) for b in t.level_buffers.values())
             inputs.append(t.differentiable_values().to(compute))  # gradients flow to the values (and t)
+            layout.append((t.format, tuple(t.shape), len(t.format.buffer_names)))
         else:
             inputs.append(t.to(compute))
-    values, buffers = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
-    shape = plan["out_shape"]
+            layout.append((None, tuple(t.shape), 0))
+    if _traced(inputs):
+        values, buffers, shape = _run_traced(plan, inputs, layout)
+    else:
+        values, buffers = ops.kernel(plan["spec"], inputs, plan["var_sizes"], torch.get_num_threads())
+        shape = plan["out_shape"]
     if plan["out_format"] == "strided":
         return values.to(result_dtype)
     fmt = Format(plan["out_format"], len(shape))
     return SparseTensor(fmt, shape, buffers, values.to(result_dtype), validate=False)
+
+
+# --- calls traced by torch.compile, with symbolic sizes ---------------------------------------------------------
+# A plan is made from concrete sizes (a symbolic size's hint). The sizes handed to the kernel op must stay
+# symbolic, or the traced graph would carry the example's sizes as constants: a graph of another size would
+# then run with the wrong sizes (no guard would catch it). So each index variable takes its size from an
+# operand dimension it indexes. The op is called below autograd: its C++ autograd takes concrete sizes, so a
+# traced call that needs gradients goes through _TracedKernel, whose backward runs the same gradient statements
+# (lower/differentiate) as the C++ one, traced with symbolic sizes too.
+
+def _traced(inputs) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.compiler.is_compiling() or any(is_fake(t) for t in inputs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _statement_info(statement: str, num_tensors: int) -> dict:
+    return _C.statement_info(statement, num_tensors)
+
+
+def _symbolic_sizes(spec: str, planned, shapes) -> list:
+    """The plan's index sizes, each replaced by an operand's (symbolic) dimension it indexes where one has the
+    same hint. Hints are read without guards."""
+    info = _statement_info(spec.split(";", 1)[0], len(shapes))
+    sizes = list(planned)
+    for vars_, shape in zip(info["tensor_vars"], shapes):
+        for v, s in zip(vars_, shape):
+            if isinstance(s, torch.SymInt) and not isinstance(sizes[v], torch.SymInt) and _concrete(s) == sizes[v]:
+                sizes[v] = s
+    return sizes
+
+
+def _kernel_below_autograd(spec, inputs, sizes, threads):
+    with torch._C._AutoDispatchBelowAutograd():
+        return ops.kernel(spec, list(inputs), sizes, threads)
+
+
+def _run_traced(plan: dict, inputs, layout):
+    spec = plan["spec"]
+    sizes = _symbolic_sizes(spec, plan["var_sizes"], [shape for _, shape, _ in layout])
+    out_shape = [sizes[v] for v in _spec_out_vars(spec)]
+    threads = torch.get_num_threads()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        out = _TracedKernel.apply(spec, sizes, threads, tuple(layout), plan["out_format"], out_shape, *inputs)
+        return out[0], list(out[1:]), out_shape
+    values, buffers = _kernel_below_autograd(spec, inputs, sizes, threads)
+    return values, list(buffers), out_shape
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec_out_vars(spec: str):
+    return tuple(_C.spec_info(spec)["out_vars"])
+
+
+def _operands_of(layout, tensors) -> list:
+    """The kernel's operands again (SparseTensors from their buffers and values), from its flat inputs."""
+    out, at = [], 0
+    for fmt, shape, nb in layout:
+        if fmt is None:
+            out.append(tensors[at])
+        else:
+            out.append(SparseTensor(fmt, shape, list(tensors[at:at + nb]), tensors[at + nb], validate=False))
+        at += nb + 1
+    return out
+
+
+def _compute_traced(text: str, operands, out_text: str):
+    """Run a canonical statement over t0, t1, ... (a gradient statement) on traced operands, without autograd.
+    An operand the statement does not read (a gradient often skips the operand it is for) is passed as a
+    0-dimensional zero: the kernel checks each operand against its accesses."""
+    rhs = text.split("=", 1)[1]
+    operands = [o if re.search(rf"\bt{k}\b", rhs) else torch.zeros((), dtype=o.dtype)
+                for k, o in enumerate(operands)]
+    ops_ = [_Operand(o, isinstance(o, SparseTensor)) for o in operands]
+    dtype = _result_dtype(ops_)
+    idx = _index_dtype(ops_)
+    names = tuple(f"t{k}" for k in range(len(ops_)))
+    plan = _plan_compute_cached(text, names, _frozen(o.desc() for o in ops_), out_text,
+                                _COMPUTE_DTYPES[dtype] == torch.float64, idx == torch.int64)
+    return _run(plan, ops_, dtype, idx)
+
+
+class _TracedKernel(torch.autograd.Function):
+    """scorch::kernel with symbolic sizes and its gradients, for graphs traced by torch.compile."""
+
+    @staticmethod
+    def forward(ctx, spec, sizes, threads, layout, out_format, out_shape, *inputs):
+        values, buffers = _kernel_below_autograd(spec, inputs, sizes, threads)
+        buffers = list(buffers)
+        ctx.spec, ctx.layout, ctx.out_format, ctx.out_shape = spec, layout, out_format, out_shape
+        ctx.n_in = len(inputs)
+        ctx.save_for_backward(*inputs, *buffers)
+        ctx.mark_non_differentiable(*buffers)
+        return (values, *buffers)
+
+    @staticmethod
+    def backward(ctx, grad, *_buffer_grads):
+        saved = ctx.saved_tensors
+        inputs, out_buffers = saved[:ctx.n_in], list(saved[ctx.n_in:])
+        operands = _operands_of(ctx.layout, inputs)
+        statement = ctx.spec.split(";", 1)[0]
+        n = len(operands)
+        if ctx.out_format == "strided":
+            grad_out = grad if grad is not None else inputs[-1].new_zeros(ctx.out_shape)
+        else:
+            fmt = Format(ctx.out_format, len(ctx.out_shape))
+            if grad is None:
+                grad = inputs[-1].new_zeros(out_buffers[-1].shape) if out_buffers else inputs[-1].new_zeros(())
+            grad_out = SparseTensor(fmt, ctx.out_shape, out_buffers, grad, validate=False)
+        result = [None] * (6 + ctx.n_in)  # spec, sizes, threads, layout, out_format, out_shape, inputs
+        at = 0
+        for k, (op, (fmt, _shape, nb)) in enumerate(zip(operands, ctx.layout)):
+            slot = at + nb
+            at = slot + 1
+            if not ctx.needs_input_grad[6 + slot]:
+                continue
+            sparse_op = isinstance(op, SparseTensor)
+            values = op.stored_values if sparse_op else op
+            g_text = _C.differentiate(statement, n, k, sparse_op)
+            if g_text is None:
+                result[6 + slot] = torch.zeros_like(values)
+                continue
+            if not sparse_op:
+                g = _compute_traced(g_text, operands + [grad_out], "strided")
+                result[6 + slot] = g.to(values.dtype).reshape(values.shape)
+                continue
+            # Sampled at the operand's pattern and stored in its format, then aligned with its values by a
+            # union with explicit zeros (the C++ backward's sparse_gradient, traced).
+            pattern = op.with_values(torch.ones_like(values))
+            g = _compute_traced(g_text, operands + [grad_out, pattern], fmt.canonical)
+            if not isinstance(g, SparseTensor):
+                g = SparseTensor(fmt, op.shape, op._buffer_list(), g.reshape(values.shape), validate=False)
+            letters = ",".join(f"i{d}" for d in range(op.dim()))
+            union = f"g({letters}) = t0({letters}) + t1({letters})" if letters else "g = t0 + t1"
+            aligned = _compute_traced(union, [op.with_values(torch.zeros_like(values)), g], fmt.canonical)
+            v = aligned.stored_values if isinstance(aligned, SparseTensor) else aligned.reshape(-1)
+            torch._check(v.shape[0] == values.shape[0])  # the union of a subset with the pattern is the pattern
+            result[6 + slot] = v.to(values.dtype)
+        return tuple(result)
 
 
 @functools.lru_cache(maxsize=4096)

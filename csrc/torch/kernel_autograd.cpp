@@ -171,13 +171,28 @@ class KernelFunction : public torch::autograd::Function<KernelFunction> {
   }
 };
 
+// The sizes are symbolic when torch.compile traces with dynamic shapes; they pass through untouched.
+std::tuple<at::Tensor, TensorVec> kernel_below_autograd_symint(c10::string_view spec, at::TensorList inputs,
+                                                               c10::SymIntArrayRef sizes, int64_t threads) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::kernel", "").typed<
+      std::tuple<at::Tensor, TensorVec>(c10::string_view, at::TensorList, c10::SymIntArrayRef, int64_t)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return h.call(spec, inputs, sizes, threads);
+}
+
 std::tuple<at::Tensor, TensorVec> kernel_autograd(c10::string_view spec, at::TensorList inputs,
-                                                  c10::IntArrayRef sizes, int64_t threads) {
+                                                  c10::SymIntArrayRef sizes, int64_t threads) {
   bool wants_grad = false;
   if (at::GradMode::is_enabled())
     for (const auto& t : inputs) wants_grad = wants_grad || t.requires_grad();
-  if (!wants_grad) return kernel_below_autograd(spec, inputs, sizes, threads);
-  variable_list out = KernelFunction::apply(std::string(spec), inputs, sizes.vec(), threads);
+  if (!wants_grad) return kernel_below_autograd_symint(spec, inputs, sizes, threads);
+  // The backward plans its gradient statements with concrete sizes. A traced call with symbolic sizes
+  // differentiates in Python instead (scorch_backend/frontend.py, _TracedKernel), calling this op below
+  // autograd.
+  const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
+  TORCH_CHECK(concrete.has_value(), "scorch::kernel: gradients of a call with symbolic sizes are not derived "
+              "here; call the op below autograd and differentiate it in the tracer (scorch_backend.frontend)");
+  variable_list out = KernelFunction::apply(std::string(spec), inputs, concrete->vec(), threads);
   return std::make_tuple(out[0], TensorVec(out.begin() + 1, out.end()));
 }
 

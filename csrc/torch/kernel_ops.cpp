@@ -332,7 +332,8 @@ double time_kernel(const std::string& spec_text, at::TensorList inputs, c10::Int
 }
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
-  m.def("kernel(str spec, Tensor[] inputs, int[] sizes, int num_threads) -> (Tensor, Tensor[])");
+  // SymInt sizes: a call traced with dynamic shapes keeps them symbolic (the kernels below take them concrete).
+  m.def("kernel(str spec, Tensor[] inputs, SymInt[] sizes, int num_threads) -> (Tensor, Tensor[])");
 }
 
 TORCH_LIBRARY_IMPL(scorch, CPU, m) { m.impl("kernel", kernel_op); }
