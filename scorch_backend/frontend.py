@@ -22,6 +22,7 @@ from . import _C, config, cost_model, log
 from ._native import ops
 from .format import Format, make_format
 from .tensor import SparseTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 _COMPUTE_DTYPES = {torch.float64: torch.float64, torch.float32: torch.float32,
                    torch.bfloat16: torch.float32, torch.float16: torch.float32}
@@ -231,6 +232,10 @@ class _TracedKernel(torch.autograd.Function):
             g = _compute_traced(g_text, operands + [grad_out, pattern], fmt.canonical)
             if not isinstance(g, SparseTensor):
                 g = SparseTensor(fmt, op.shape, op._buffer_list(), g.reshape(values.shape), validate=False)
+            if statically_known_true(g.stored_values.shape[0] == values.shape[0]):
+                # a sampled kernel wrote it at the pattern operand's positions: aligned already
+                result[6 + slot] = g.stored_values.to(values.dtype)
+                continue
             letters = ",".join(f"i{d}" for d in range(op.dim()))
             union = f"g({letters}) = t0({letters}) + t1({letters})" if letters else "g = t0 + t1"
             aligned = _compute_traced(union, [op.with_values(torch.zeros_like(values)), g], fmt.canonical)
