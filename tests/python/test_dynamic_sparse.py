@@ -1,0 +1,179 @@
+"""torch.compile with dynamic shapes of models that take a SparseTensor input (GNNs on graphs of any size): one
+compile serves every graph size (node count and stored entries), in inference and training, with outputs and
+gradients as in eager mode. Sizes 0 and 1 are PyTorch's own specialization (one more graph each, then none)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import scorch_backend as sb
+from scorch_backend.bench import zoo
+
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def _gcn_inputs(nodes, edges, seed):
+    return zoo.make("gcn", "test", nodes=nodes, edges=edges, seed=seed).inputs
+
+
+GRAPHS = [(300, 3000, 0), (411, 5000, 3), (57, 400, 4)]
+
+
+def _run(model, fn, x, adj, train: bool, mark=None):
+    """The output, and in training the gradients of x and of the parameters (then cleared)."""
+    x = x.clone().requires_grad_(train)
+    if mark is not None:
+        mark(x, adj)
+    with torch.set_grad_enabled(train):
+        out = fn(x, adj)
+    if not train:
+        return out.detach(), []
+    out.square().sum().backward()
+    grads = [x.grad] + [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out.detach(), grads
+
+
+def _check(model, fast, x, adj, train, what, mark=None):
+    out, grads = _run(model, fast, x, adj, train, mark)
+    ref, ref_grads = _run(model, model, x, adj, train)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=f"{what}: output")
+    for k, (g, r) in enumerate(zip(grads, ref_grads)):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5, msg=f"{what}: gradient {k}")
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["no_grad", "train"])
+def test_gcn_compiles_once_for_graphs_of_any_size(train):
+    model = zoo.make("gcn", "test").model
+    fast = torch.compile(model, backend="scorch", dynamic=True)
+    for nodes, edges, seed in GRAPHS:
+        _check(model, fast, *_gcn_inputs(nodes, edges, seed), train, f"{nodes} nodes")
+        assert _graphs() == 1, f"recompiled for {nodes} nodes"
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["no_grad", "train"])
+def test_empty_and_one_node_graphs_add_only_pytorchs_size_specializations(train):
+    model = zoo.make("gcn", "test").model
+    fast = torch.compile(model, backend="scorch", dynamic=True)
+    _check(model, fast, *_gcn_inputs(300, 3000, 0), train, "300 nodes")
+    n = 50
+    empty = sb.sparse(torch.zeros(n, n), "csr")  # no edges at all: nothing stored
+    _check(model, fast, torch.rand(n, 32), empty, train, "no edges")
+    one = sb.sparse(torch.ones(1, 1), "csr")
+    _check(model, fast, torch.rand(1, 32), one, train, "one node")
+    assert _graphs() <= 3  # Dynamo specializes sizes 0 (no stored entries) and 1 (one node)
+    for nodes, edges, seed in GRAPHS[1:]:
+        _check(model, fast, *_gcn_inputs(nodes, edges, seed), train, f"{nodes} nodes")
+    assert _graphs() <= 3
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["no_grad", "train"])
+def test_automatic_dynamic_recompiles_at_most_once(train):
+    model = zoo.make("gcn", "test").model
+    fast = torch.compile(model, backend="scorch")  # dynamic=None: static first, dynamic after one change
+    for nodes, edges, seed in GRAPHS + [(123, 900, 5)]:
+        _check(model, fast, *_gcn_inputs(nodes, edges, seed), train, f"{nodes} nodes")
+    assert _graphs() == 2
+
+
+def test_mark_dynamic_on_the_features_and_the_adjacency():
+    model = zoo.make("gcn", "test").model
+    fast = torch.compile(model, backend="scorch")
+
+    def mark(x, adj):  # the node count (features, adjacency, row pointers) and the stored entries
+        for t in (x, adj, adj.pos1, adj.crd1, adj.stored_values):
+            torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(adj, 1)
+
+    for nodes, edges, seed in GRAPHS:
+        _check(model, fast, *_gcn_inputs(nodes, edges, seed), True, f"{nodes} nodes", mark)
+    assert _graphs() == 1
+
+
+def test_sparse_operand_gradient_under_dynamic_shapes():
+    """A SparseTensor leaf that requires grad: its gradient (at its stored positions) is traced with symbolic
+    sizes too, so new graphs need no recompile."""
+    def f(x, adj):
+        return torch.relu(adj @ x).square().sum()
+
+    fast = torch.compile(f, backend="scorch", dynamic=True)
+    for n, seed in ((30, 0), (41, 1), (57, 2)):
+        g = torch.Generator().manual_seed(seed)
+        dense = torch.rand(n, n, generator=g)
+        dense[dense < 0.8] = 0
+        x = torch.randn(n, 8, generator=g)
+        a, b = sb.sparse(dense, "csr").requires_grad_(), sb.sparse(dense, "csr").requires_grad_()
+        fast(x, a).backward()
+        f(x, b).backward()
+        assert isinstance(a.grad, sb.SparseTensor) and a.grad.nnz == a.nnz
+        torch.testing.assert_close(a.grad.to_dense(), b.grad.to_dense(), rtol=1e-4, atol=1e-5)
+    assert _graphs() == 1
+
+
+def test_pyg_gcnconv_with_a_scorch_adj_t_compiles_once():
+    pytest.importorskip("torch_geometric", reason="torch_geometric is in the test extra")
+    from torch_geometric.nn import GCNConv
+
+    torch.manual_seed(0)
+    layer = GCNConv(32, 16, normalize=False, add_self_loops=False)
+    ref = GCNConv(32, 16, normalize=False, add_self_loops=False)
+    ref.load_state_dict(layer.state_dict())
+    fast = torch.compile(layer, backend="scorch", dynamic=True, fullgraph=True)
+    for nodes, edges, seed in GRAPHS:
+        x, adj = _gcn_inputs(nodes, edges, seed)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = fast(x1, adj)
+        out.square().sum().backward()
+        coo = adj.to_torch(torch.sparse_coo).coalesce()
+        expect = ref(x2, coo.indices().flip(0), coo.values())  # PyG's edge-index path, eagerly
+        expect.square().sum().backward()
+        torch.testing.assert_close(out, expect, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-4, atol=1e-5)
+        for p, q in zip(layer.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        layer.zero_grad()
+        ref.zero_grad()
+    assert _graphs() == 1
+
+
+def test_no_size_constant_left_in_the_traced_kernel_calls():
+    """The traced graph hands the kernel op symbolic sizes: the example's node count must not appear as a
+    constant among them (it did: a no_grad graph then ran a larger graph with the example's sizes)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    from scorch_backend import frontend
+
+    seen = []
+    real = frontend._kernel_below_autograd
+
+    def spy(spec, inputs, sizes, threads):
+        if any(is_fake(t) for t in inputs):  # traced (the backend's example run has real tensors)
+            seen.append(list(sizes))
+        return real(spec, inputs, sizes, threads)
+
+    frontend._kernel_below_autograd = spy
+    try:
+        model = zoo.make("gcn", "test").model
+        fast = torch.compile(model, backend="scorch", dynamic=True)
+        with torch.no_grad():
+            fast(*_gcn_inputs(300, 3000, 0))
+    finally:
+        frontend._kernel_below_autograd = real
+    assert seen
+    for sizes in seen:
+        assert 300 not in [s for s in sizes if isinstance(s, int)], sizes
+        assert any(isinstance(s, torch.SymInt) for s in sizes), sizes
