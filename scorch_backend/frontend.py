@@ -191,6 +191,7 @@ class _TracedKernel(torch.autograd.Function):
         buffers = list(buffers)
         ctx.spec, ctx.layout, ctx.out_format, ctx.out_shape = spec, layout, out_format, out_shape
         ctx.n_in = len(inputs)
+        ctx.out_values_shape = values.shape
         ctx.save_for_backward(*inputs, *buffers)
         ctx.mark_non_differentiable(*buffers)
         return (values, *buffers)
@@ -207,7 +208,7 @@ class _TracedKernel(torch.autograd.Function):
         else:
             fmt = Format(ctx.out_format, len(ctx.out_shape))
             if grad is None:
-                grad = inputs[-1].new_zeros(out_buffers[-1].shape) if out_buffers else inputs[-1].new_zeros(())
+                grad = inputs[-1].new_zeros(ctx.out_values_shape)
             grad_out = SparseTensor(fmt, ctx.out_shape, out_buffers, grad, validate=False)
         result = [None] * (6 + ctx.n_in)  # spec, sizes, threads, layout, out_format, out_shape, inputs
         at = 0
