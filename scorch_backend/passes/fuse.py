@@ -12,6 +12,8 @@ whose zeros are carried by another sparse value (its support) gets that value as
 Multiplying by the pattern changes nothing in the result, since the input is already zero outside it; in
 the backward pass it zeroes the gradient of that input outside the support, where the op that made the zeros
 (relu, a mask, a scatter) zeroes it anyway, so gradients reaching the model's inputs and weights are the same.
+A sparse input made by a ReLU is also marked `masked_grad` (its own gradient is computed only at its
+nonzeros, by the same argument), and is cached so the backward pass reuses the forward's compression.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ dense time (multiply-adds at the machine's measured dense rate) over the region'
 sparse work, each sparse entry costing 1/crossover dense multiply-adds. (SCORCH_DISPATCH=sparse skips the
 size test, so tests see regions on small models.)
 
+In training, a contraction whose output's gradient is mostly zeros (it feeds a ReLU or a top-k measured
+sparse: `grad_density`) is a region too, even with nothing sparse in its forward product: its gradient
+programs take that gradient compressed. The estimate then counts every call of the region in a step.
+
 Values that are SparseTensors are not put in regions: their ops already run as Scorch kernels through
 SparseTensor's dispatch rules when AOTAutograd traces the graph.
 
