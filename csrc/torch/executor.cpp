@@ -28,9 +28,11 @@ constexpr size_t kMaxCachedPlans = 8192;      // a process planning more distinc
 using TensorVec = std::vector<at::Tensor>;
 
 // The ops the executor calls go through the dispatcher, so their autograd and profiler rows apply.
+// scorch::kernel's sizes are SymInt[] (traced calls keep them symbolic) and its autograd kernel takes them so:
+// called with SymInts, the call stays unboxed (with an IntArrayRef it would be boxed and unboxed again).
 const auto& kernel_handle() {
   static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::kernel", "").typed<
-      std::tuple<at::Tensor, TensorVec>(c10::string_view, at::TensorList, c10::IntArrayRef, int64_t)>();
+      std::tuple<at::Tensor, TensorVec>(c10::string_view, at::TensorList, c10::SymIntArrayRef, int64_t)>();
   return h;
 }
 const auto& to_dense_handle() {
@@ -208,7 +210,7 @@ Operand run_kernel(const PlanEntry& e, const std::vector<Operand>& ops, int64_t 
     for (const auto& b : o->buffers) inputs.push_back(b.scalar_type() == idx ? b : b.to(idx));
     inputs.push_back(o->values.scalar_type() == compute ? o->values : o->values.to(compute));
   }
-  auto [values, buffers] = kernel_handle().call(e.plan.spec, inputs, e.plan.var_sizes, threads);
+  auto [values, buffers] = kernel_handle().call(e.plan.spec, inputs, c10::fromIntArrayRefSlow(e.plan.var_sizes), threads);
   if (values.scalar_type() != result) values = values.to(result);
   if (!e.out) return Operand{nullptr, e.plan.out_shape, {}, values};
   return Operand{e.out, e.plan.out_shape, std::move(buffers), values};
