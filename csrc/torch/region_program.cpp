@@ -343,10 +343,9 @@ RegionGradient region_gradient(const std::string& text, int k) {
   RegionProgram g;
   RegionOperand grad_out;
   grad_out.letters = p.out;
-  if (p.sparse_grad_out) {  // compressed once per backward pass: every gradient program of the region reads it
-    grad_out.kind = RegionOperand::Kind::sparse;
-    grad_out.cached = true;
-  }
+  // Not cached: the gradient is a buffer of the backward graph, which Inductor may reuse for another value
+  // without moving its version counter (see scorch_backend/passes/fuse.py); each program compresses it.
+  if (p.sparse_grad_out) grad_out.kind = RegionOperand::Kind::sparse;
   g.operands.push_back(grad_out);
   RegionGradient r;
   r.operands.push_back(-1);
@@ -363,7 +362,6 @@ RegionGradient region_gradient(const std::string& text, int k) {
     mask.kind = RegionOperand::Kind::pattern;
     mask.grad = false;
     mask.masked_grad = false;
-    mask.cached = true;  // the forward pass compressed this same tensor: its pattern comes from that entry
     g.operands.push_back(mask);
     r.operands.push_back(k);
   }

@@ -253,12 +253,13 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         carried = a.support is not None and a.support.carrier != leaf.name and \
             len(a.support.dims) < len(v.shape)
         kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
-        # Graph inputs (weights and data) are measured and compressed once per version of the tensor; so is a
-        # sparse activation (a ReLU's output), whose compression the backward pass then reuses (the cache
-        # entry holds the tensor, so its memory cannot be handed to another one while it lives).
+        # Graph inputs (weights and data) are measured and compressed once per version of the tensor. An
+        # activation is not cached: Inductor may reuse its buffer for a later value of the same size, written
+        # by its kernels without moving the version counter, and the fingerprint's 32 entries of two mostly
+        # zero tensors often agree; so it is compressed on each call that reads it.
         masked = kind == "sparse" and zero_grad_outside(leaf)
-        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder" or kind == "sparse",
-                                weight=a.weight, masked_grad=masked))
+        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder", weight=a.weight,
+                                masked_grad=masked))
         leaves.append(leaf)
         squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
         per_operand.append(a.density if kind == "sparse" else 1.0)
