@@ -99,6 +99,7 @@ int rows_per_pass(int64_t bh, int tile) {
 LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const BlockedMatch& m,
                             const VectorShape& machine) {
   LoweredKernel out;
+  out.overwrites_output = true;  // every output element is stored once (out_at below)
   out.body = unpack_arguments(spec);
   Stmts& b = out.body;
   const int A = m.sparse, D = m.dense;

@@ -14,7 +14,11 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     Stmts out{loops::line("val_t lacc = 0;")};
     Stmts inner = lower_depth(d, e, states);
     out.insert(out.end(), inner.begin(), inner.end());
-    out.push_back(loops::line(fmt::format("o[{}] += lacc;", dense_out_index())));
+    // Under loops that each visit every coordinate of their output variable once, this is the only store of
+    // its element: stored, not added, so the output need not be zeroed first (overwrites_output).
+    const bool store = covering_ == d;
+    out.push_back(loops::line(fmt::format("o[{}] {} lacc;", dense_out_index(), store ? "=" : "+=")));
+    (store ? assigned_output_ : added_output_) = true;
     current_sink_ = Sink::dense;
     return out;
   }
@@ -41,6 +45,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         for (int q = 0; q < vectors; ++q)
           body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
               "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
+        added_output_ = true;
         out.push_back(loops::line(loop_head));
         out.insert(out.end(), body.begin(), body.end());
         out.push_back(loops::line("}"));
@@ -67,6 +72,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     Stmts inner = lower_depth(d, e, states);
     body.insert(body.end(), inner.begin(), inner.end());
     body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
+    added_output_ = true;
     current_sink_ = Sink::dense;
     out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, tile - 1, tile), body));
     return out;
@@ -177,6 +183,17 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     // if any loop took one, it is made again without, and each thread picks one copy by its rows' mean
     // length. A copy per thread, not a test per row: on Zen 3 a scalar loop sharing its row loop with a
     // vector one ran 15-25% slower on short rows (graphs, 3-7 entries a row).
+    // A loop over every coordinate of an output variable, with no condition, under such loops only: each
+    // output element below is reached exactly once along it (covering_ counts them from depth 0).
+    const bool covers = all_iters.empty() && lattice.size() == 1 && lattice.front().iterators.empty() &&
+                        d == covering_ && current_sink_ == Sink::dense &&
+                        std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
+    struct Covering {
+      int& n;
+      bool on;
+      ~Covering() { n -= on; }
+    } covering{covering_, covers};
+    covering_ += covers;
     const bool span_here = span_tensor_ >= 0 && span_var_ == v;
     const bool vector_rows = span_here && machine_.vector_bytes > 0;
     if (vector_rows) {

@@ -17,6 +17,8 @@ struct LoweredKernel {
   loops::Stmts body;                 // the body of the kernel entry function
   std::vector<std::string> reasons;  // decisions taken while lowering (e.g. a parallel loop made serial)
   bool sparse_output = false;
+  // Dense output: every element is stored exactly once and never read, so the caller need not zero it.
+  bool overwrites_output = false;
 };
 
 // Argument layout shared by lowering and the runtime: for each operand, its index buffers (in

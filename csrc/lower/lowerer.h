@@ -79,6 +79,7 @@ class Lowerer {
     Stmts nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
 
     if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
+    out.overwrites_output = !out.sparse_output && assigned_output_ && !added_output_;
     Stmts frame = thread_frame(spec_, sched_, nest, parallel_);
     b.insert(b.end(), frame.begin(), frame.end());
     out.reasons = reasons_;
@@ -278,7 +279,7 @@ class Lowerer {
 
   Stmts compute_value(const ExprPtr& e, const States& states, const std::string& v) {
     switch (current_sink_) {
-      case Sink::dense: return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
+      case Sink::dense: added_output_ = true; return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
       case Sink::scalar:
         if (any_hoisted_) return {loops::line(fmt::format("acc += {};", v))};
         return {loops::line(fmt::format("acc += {}; any = true;", v))};
@@ -485,6 +486,10 @@ class Lowerer {
   // the long-row copy of the row loop is generated; *_used_ says whether any loop took it.
   bool simd_rows_ = false;
   bool simd_rows_used_ = false;
+  // Dense output stores: loops from depth 0 that cover their output variable (see lower_depth), and whether
+  // any store assigns (covered) or adds. Only assignments: the output is overwritten (overwrites_output).
+  int covering_ = 0;
+  bool assigned_output_ = false, added_output_ = false;
 };
 
 

@@ -179,6 +179,7 @@ py::dict kernel_info(const std::string& spec) {
   d["seconds"] = k->seconds;
   d["compiled"] = k->compiled;
   d["target"] = k->target;
+  d["overwrites_output"] = k->overwrites_output;
   return d;
 }
 

@@ -299,3 +299,49 @@ def test_checked_rows_of_long_and_short_rows():
     """
     lines = errors_of(run_child(body))
     assert lines == ["RESULT (True, True)"], lines
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unzeroed_outputs_get_every_element_written(threads, dtype):
+    # A kernel that stores every output element once (kernel_info "overwrites_output": SpMV-like sums under
+    # loops over every row, the block kernels) gets its output unzeroed. Memory freed just before, full of
+    # NaN, is what the allocator hands out next: an element the kernel skipped would show. Rows and block
+    # rows without entries, a matrix with none, one row, odd sizes; SpMM (which adds into a zeroed output)
+    # as the control that is not overwritten.
+    import scorch_backend as sb
+    from scorch_backend import _C
+
+    g = torch.Generator().manual_seed(threads)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cases = []
+        for rows, cols in ((300, 200), (1, 7), (37, 1), (0, 5)):
+            a = (torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) < 0.1)).to(dtype)
+            if rows > 3:
+                a[rows // 2] = 0
+                a[-1] = 0
+            s = sb.sparse(a, "csr")
+            cases += [("ij,j->i", (s, torch.rand(cols, generator=g).to(dtype)), True),
+                      ("ij->i", (s,), True),
+                      ("ij,jk->ik", (s, torch.rand(cols, 5, generator=g).to(dtype)), False)]
+        cases.append(("ij,j->i", (sb.sparse(torch.zeros(40, 9, dtype=dtype), "csr"), torch.rand(9).to(dtype)), True))
+        blocks = (torch.rand(12, 10, generator=g) < 0.3)
+        blocks[3] = False
+        b = (torch.rand(48, 40, generator=g) * blocks.repeat_interleave(4, 0).repeat_interleave(4, 1)).to(dtype)
+        bsr = sb.sparse(b, "bsr", blocksize=(4, 4))
+        cases += [("ij,jk->ik", (bsr, torch.rand(40, 24, generator=g).to(dtype)), True),
+                  ("bk,nk->bn", (torch.rand(6, 40, generator=g).to(dtype), bsr), True)]
+        for eq, ops, overwrites in cases:
+            spec = sb.plan_einsum(eq, *ops)["spec"]
+            assert _C.kernel_info(spec)["overwrites_output"] == overwrites, (eq, spec)
+            dense = [o.to_dense() if isinstance(o, sb.SparseTensor) else o for o in ops]
+            want = torch.einsum(eq, *dense)
+            for _ in range(4):
+                junk = torch.full(want.shape, float("nan"), dtype=dtype)
+                del junk
+                got = sb.einsum(eq, *ops)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
