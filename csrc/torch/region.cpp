@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "convert.h"
+#include "region_operands.h"
 #include "runtime/settings.h"
 
 namespace scorch::torch_glue {
@@ -185,15 +186,6 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
   return out;
 }
 
-at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands) {
-  std::optional<at::ScalarType> t;
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    if (p.operands[k].kind == RegionOperand::Kind::pattern || !operands[k].is_floating_point()) continue;
-    t = t ? c10::promoteTypes(*t, operands[k].scalar_type()) : operands[k].scalar_type();
-  }
-  return t.value_or(at::kFloat);
-}
-
 // CSR of a contiguous float or double tensor of rank >= 2 (the leading dimensions are the dense outer levels,
 // flattened into rows), built in two passes over its rows: count each row's nonzeros, then write them. The
 // buffers scorch::pack makes (positions, coordinates; int32), without its sort of coordinates, which a
@@ -316,102 +308,6 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
     e->layouts[key] = out;
   }
   return out;
-}
-
-// The operand list of a call: one slot per program operand, then the index buffers of the packed ones.
-struct Slots {
-  at::TensorList slots;
-  std::vector<at::TensorList> buffers;  // per operand; empty unless packed
-  std::vector<std::vector<int64_t>> packed_sizes;  // per packed operand: its size in this call
-};
-
-// Packed operand k's size in this call. The program gives each dimension's size, or -1 where only the call
-// knows it (a rewritten model's sparse input: a new graph each call). A -1 is the size of the same letter in
-// another operand, or, for the dimension of a dense first level above a compressed one, the number of row
-// pointers less one.
-std::vector<int64_t> resolve_packed_size(const RegionProgram& p, size_t k, const Slots& s) {
-  const RegionOperand& o = p.operands[k];
-  std::vector<int64_t> size = o.packed_size;
-  for (size_t d = 0; d < size.size(); ++d) {
-    if (size[d] >= 0) continue;
-    const char c = o.letters[d];
-    for (size_t j = 0; j < p.operands.size() && size[d] < 0; ++j) {
-      const std::string letters = p.operands[j].tensor_letters();
-      const size_t at = letters.find(c);
-      if (j == k || at == std::string::npos) continue;
-      if (!p.operands[j].packed.empty()) {
-        size[d] = p.operands[j].packed_size[at];
-      } else if (s.slots[j].dim() == static_cast<int64_t>(letters.size())) {
-        size[d] = s.slots[j].size(static_cast<int64_t>(at));
-      }
-    }
-    const Format& f = interned_format(o.packed, static_cast<int>(size.size())).format;
-    const auto& levels = f.levels();
-    if (size[d] < 0 && levels.size() >= 2 && levels[0].kind->name() == "dense" &&
-        levels[0].expr.part == LevelExpr::Part::whole && levels[0].expr.dim == static_cast<int>(d) &&
-        levels[1].kind->name() == "compressed" && !s.buffers[k].empty() && s.buffers[k][0].dim() == 1)
-      size[d] = s.buffers[k][0].numel() - 1;
-    SCORCH_CHECK(size[d] >= 0, "scorch::region {}: packed operand {} has no size for its letter '{}' (give it in "
-                 "the program, or pass an operand that has that letter)", p.title, k, c);
-  }
-  return size;
-}
-
-// `resolve`: work out the packed operands' sizes (the Meta kernel, whose sizes may be symbolic, does it itself).
-Slots split_operands(const RegionProgram& p, at::TensorList operands, bool resolve = true) {
-  const size_t n = p.operands.size();
-  SCORCH_CHECK(operands.size() == n + static_cast<size_t>(p.packed_buffers),
-               "scorch::region {}: {} operands expected ({} index buffers of packed operands included), got {}",
-               p.title, n + p.packed_buffers, p.packed_buffers, operands.size());
-  Slots s{operands.slice(0, n), std::vector<at::TensorList>(n), std::vector<std::vector<int64_t>>(n)};
-  size_t at = n;
-  for (size_t k = 0; k < n; ++k) {
-    const int nb = p.operands[k].packed_buffers;
-    if (p.operands[k].packed.empty()) continue;
-    s.buffers[k] = operands.slice(at, nb);
-    at += nb;
-  }
-  for (size_t k = 0; k < n && resolve; ++k)
-    if (!p.operands[k].packed.empty()) s.packed_sizes[k] = resolve_packed_size(p, k, s);
-  return s;
-}
-
-// Buffers checked once per identity and version (a deployed model's buffers are data read from a file).
-std::mutex validated_mu;
-std::set<std::vector<int64_t>> validated;  // (address, elements, version) of the values and each buffer
-
-// Packed operand k as the executor takes it, its buffers validated (once per version) against its format.
-Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype) {
-  static const auto validate = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::validate", "").typed<
-      void(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
-  const RegionOperand& o = p.operands[k];
-  const at::Tensor& values = s.slots[k];
-  SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
-               p.title, k, values.dim());
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)};
-  auto add = [&](const at::Tensor& t) {
-    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(), static_cast<int64_t>(t._version())});
-  };
-  add(values);
-  for (const auto& b : s.buffers[k]) add(b);
-  const std::vector<int64_t>& size = s.packed_sizes[k];
-  key.insert(key.end(), size.begin(), size.end());
-  bool known = false;
-  {
-    std::lock_guard lock(validated_mu);
-    known = validated.count(key) > 0;
-  }
-  if (!known) {
-    validate.call(s.buffers[k], values, size, o.packed);
-    std::lock_guard lock(validated_mu);
-    if (validated.size() > 4096) validated.clear();
-    validated.insert(std::move(key));
-  }
-  const FormatRef& f = interned_format(o.packed, static_cast<int>(size.size()));
-  std::vector<at::Tensor> buffers;
-  for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());
-  return Operand{&f, size, std::move(buffers),
-                 values.scalar_type() == dtype ? values.contiguous() : values.to(dtype)};
 }
 
 std::map<char, int64_t> letter_sizes(const RegionProgram& p, const Slots& s) {
@@ -698,122 +594,5 @@ void region_clear_cache() {
 
 void set_region_hooks(RegionHooks h) { hooks = std::move(h); }
 void set_region_capture(bool on) { capturing = on; }
-
-// --- the op ------------------------------------------------------------------------------------------------
-namespace {
-
-at::Tensor region_cpu(c10::string_view program, at::TensorList operands) {
-  return translate_errors([&] {
-    const std::string text(program);
-    const RegionProgram& p = region_program(text);
-    RECORD_FUNCTION(p.profile_name.c_str(), std::vector<c10::IValue>());
-    return run_region(text, operands);
-  });
-}
-
-// Shapes only: the output in its storage order, handed back permuted (as the real kernel does).
-at::Tensor region_meta(c10::string_view program, at::TensorList all) {
-  return translate_errors([&] {
-    const RegionProgram& p = region_program(std::string(program));
-    SCORCH_CHECK(!p.operands.empty(), "scorch::region {}: a program without operands", p.title);
-    const Slots s = split_operands(p, all, /*resolve=*/false);
-    const at::TensorList operands = s.slots;
-    std::map<char, c10::SymInt> sizes;
-    for (size_t k = 0; k < operands.size(); ++k) {
-      const std::string letters = p.operands[k].tensor_letters();
-      if (!p.operands[k].packed.empty()) {
-        for (size_t d = 0; d < letters.size(); ++d)
-          if (p.operands[k].packed_size[d] >= 0) sizes.emplace(letters[d], p.operands[k].packed_size[d]);
-        continue;
-      }
-      const auto s = operands[k].sym_sizes();
-      SCORCH_CHECK(s.size() == letters.size(), "scorch::region {}: operand {} has {} dimensions, the program gives it {}",
-                   p.title, k, s.size(), letters.size());
-      for (size_t d = 0; d < letters.size(); ++d) sizes.emplace(letters[d], s[d]);
-    }
-    // A packed size the call gives (-1) and no other operand has: the row pointers' count less one (see
-    // resolve_packed_size).
-    for (size_t k = 0; k < operands.size(); ++k) {
-      const std::string letters = p.operands[k].tensor_letters();
-      for (size_t d = 0; d < letters.size() && !p.operands[k].packed.empty(); ++d)
-        if (!sizes.count(letters[d]) && !s.buffers[k].empty() && s.buffers[k][0].dim() == 1)
-          sizes.emplace(letters[d], s.buffers[k][0].sym_numel() - 1);
-    }
-    std::vector<c10::SymInt> shape;
-    for (char c : p.storage) shape.push_back(sizes.at(c));
-    return at::empty_symint(shape, operands[0].options().dtype(region_dtype(p, operands))).permute(p.back);
-  });
-}
-
-at::Tensor region_below_autograd(const std::string& program, at::TensorList operands) {
-  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::region", "").typed<
-      at::Tensor(c10::string_view, at::TensorList)>();
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return h.call(program, operands);
-}
-
-at::Tensor region_call(const std::string& program, at::TensorList operands) {
-  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::region", "").typed<
-      at::Tensor(c10::string_view, at::TensorList)>();
-  return h.call(program, operands);
-}
-
-class RegionFunction : public torch::autograd::Function<RegionFunction> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const std::string& program,
-                                                at::TensorList operands) {
-    ctx->saved_data["program"] = program;
-    ctx->save_for_backward(operands.vec());
-    return {region_below_autograd(program, operands)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const std::string program = ctx->saved_data["program"].toStringRef();
-    const RegionProgram& p = region_program(program);
-    const auto all = ctx->get_saved_variables();
-    const Slots s = split_operands(p, all);
-    const at::TensorList operands = s.slots;
-    torch::autograd::variable_list result(1 + all.size());  // index buffers and packed values get none
-    at::Tensor grad = grads[0];
-    for (size_t k = 0; k < operands.size(); ++k) {
-      const auto& o = p.operands[k];
-      const at::Tensor& t = operands[k];
-      if (!ctx->needs_input_grad(k) || !o.grad || !o.packed.empty() || !t.is_floating_point()) continue;
-      if (!grad.defined()) {
-        result[1 + k] = at::zeros_like(t);
-        continue;
-      }
-      const RegionGradient rg = region_gradient(program, static_cast<int>(k));
-      std::vector<at::Tensor> args;
-      for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);
-      for (int j : rg.operands)  // the packed operands' index buffers follow, in the gradient program's order
-        if (j >= 0) args.insert(args.end(), s.buffers[j].begin(), s.buffers[j].end());
-      at::Tensor g = region_call(rg.text, args);
-      if (rg.produced != o.letters) {  // letters summed only within operand k: constant along them
-        for (size_t d = 0; d < o.letters.size(); ++d)
-          if (rg.produced.find(o.letters[d]) == std::string::npos) g = g.unsqueeze(static_cast<int64_t>(d));
-        g = g.expand(t.sizes());
-      }
-      result[1 + k] = g.to(t.scalar_type());
-    }
-    return result;
-  }
-};
-
-at::Tensor region_autograd(c10::string_view program, at::TensorList operands) {
-  bool wants_grad = false;
-  if (at::GradMode::is_enabled())
-    for (const auto& t : operands) wants_grad = wants_grad || t.requires_grad();
-  if (!wants_grad) return region_below_autograd(std::string(program), operands);
-  return RegionFunction::apply(std::string(program), operands)[0];
-}
-
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(scorch, m) { m.def("region(str program, Tensor[] operands) -> Tensor"); }
-TORCH_LIBRARY_IMPL(scorch, CPU, m) { m.impl("region", region_cpu); }
-TORCH_LIBRARY_IMPL(scorch, Meta, m) { m.impl("region", region_meta); }
-TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("region", region_autograd); }
 
 }  // namespace scorch::torch_glue

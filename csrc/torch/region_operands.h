@@ -1,0 +1,31 @@
+// The operands of a region call as the op receives them (csrc/torch/region.cpp runs them): the slots, the
+// index buffers of packed operands, and the packed operands' sizes in this call.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "executor.h"
+#include "region.h"
+
+namespace scorch::torch_glue {
+
+// The operand list of a call: one slot per program operand, then the index buffers of the packed ones.
+struct Slots {
+  at::TensorList slots;
+  std::vector<at::TensorList> buffers;  // per operand; empty unless packed
+  std::vector<std::vector<int64_t>> packed_sizes;  // per packed operand: its size in this call
+};
+
+// The call's operands split into slots and packed buffers. `resolve`: work out the packed operands' sizes
+// (the Meta kernel, whose sizes may be symbolic, does it itself).
+Slots split_operands(const RegionProgram& p, at::TensorList operands, bool resolve = true);
+
+// Packed operand k as the executor takes it, its buffers validated (once per identity, version and size).
+Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype);
+
+// The dtype a region computes in: its floating operands' promoted type (float32 when none).
+at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands);
+
+}  // namespace scorch::torch_glue
