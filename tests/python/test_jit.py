@@ -235,39 +235,43 @@ import sys, torch
 from scorch_backend import jit
 m = jit.load(sys.argv[1])
 x = torch.load(sys.argv[2])["x"]
-torch.save({"y": m(x)}, sys.argv[3])
+torch.save({"y": m(*x)}, sys.argv[3])
 """
 
 
-def test_saved_model_runs_without_a_compiler(tmp_path):
+def _run_saved(tmp_path, model_path, inputs, script_text=_RUN_SAVED):
+    """Run a saved model on `inputs` in a child process with no compiler, no JIT and an empty kernel cache;
+    its output goes to tmp_path/out.pt ("y")."""
     import subprocess
     import sys
 
+    torch.save({"x": tuple(inputs)}, tmp_path / "in.pt")
+    script = tmp_path / "run.py"
+    script.write_text(script_text)
+    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
+               SCORCH_DISPATCH="sparse")
+    return subprocess.run([sys.executable, str(script), str(model_path), str(tmp_path / "in.pt"),
+                           str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_saved_model_runs_without_a_compiler(tmp_path):
     model, case = _mlp()
     x = case.make_inputs(6)[0]
     new, _ = _rewrite(model, (x,))
     info = jit.save(new, tmp_path / "model.pt", (x,))
     assert info["kernels"] and info["bundle"]
     x2 = case.make_inputs(5)[0]
-    torch.save({"x": x2}, tmp_path / "in.pt")
-    script = tmp_path / "run.py"
-    script.write_text(_RUN_SAVED)
-    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
-               SCORCH_DISPATCH="sparse")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
-                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,))
     assert r.returncode == 0, r.stderr[-2000:]
     with torch.no_grad():
         _close(torch.load(tmp_path / "out.pt")["y"], model(x2))
     # Without its bundle, the model names the kernel it misses.
     os.unlink(info["bundle"])
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
-                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,))
     assert r.returncode != 0 and "kernel bundle" in r.stderr
     # Loaded by torch.jit.load alone (no bundle), the region's first call names the missing kernel's spec.
-    script.write_text(_RUN_SAVED.replace("jit.load(sys.argv[1])", "torch.jit.load(sys.argv[1])"))
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
-                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,),
+                   _RUN_SAVED.replace("jit.load(sys.argv[1])", "torch.jit.load(sys.argv[1])"))
     assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
 
 
@@ -275,9 +279,6 @@ def test_block_sparse_attention_rewrites_to_the_scorch_op(tmp_path):
     """The block-sparse attention's idiom becomes one scorch::masked_attention call (the mask stays a buffer);
     the module matches eager on new batch sizes, scripts, saves with a bundle holding attention's kernels,
     loads, and runs from a fresh process with no compiler and no JIT."""
-    import subprocess
-    import sys
-
     from scorch_backend import attention
 
     case = zoo.make("block_sparse_attention", "test")
@@ -308,13 +309,7 @@ def test_block_sparse_attention_rewrites_to_the_scorch_op(tmp_path):
     x2 = case.make_inputs(3)[0]
     with torch.no_grad():
         _close(loaded(x2), model(x2))
-    torch.save({"x": x2}, tmp_path / "in.pt")
-    script = tmp_path / "run.py"
-    script.write_text(_RUN_SAVED)
-    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
-               SCORCH_DISPATCH="sparse")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "model.pt"), str(tmp_path / "in.pt"),
-                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,))
     assert r.returncode == 0, r.stderr[-2000:]
     with torch.no_grad():
         _close(torch.load(tmp_path / "out.pt")["y"], model(x2))
@@ -409,24 +404,13 @@ def sb_sparse(dense):
 
 
 def test_saved_gcn_with_a_sparse_input_runs_without_a_compiler(tmp_path):
-    import subprocess
-    import sys
-
     case = zoo.make("gcn", "test")
     model = case.model.eval()
     new, _ = _rewrite(model, case.inputs)
     x, adj = zoo.make("gcn", "test", nodes=257, edges=2000, seed=5).inputs
     info = jit.save(new, tmp_path / "gcn.pt", (case.inputs[0], _torch_csr(case.inputs[1], torch.int32)))
     assert any("i64" in k for k in info["kernels"]) and any("i32" in k for k in info["kernels"]), info["kernels"]
-    torch.save({"x": x, "adj": _torch_csr(adj, torch.int64)}, tmp_path / "in.pt")
-    script = tmp_path / "run.py"
-    script.write_text(
-        "import sys, torch\nfrom scorch_backend import jit\nm = jit.load(sys.argv[1])\ni = torch.load(sys.argv[2])\n"
-        "torch.save({'y': m(i['x'], i['adj'])}, sys.argv[3])\n")
-    env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
-               SCORCH_DISPATCH="sparse")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "gcn.pt"), str(tmp_path / "in.pt"),
-                        str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
+    r = _run_saved(tmp_path, tmp_path / "gcn.pt", (x, _torch_csr(adj, torch.int64)))
     assert r.returncode == 0, r.stderr[-2000:]
     with torch.no_grad():
         _close(torch.load(tmp_path / "out.pt")["y"], model(x, adj))
