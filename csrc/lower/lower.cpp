@@ -1,6 +1,6 @@
 #include "lower/lower.h"
 
-#include "lower/blocked.h"
+#include "lower/native_forms.h"
 #include "lower/lowerer.h"
 
 namespace scorch {
@@ -397,8 +397,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
 }  // namespace lowering
 
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
-  // A blocked operand in a form the block kernels cover is walked block by block (blocked.h).
-  if (auto m = match_blocked(spec.stmt, spec.operands, spec.output)) return lower_blocked(spec, schedule, *m, machine);
+  // Forms with a lowering of their own (native_forms.h: BSR, ...) first.
+  if (auto k = lower_native_form(spec, schedule, machine)) return std::move(*k);
   return lowering::Lowerer(spec, schedule, machine).run();
 }
 

@@ -1,0 +1,14 @@
+#include "lower/native_forms.h"
+
+#include "lower/blocked.h"
+
+namespace scorch {
+
+std::optional<LoweredKernel> lower_native_form(const KernelSpec& spec, const Schedule& schedule,
+                                               const VectorShape& machine) {
+  // A blocked operand in a form the block kernels cover is walked block by block (blocked.h).
+  if (auto m = match_blocked(spec.stmt, spec.operands, spec.output)) return lower_blocked(spec, schedule, *m, machine);
+  return std::nullopt;
+}
+
+}  // namespace scorch
