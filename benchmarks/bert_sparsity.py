@@ -18,8 +18,9 @@ import sys
 import torch
 
 import scorch_backend as sb
-from scorch_backend.bench import measure, zoo
-from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json
+from scorch_backend.tools import zoo
+from scorch_backend.tools.timing import measure
+from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
 
 
 def main(argv=None) -> int:

@@ -20,8 +20,8 @@ import torch
 os.environ["SCORCH_DISPATCH"] = "sparse"  # time the kernels themselves
 
 import scorch_backend as sb  # noqa: E402
-from scorch_backend import datasets  # noqa: E402
-from scorch_backend.bench import measure  # noqa: E402
+from scorch_backend.tools import datasets  # noqa: E402
+from scorch_backend.tools.timing import measure  # noqa: E402
 
 DENSITIES = [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9]
 SHAPES = [(256, 256, 64), (512, 512, 128), (1024, 1024, 64), (2048, 512, 128)]

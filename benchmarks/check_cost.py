@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
-from scorch_backend.bench.timing import save_json  # noqa: E402
+from scorch_backend.tools.timing import save_json  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/deploy.py                      # HF BERT base, 90% pruned, batch 1, seq 128
     .venv/bin/python benchmarks/deploy.py --target x86-64-v3 --model mlp
 
-Rewrites the model (scorch_backend.jit), saves it with its kernel bundle compiled for the target, builds
+Rewrites the model (scorch_backend.compiler.jit), saves it with its kernel bundle compiled for the target, builds
 examples/cpp (build/deploy-example), then alternates: the compiled model's median latency in this process,
 and the C++ program's median (no Python, SCORCH_JIT=0, CXX pointing nowhere, OMP threads = --threads).
 Prints both, their ratio (target: C++ within 10% of Python), and the packed weights' share of their dense
@@ -24,9 +24,10 @@ import tempfile
 import torch
 
 import scorch_backend as sb
-from scorch_backend import jit
-from scorch_backend.bench import measure, zoo
-from scorch_backend.bench.timing import save_json
+from scorch_backend.compiler import jit
+from scorch_backend.tools import zoo
+from scorch_backend.tools.timing import measure
+from scorch_backend.tools.timing import save_json
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import scorch_backend as sb  # noqa: E402
 import train_gcn as gcn  # noqa: E402
-from scorch_backend import datasets  # noqa: E402
+from scorch_backend.tools import datasets  # noqa: E402
 
 
 def main(argv=None):

@@ -60,9 +60,9 @@ import torch
 os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 
 import scorch_backend as sb  # noqa: E402
-from scorch_backend import datasets  # noqa: E402
-from scorch_backend.bench import measure, stream_triad  # noqa: E402
-from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
+from scorch_backend.tools import datasets  # noqa: E402
+from scorch_backend.tools.timing import measure, stream_triad  # noqa: E402
+from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 
 KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "bsr")
 N_SPMM = 128
@@ -202,7 +202,7 @@ def check_sparse(got: sb.SparseTensor, ref: sp.csr_array) -> tuple[bool, str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# contention probe (the STREAM triad is scorch_backend.bench.stream_triad)
+# contention probe (the STREAM triad is scorch_backend.tools.timing.stream_triad)
 
 
 _PROBE: dict = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Whole models from the zoo (scorch_backend/bench/zoo.py): torch.compile(backend="scorch") against eager,
+"""Whole models from the zoo (scorch_backend/tools/zoo.py): torch.compile(backend="scorch") against eager,
 Inductor, torch.sparse and PyG.
 
     .venv/bin/python benchmarks/models.py --quick      # smoke run: the zoo's test sizes, GCN on Cora only
@@ -26,7 +26,7 @@ its target is Scorch >= 1.5x eager PyG (forward + backward).
 
 All contenders run in one process with the same torch.set_num_threads(--threads). Every model copy is called
 once before timing (that first call, which compiles, is reported as first_call_s); the time is the median of
---repeat calls after --warmup calls (scorch_backend.bench.measure). Speedups are Inductor's time / the
+--repeat calls after --warmup calls (scorch_backend.tools.timing.measure). Speedups are Inductor's time / the
 contender's time (>1: faster than Inductor), and for GCN also the faster torch.sparse layout's time / the
 contender's time. Each contender's inference output is checked against eager's (largest difference relative
 to the largest |output|).
@@ -51,9 +51,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorch_backend as sb
-from scorch_backend import datasets
-from scorch_backend.bench import contention_probe, measure, zoo
-from scorch_backend.bench.timing import fmt_ratio, fmt_time, save_json
+from scorch_backend.tools import datasets
+from scorch_backend.tools import zoo
+from scorch_backend.tools.timing import contention_probe, measure
+from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODELS = tuple(zoo.CASES) + ("pyg_gcn",)

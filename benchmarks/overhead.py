@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
-from scorch_backend.bench import timing  # noqa: E402
+from scorch_backend.tools import timing  # noqa: E402
 
 
 def per_call(fn, repeats: int) -> float:

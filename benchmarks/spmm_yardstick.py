@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 import scorch_backend as sb
-from scorch_backend import _C, datasets
-from scorch_backend.bench.timing import save_json
+from scorch_backend import _C
+from scorch_backend.tools import datasets
+from scorch_backend.tools.timing import save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent

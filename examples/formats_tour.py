@@ -11,7 +11,7 @@ import time
 import torch
 
 import scorch_backend as sb
-from scorch_backend import datasets
+from scorch_backend.tools import datasets
 
 
 def show(title, A):

@@ -6,7 +6,7 @@
 
 The model is ordinary PyTorch. After `scorch_backend.prune` zeroes 90% of its weights, torch.compile with
 the "scorch" backend finds the sparse weights by measuring them, runs those layers as generated sparse kernels
-and leaves the rest to Inductor. `scorch_backend.explain` says what it did. Every contender uses the same
+and leaves the rest to Inductor. `scorch_backend.tools.explain` says what it did. Every contender uses the same
 number of threads; times are medians after warm-ups.
 """
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 import scorch_backend as sb
-from scorch_backend.bench.timing import measure
+from scorch_backend.tools.timing import measure
 
 
 def make_model(d: int, hidden: int) -> nn.Module:

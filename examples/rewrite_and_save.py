@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from scorch_backend import jit
-from scorch_backend.bench import zoo
+from scorch_backend.compiler import jit
+from scorch_backend.tools import zoo
 
 
 def main(argv=None) -> int:

@@ -18,10 +18,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorch_backend as sb
-from scorch_backend import datasets
-from scorch_backend.bench import measure
+from scorch_backend.tools import datasets
+from scorch_backend.tools.timing import measure
 # The Planetoid loaders moved to the model zoo; they stay importable from here (benchmarks/gcn.py uses them).
-from scorch_backend.bench.zoo import generated_graph, load_planetoid, normalized_adjacency  # noqa: F401
+from scorch_backend.tools.zoo import generated_graph, load_planetoid, normalized_adjacency  # noqa: F401
 
 
 def glorot(rows, cols, g):

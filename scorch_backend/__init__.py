@@ -12,21 +12,30 @@
     print(sb.explain(model, x, png="patterns.png"))          # what was compiled and why
 """
 
+# The package in stages, each importing only from those above it in this list (docs/package.md):
+#   config, log, target, _native, cost_model   settings, logging, the machine, the native libraries, the model
+#   tensors/      SparseTensor, formats, conversions, the eager einsum and its op table, torch.sparse interop
+#   custom_ops/   the Python faces of the C++ ops scorch::kernel, scorch::region, scorch::masked_attention
+#   compiler/     the torch.compile backend, its passes, TorchScript rewriting
+#   tools/        explain, plots, pruning, data sets, the timing harness and model zoo
 from ._native import ops, ops_library_path
-from .convert import from_coordinates, sparse, to_format, to_scipy, to_torch
-from .frontend import compute, einsum, kernel_info, plan_einsum, precompile
-from . import autograd, fake, kernel_rules  # noqa: F401  (autograd, fake kernels, dispatch rules)
-from .format import Format, make_format
-from .tensor import SparseTensor
-from . import region  # noqa: F401  (registers scorch::region)
-from . import backend  # noqa: F401  (registers the torch.compile backend "scorch")
-from .explain import explain
-from .interop import compile, convert_module, from_sten, from_torch_sparse  # noqa: A004 - sb.compile, as torch.compile
-from .sparsify import prune
 from .target import describe_machine, set_target, target_info, target_name, using_target
+from .tensors import rules  # noqa: F401  (the eager op table: ATen ops on SparseTensors as kernels)
+from .tensors.convert import from_coordinates, sparse, to_format, to_scipy, to_torch
+from .tensors.frontend import compute, einsum, kernel_info, plan_einsum, precompile
+from .tensors.format import Format, make_format
+from .tensors.interop import convert_module, from_sten, from_torch_sparse
+from .tensors.sparse_tensor import SparseTensor
+from .custom_ops import aot, autograd, fake, region  # noqa: F401  (op faces: fake kernels, autograd, hooks)
+from .compiler import backend, jit  # noqa: F401  (registers the torch.compile backend "scorch")
+from .compiler.entry import compile  # noqa: A004 - sb.compile, as torch.compile
+from .tools.explain import explain
+from .tools.sparsify import prune
 
 __all__ = [
     "Format",
+    "aot",
+    "jit",
     "SparseTensor",
     "compile",
     "compute",

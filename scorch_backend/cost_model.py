@@ -24,7 +24,8 @@ import pathlib
 import threading
 import time
 
-from . import config
+from . import _C, _native, config, log
+from .target import target_info
 
 _CALIBRATION = pathlib.Path(__file__).with_name("calibration.json")
 _FALLBACK_CROSSOVER = 0.3  # used only when the calibration file is missing and measuring failed
@@ -68,7 +69,6 @@ def machine_key(threads: int) -> dict:
     """What a stored calibration is valid for, and its hash (the file name)."""
     import torch
 
-    from .target import target_info
 
     fields = {"cpu": _cpu_identity(), "threads": int(threads), "torch": torch.__version__,
               "target": target_info()["fingerprint"], "version": CALIBRATION_VERSION}
@@ -77,8 +77,6 @@ def machine_key(threads: int) -> dict:
 
 
 def _calibration_path(key: str) -> pathlib.Path:
-    from . import _C
-
     return pathlib.Path(_C.kernel_cache_dir()) / "calibration" / f"{key}.json"
 
 
@@ -108,9 +106,6 @@ def measure(threads: int) -> dict:
     density, t(d) = a + b d, so the crossover is where that line meets the dense time."""
     import torch
 
-    from . import _native
-    from .convert import sparse
-    from .frontend import plan_einsum
 
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -123,17 +118,18 @@ def measure(threads: int) -> dict:
         points = []
         compile_s = 0.0
         for d in (0.05, 0.4):
-            A = dense_a * (torch.rand(m, k, generator=g) < d)
-            S = sparse(A, "csr")
-            plan = plan_einsum("ij,jk->ik", S, B)
-            bufs = S.level_buffers
-            inputs = [bufs["pos1"], bufs["crd1"], S.stored_values, B]
+            A = (dense_a * (torch.rand(m, k, generator=g) < d)).to_sparse_csr()
+            pos, crd, vals = A.crow_indices().int(), A.col_indices().int(), A.values()  # int32, the default
+            csr = _C.format_info("csr", 2)["canonical"]
+            plan = _C.plan_einsum("ij,jk->ik", [(csr, [m, k], vals.numel()), ("strided", [k, n], k * n)],
+                                  "strided", False, False)
+            inputs = [pos, crd, vals, B]
             spec, sizes = plan["spec"], plan["var_sizes"]
             run = lambda: _native.ops.kernel(spec, inputs, sizes, threads)  # noqa: E731
             t_first = time.perf_counter()
             run()  # compiles (or loads) the kernel: kept out of the measurement's own time
             compile_s += time.perf_counter() - t_first
-            points.append((S.nnz / (m * k), _best_time(run, 9)))
+            points.append((vals.numel() / (m * k), _best_time(run, 9)))
         (d0, t0), (d1, t1) = points
         # Eight times the nonzeros must take clearly longer; if not, the timings measured something else (a
         # busy machine) and are not worth keeping.
@@ -169,7 +165,6 @@ def calibration(threads: int | None = None) -> dict:
     shipped calibration.json when measuring fails, and says so in "source"."""
     import torch
 
-    from . import _C
 
     threads = threads or torch.get_num_threads()
     fast_key = (threads, _C.target_name())  # a decision per call must not hash the machine each time
@@ -214,8 +209,6 @@ def calibration(threads: int | None = None) -> dict:
                 result = dict(_shipped())  # this process only (the next one measures again)
                 result["source"] += f"; measuring failed: {type(e).__name__}: {e}"
         if config.debug_level() >= 1:
-            from . import log
-
             log.sync()
             log.get("cost_model").info("cost model (%d threads): crossover density %.3g, %s", threads,
                                        result["dense_crossover_density"], result["source"])
@@ -261,8 +254,6 @@ def agreed(name: str, value: float) -> float:
         store.wait([key], datetime.timedelta(seconds=AGREE_TIMEOUT_S))
         return float(store.get(key).decode())
     except Exception as e:  # noqa: BLE001 - agreement is best effort; the job must go on
-        from . import log
-
         log.get("cost_model").warning("rank %d keeps its own %s (%.4g): rank 0's did not arrive (%s)", ranks[0],
                                       name, value, e)
         return value
@@ -303,49 +294,6 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
     return False, f"combined density {combined:.3g} < crossover {threshold:.3g}: sparse kernel"
 
 
-# --- whole regions of a compiled model ------------------------------------------------------------------
-REGION_OVERHEAD_FALLBACK_S = 20e-6  # where the probe cannot run: measured 13-18 us on a busy 2-core Zen 3
-
-
-@functools.lru_cache(maxsize=1)
-def region_overhead_s() -> float:
-    """One scorch::region call's fixed cost on this machine (dispatch, cache checks, plan lookup, the choice),
-    measured once per process: the fastest batch of calls of its kernel path on a 2x2 problem, less a torch.mm call
-    of the same size (what the dense product it replaces costs at least)."""
-    import json
-    import time
-
-    import torch
-
-    from . import _C
-    from . import region as _region  # noqa: F401  (registers the op's Python hooks)
-
-    text = json.dumps({"operands": [["ab", "dense", False, True, 0, False], ["bc", "sparse", True, True, 0, True]],
-                       "out": "ac", "coef": 1.0, "frozen": True, "name": "overhead", "label": "cost model probe"})
-    a, b = torch.ones(2, 2), torch.eye(2)
-
-    def per_call(f, n=200) -> float:
-        samples = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(n):
-                f()
-            samples.append((time.perf_counter() - t) / n)
-        return min(samples)  # the least disturbed batch: other processes only ever add time
-
-    def kernel_path():  # the op's C++ path with the kernel forced (no density rule, no timing check)
-        return _C.region_run(text, [a, b], "sparse")
-
-    try:
-        with torch.no_grad():
-            kernel_path()
-            total = per_call(kernel_path)
-            dense = per_call(lambda: torch.mm(a, b))
-    except Exception:  # noqa: BLE001 - no kernel can be had (no compiler): a typical figure (Zen 3, 2 threads)
-        return agreed("region_overhead_s", REGION_OVERHEAD_FALLBACK_S)
-    return agreed("region_overhead_s", max(total - dense, 1e-6))
-
-
 def dense_rate(threads: int) -> float:
     """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (from the
     calibration; a quick 384^3 measurement when it has none)."""
@@ -365,35 +313,3 @@ def _quick_dense_rate(threads: int) -> float:
         return 384**3 / max(_best_time(lambda: a @ b, 3), 1e-9)
     finally:
         torch.set_num_threads(prev)
-
-
-def region_speedup(dense_fmas: float, density: float, sparse_calls: int = 1, dense_calls: int = 0) -> float:
-    """Estimated speedup of a sparse region over the dense products it replaces: the dense time over the
-    region's fixed cost per call plus its work, a stored entry costing 1/crossover of a dense multiply-add.
-    In training a region also runs its gradients: those that keep a sparse factor (`sparse_calls`, the
-    forward one included) and those that do not (`dense_calls`: the gradient of the sparse operand itself)."""
-    import torch
-
-    rate = dense_rate(torch.get_num_threads())
-    calls = sparse_calls + dense_calls
-    t_dense = calls * dense_fmas / rate
-    t_sparse = calls * region_overhead_s() + sparse_calls * dense_fmas * density / (rate * crossover_density()) \
-        + dense_calls * dense_fmas / rate
-    return t_dense / t_sparse
-
-
-def calls_speedup(dense_fmas: float, call_densities: list) -> float:
-    """Estimated speedup of a region over the dense products it replaces, from the calls it makes per step:
-    the forward and, in training, one gradient per operand that needs one. Each call does the same number of
-    multiply-adds densely; `call_densities` gives, per call, the density of its sparse factors, or None when
-    it has none (it runs dense, at the dense rate, and still pays the region's fixed cost). A call whose
-    factors are denser than the crossover is costed dense too: the run-time choice runs it so."""
-    import torch
-
-    rate = dense_rate(torch.get_num_threads())
-    crossover = crossover_density()
-    t_dense = len(call_densities) * dense_fmas / rate
-    t_sparse = len(call_densities) * region_overhead_s()
-    for d in call_densities:
-        t_sparse += dense_fmas / rate * (1.0 if d is None else min(d / crossover, 1.0))
-    return t_dense / t_sparse

@@ -187,7 +187,7 @@ std::tuple<at::Tensor, TensorVec> kernel_autograd(c10::string_view spec, at::Ten
     for (const auto& t : inputs) wants_grad = wants_grad || t.requires_grad();
   if (!wants_grad) return kernel_below_autograd_symint(spec, inputs, sizes, threads);
   // The backward plans its gradient statements with concrete sizes. A traced call with symbolic sizes
-  // differentiates in Python instead (scorch_backend/frontend.py, _TracedKernel), calling this op below
+  // differentiates in Python instead (scorch_backend/tensors/frontend.py, _TracedKernel), calling this op below
   // autograd.
   const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
   TORCH_CHECK(concrete.has_value(), "scorch::kernel: gradients of a call with symbolic sizes are not derived "

@@ -29,7 +29,7 @@
 namespace scorch::torch_glue {
 namespace {
 
-// --- compressed operands, cached by tensor version (see scorch_backend/region.py for the contract) ---------
+// --- compressed operands, cached by tensor version (see scorch_backend/custom_ops/region.py for the contract) ---------
 constexpr size_t kMaxWeights = 512;  // most recently used parameters and buffers
 constexpr size_t kMaxInputs = 8;     // data inputs: a new batch is a new tensor
 constexpr int64_t kFingerprint = 32; // entries spread over a tensor, compared on every hit unless frozen

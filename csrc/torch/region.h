@@ -1,10 +1,10 @@
 // scorch::region in C++: a region of a compiled model (one einsum over graph tensors, some of them
 // compressed), run with the operand cache, the dense-or-sparse choice and the executor, and differentiated
-// by more region calls. The program text is the JSON the backend writes (scorch_backend/region.py: Program);
+// by more region calls. The program text is the JSON the backend writes (scorch_backend/custom_ops/region.py: Program);
 // it is parsed once per text.
 //
 // Python is asked for two things only, through hooks the _C module installs: the grouped dense execution of a
-// one-hot gated product (a mixture of experts; scorch_backend/region.py) and the recording of operands that
+// one-hot gated product (a mixture of experts; scorch_backend/custom_ops/region.py) and the recording of operands that
 // `explain` asks for. A program without Python (TorchScript from C++) runs the other paths.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Region programs: the JSON text the backend writes (scorch_backend/region.py: Program), read once per text
+// Region programs: the JSON text the backend writes (scorch_backend/custom_ops/region.py: Program), read once per text
 // into a RegionProgram with its derived layouts (loop order, storage order, kernel equation), written back,
 // and differentiated (the program of d out / d operand k).
 #include <map>
@@ -344,7 +344,7 @@ RegionGradient region_gradient(const std::string& text, int k) {
   RegionOperand grad_out;
   grad_out.letters = p.out;
   // Not cached: the gradient is a buffer of the backward graph, which Inductor may reuse for another value
-  // without moving its version counter (see scorch_backend/passes/fuse.py); each program compresses it.
+  // without moving its version counter (see scorch_backend/compiler/passes/fuse.py); each program compresses it.
   if (p.sparse_grad_out) grad_out.kind = RegionOperand::Kind::sparse;
   g.operands.push_back(grad_out);
   RegionGradient r;

@@ -1,10 +1,10 @@
 // scorch_deploy: runs a TorchScript model that calls torch.ops.scorch operators, in a process with no Python
-// and no compiler. Kernels come from a bundle built ahead of time (scorch_backend.aot.build_bundle).
+// and no compiler. Kernels come from a bundle built ahead of time (scorch_backend.custom_ops.aot.build_bundle).
 //
 //   scorch_deploy <model.pt> <kernels bundle | @ | -> <inputs.pt> <outputs.pt> [--repeat N] [--no-freeze]
 //
 // The bundle is a file, or "@": the one stored inside model.pt as the extra file "scorch/kernels"
-// (scorch_backend.aot.save_model), or "-": none (then kernels come from the JIT, if it may compile).
+// (scorch_backend.custom_ops.aot.save_model), or "-": none (then kernels come from the JIT, if it may compile).
 // inputs.pt holds a tensor, or a tuple or list of tensors (a dict for a sparse CSR matrix: see argument()),
 // saved with torch.save (torch::jit::pickle_load reads it); they are the model's forward() arguments.
 // outputs.pt receives forward()'s result, saved with torch::jit::pickle_save (torch.load reads it).
@@ -52,7 +52,7 @@ int64_t load_kernel_bytes(std::string& bytes, const std::string& name) {
   return op.call(data, name);
 }
 
-constexpr const char* kBundleExtraFile = "scorch/kernels";  // scorch_backend.aot.EXTRA_FILE
+constexpr const char* kBundleExtraFile = "scorch/kernels";  // scorch_backend.custom_ops.aot.EXTRA_FILE
 
 // A sparse CSR matrix (a GCN's graph) as the inputs file carries it: the pickle format C++ reads has no sparse
 // layouts, so a dict {"crow_indices", "col_indices", "values", "size"} stands for

@@ -6,7 +6,7 @@ needs, its inputs, and Python's outputs to compare with.
 writes OUT_DIR/model.pt, model.kernels, model_with_kernels.pt (the same model with the bundle inside),
 inputs.pt and expected.pt. The model is written by hand: one
 `scorch::kernel` call (a CSR weight stored as buffers) and one `scorch::region` call (a pruned dense weight
-the region compresses at run time), with a ReLU between them. Models rewritten by scorch_backend.jit take its
+the region compresses at run time), with a ReLU between them. Models rewritten by scorch_backend.compiler.jit take its
 place the same way: run them once, then bundle `aot.used_kernel_specs()`.
 """
 
@@ -22,7 +22,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")  # run the kernels (small siz
 import torch  # noqa: E402
 
 import scorch_backend as sb  # noqa: E402
-from scorch_backend import aot  # noqa: E402
+from scorch_backend.custom_ops import aot  # noqa: E402
 
 SPMM = "out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=dense(0),compressed(1); t1=strided; out=strided; f32; i32"
 

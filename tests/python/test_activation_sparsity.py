@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 
 from model_check import check_model
-from scorch_backend import region as R
-from scorch_backend.backend import _options, transform
-from scorch_backend.bench import zoo
-from scorch_backend.passes import partition
+from scorch_backend.custom_ops import region as R
+from scorch_backend.compiler.backend import _options, transform
+from scorch_backend.tools import zoo
+from scorch_backend.compiler.passes import partition
 from test_backend_passes import THRESHOLD, attrs_of, capture
 
 DISPATCH_MODES = ("sparse", "auto")  # model tests run under the forced kernels and the default dispatch
@@ -125,7 +125,7 @@ def test_one_hot_supports_are_left_to_their_pattern_factors():
 
 @kernel_path
 def test_grad_density_bounds():
-    from scorch_backend.passes.partition import grad_density
+    from scorch_backend.compiler.passes.partition import grad_density
 
     gm, ex, attrs = attrs_of(ReluMLP(), _x())
     linear = next(n for n in gm.graph.nodes if n.name == "linear")

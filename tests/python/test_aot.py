@@ -1,4 +1,4 @@
-"""Ahead-of-time kernel bundles (scorch_backend.aot, docs/deploy.md).
+"""Ahead-of-time kernel bundles (scorch_backend.custom_ops.aot, docs/deploy.md).
 
 A bundle built here is loaded in fresh child processes that have no compiler (CXX=/nonexistent), no JIT
 (SCORCH_JIT=0) and an empty kernel cache; they must compute what dense torch computes, fail with a clear
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
-from scorch_backend import aot
+from scorch_backend.custom_ops import aot
 
 from conftest import random_dense
 
@@ -68,7 +68,7 @@ def specs_of_workload() -> list[str]:
 
 CHILD = r"""
 import json, sys, torch, scorch_backend as sb
-from scorch_backend import aot
+from scorch_backend.custom_ops import aot
 sys.path.insert(0, sys.argv[2])
 from test_aot import operands, CASES
 bundle, mode = sys.argv[1], sys.argv[3]
@@ -232,7 +232,7 @@ def test_library_not_matching_its_manifest_is_refused(tmp_path):
     _, manifest_b, _ = split(b.read_bytes())
     mixed = tmp_path / "mixed.kernels"
     mixed.write_bytes(reseal(manifest_b, lib_a))
-    out = subprocess.run([sys.executable, "-c", "import sys, scorch_backend.aot as aot\n"
+    out = subprocess.run([sys.executable, "-c", "import sys, scorch_backend.custom_ops.aot as aot\n"
                           "try:\n    aot.load_bundle(sys.argv[1])\nexcept ValueError as e:\n    print('refused:', e)\n",
                           str(mixed)], env=dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "c"), SCORCH_JIT="0"),
                          capture_output=True, text=True, timeout=300)
@@ -338,7 +338,7 @@ def test_bundles_listed_in_the_environment_load_at_the_first_miss(bundle, tmp_pa
 
 TRAIN = r"""
 import json, sys, torch, scorch_backend as sb
-from scorch_backend import aot
+from scorch_backend.custom_ops import aot
 if sys.argv[1] != "-":
     aot.load_bundle(sys.argv[1])
 g = torch.Generator().manual_seed(5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from scorch_backend import _C
-from scorch_backend import attention as A
+from scorch_backend.custom_ops import attention as A
 
 PATHS = ("sparse", "dense")
 op = torch.ops.scorch.masked_attention
@@ -220,7 +220,7 @@ def test_compiles_exports_and_scripts(monkeypatch):
 
 def test_kernel_specs_are_the_ones_the_op_runs(monkeypatch):
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
-    from scorch_backend import aot
+    from scorch_backend.custom_ops import aot
 
     q, k, v, mask = make((2, 3), L=10, S=8, seed=6, grad=True)
     op(q, k, v, mask, 0.5).sum().backward()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from model_check import check_model
 from scorch_backend import _C
-from scorch_backend import region as R
+from scorch_backend.custom_ops import region as R
 
 EAGER = {"fallback": "eager"}
 

@@ -1,6 +1,6 @@
 """Whole models through torch.compile(backend=BACKEND) against eager PyTorch, forward and backward.
 
-The models are the zoo's (scorch_backend/bench/zoo.py) at their small test sizes. BACKEND is "scorch"
+The models are the zoo's (scorch_backend/tools/zoo.py) at their small test sizes. BACKEND is "scorch"
 unless SCORCH_TEST_BACKEND names another one, which is how these tests are checked against backends known to
 be right:
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from model_check import check_model
-from scorch_backend.bench import zoo
+from scorch_backend.tools import zoo
 
 BACKEND = os.environ.get("SCORCH_TEST_BACKEND", "scorch")
 DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
@@ -63,7 +63,7 @@ class TwoPrunedLinears(nn.Module):
 
 
 def test_graph_break_between_pruned_linears():
-    from scorch_backend.sparsify import prune
+    from scorch_backend.tools.sparsify import prune
 
     torch.manual_seed(0)
     model = TwoPrunedLinears()

@@ -11,10 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorch_backend as sb
-from scorch_backend import region as R
-from scorch_backend.backend import _options, transform
-from scorch_backend.passes import discover, example_run, partition, propagate
-from scorch_backend.sparsity import Support
+from scorch_backend.custom_ops import region as R
+from scorch_backend.compiler.backend import _options, transform
+from scorch_backend.compiler.passes import discover, example_run, partition, propagate
+from scorch_backend.compiler.attrs import Support
 
 
 @pytest.fixture(autouse=True)
@@ -332,7 +332,7 @@ def test_region_op_passes_opcheck():
 
 def test_backend_is_an_entry_point_and_checks_options():
     eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
-    assert any(e.name == "scorch" and e.value == "scorch_backend.backend:scorch" for e in eps)
+    assert any(e.name == "scorch" and e.value == "scorch_backend.compiler.backend:scorch" for e in eps)
     with pytest.raises(ValueError, match="unknown scorch backend option"):
         _options({"sparse_treshold": 0.1})
     with pytest.raises(ValueError, match="fallback"):

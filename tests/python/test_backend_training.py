@@ -10,7 +10,7 @@ import torch.nn as nn
 
 import scorch_backend as sb
 from model_check import check_model
-from scorch_backend import region as R
+from scorch_backend.custom_ops import region as R
 
 DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
 

@@ -38,7 +38,7 @@ def _mlp():
 
 
 def _gcn():
-    from scorch_backend.bench import zoo
+    from scorch_backend.tools import zoo
 
     case = zoo.make("gcn", "test")
     x, adj = case.inputs
@@ -64,7 +64,7 @@ def _worker(rank, world, port, name, out_dir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        from scorch_backend import backend
+        from scorch_backend.compiler import backend
 
         model, inputs, target = _mlp() if name == "mlp" else _gcn()
         inputs, target = _shard(name, inputs, target, rank, world)

@@ -143,7 +143,7 @@ def runs_from_bundle_alone(binary, tmp_path, bundle, expected) -> None:
 
 
 def test_rewritten_model_runs_in_cpp(scorch_deploy, tmp_path):
-    """examples/rewrite_and_save.py (scorch_backend.jit.rewrite + save) then the C++ program: the pruned MLP's
+    """examples/rewrite_and_save.py (scorch_backend.compiler.jit.rewrite + save) then the C++ program: the pruned MLP's
     packed regions run from C++ with kernels from its bundle only, on a batch of another size, and give the
     eager model's output."""
     out = tmp_path / "out"
@@ -164,8 +164,9 @@ def test_rewritten_model_runs_in_cpp(scorch_deploy, tmp_path):
 def test_rewritten_block_sparse_attention_runs_in_cpp(scorch_deploy, tmp_path):
     """The zoo's block-sparse attention, rewritten (its masked attention a scorch::masked_attention call, the
     mask a buffer) and saved with its bundle, runs from C++ with attention's kernels from the bundle only."""
-    from scorch_backend import attention, jit
-    from scorch_backend.bench import zoo
+    from scorch_backend.custom_ops import attention
+    from scorch_backend.compiler import jit
+    from scorch_backend.tools import zoo
 
     torch._dynamo.reset()
     case = zoo.make("block_sparse_attention", "test")
@@ -193,8 +194,8 @@ def test_rewritten_gcn_with_a_sparse_input_runs_in_cpp(scorch_deploy, tmp_path):
     from C++ on a graph of another size, int64 indices, with kernels from its bundle only. The inputs file
     carries the graph as a dict of its CSR parts (C++'s pickle reader has no sparse layouts); the program
     builds the torch.sparse CSR tensor from it, as a C++ caller would."""
-    from scorch_backend import jit
-    from scorch_backend.bench import zoo
+    from scorch_backend.compiler import jit
+    from scorch_backend.tools import zoo
 
     torch._dynamo.reset()
     case = zoo.make("gcn", "test")

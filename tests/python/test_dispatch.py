@@ -90,7 +90,7 @@ class _DenseRuns:
     """Dense runs since it was made: the C++ executor's (dense result) plus Python's (sparse result)."""
 
     def __init__(self, monkeypatch):
-        import scorch_backend.frontend as F
+        import scorch_backend.tensors.frontend as F
 
         self.start = _C.executor_stats()["dense"]
         self.python = []
@@ -137,7 +137,7 @@ def test_non_finite_stored_value_meets_no_unstored_zero(monkeypatch, mode):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_finiteness_check_catches_every_non_finite_value(dtype):
-    from scorch_backend.frontend import _all_finite, _operand
+    from scorch_backend.tensors.frontend import _all_finite, _operand
 
     for bad in (float("inf"), -float("inf"), float("nan")):
         x = torch.ones(1000, dtype=dtype)

@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import scorch_backend as sb
-from scorch_backend.bench import zoo
+from scorch_backend.tools import zoo
 
 DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
 
@@ -155,7 +155,7 @@ def test_no_size_constant_left_in_the_traced_kernel_calls():
     constant among them (it did: a no_grad graph then ran a larger graph with the example's sizes)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    from scorch_backend import frontend
+    from scorch_backend.tensors import frontend
 
     seen = []
     real = frontend._kernel_below_autograd

@@ -270,7 +270,7 @@ def test_compiler_failure_raises_runtime_error(tmp_path):
 
 
 def test_real_matrices_spmm(data_dir):
-    from scorch_backend import datasets
+    from scorch_backend.tools import datasets
 
     found = list(datasets.real_matrices(data_dir, max_per_kind=2))
     if not found:

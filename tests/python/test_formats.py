@@ -187,7 +187,7 @@ def test_pattern_preserving_ops():
 
 
 def test_unhandled_ops_densify_and_warn_once():
-    import scorch_backend.tensor as st
+    import scorch_backend.tensors.sparse_tensor as st
 
     st._warned_ops.discard("aten.add.Tensor")
     x = random_dense((4, 4), 0.5, seed=1)

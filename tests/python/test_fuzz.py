@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
-import scorch_backend.frontend as einsum_module
+import scorch_backend.tensors.frontend as einsum_module
 from scorch_backend import _C
 from reference import evaluate
 

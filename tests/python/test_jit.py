@@ -1,4 +1,4 @@
-"""TorchScript rewriting (scorch_backend/jit.py) and regions over packed operands (csrc/torch/region.cpp).
+"""TorchScript rewriting (scorch_backend/compiler/jit.py) and regions over packed operands (csrc/torch/region.cpp).
 
 A rewritten model must match eager for new batch sizes, script, trace, save and load, and export; its sparse
 weights are stored compressed. Every test runs under the forced kernels and under the default dispatch, where
@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 
 from conftest import random_dense
-from scorch_backend import jit
-from scorch_backend.bench import zoo
+from scorch_backend.compiler import jit
+from scorch_backend.tools import zoo
 
 DISPATCH_MODES = ("sparse", "auto")
 
@@ -232,7 +232,7 @@ def test_packed_region_after_an_in_place_write_is_checked_again():
 
 _RUN_SAVED = """
 import sys, torch
-from scorch_backend import jit
+from scorch_backend.compiler import jit
 m = jit.load(sys.argv[1])
 x = torch.load(sys.argv[2])["x"]
 torch.save({"y": m(*x)}, sys.argv[3])
@@ -279,7 +279,7 @@ def test_block_sparse_attention_rewrites_to_the_scorch_op(tmp_path):
     """The block-sparse attention's idiom becomes one scorch::masked_attention call (the mask stays a buffer);
     the module matches eager on new batch sizes, scripts, saves with a bundle holding attention's kernels,
     loads, and runs from a fresh process with no compiler and no JIT."""
-    from scorch_backend import attention
+    from scorch_backend.custom_ops import attention
 
     case = zoo.make("block_sparse_attention", "test")
     model = case.model.eval()

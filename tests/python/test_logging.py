@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from scorch_backend import backend, config, log
+from scorch_backend.compiler import backend
+from scorch_backend import config, log
 
 
 @pytest.fixture(autouse=True)
@@ -20,8 +21,8 @@ def _kernel_path(monkeypatch):
     """The logs checked here are those of regions on small models, which the automatic dispatch leaves dense:
     the kernel path is asked for, whatever the run's SCORCH_DISPATCH."""
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
-from scorch_backend import region as R
-from scorch_backend.bench import zoo
+from scorch_backend.custom_ops import region as R
+from scorch_backend.tools import zoo
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import scorch_backend as sb
-from scorch_backend import sparsify as sp
-from scorch_backend.plot import plot_patterns
-from scorch_backend.sparsity import Measurement, measure
+from scorch_backend.tools import sparsify as sp
+from scorch_backend.tools.plot import plot_patterns
+from scorch_backend.compiler.measure import Measurement, measure
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
-from scorch_backend import frontend
+from scorch_backend.tensors import frontend
 
 pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is in the test extra (pip install -e .[test])")
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv  # noqa: E402
@@ -21,7 +21,7 @@ WIDTH = 64  # Cora's first 64 feature columns: the layers' arithmetic is what is
 @pytest.fixture(scope="module")
 def cora():
     """(x, normalized adjacency as a Scorch CSR SparseTensor, binary adjacency as one, source)."""
-    from scorch_backend.bench import zoo
+    from scorch_backend.tools import zoo
 
     case = zoo.gcn("bench", dataset="cora")
     x, A = case.inputs

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
-from scorch_backend import datasets
+from scorch_backend.tools import datasets
 
 
 def matrices(data_dir):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from scorch_backend import sparsify as sp
+from scorch_backend.tools import sparsify as sp
 
 
 def _randn(*shape, seed=0):

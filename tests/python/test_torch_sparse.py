@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import scorch_backend as sb
-from scorch_backend import frontend
-from scorch_backend import tensor as st
+from scorch_backend.tensors import frontend
+from scorch_backend.tensors import sparse_tensor as st
 
 from conftest import random_dense
 

@@ -1,0 +1,1 @@
+"""The torch.compile backend, its passes and TorchScript rewriting (README.md)."""

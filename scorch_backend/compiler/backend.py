@@ -1,0 +1,306 @@
+"""The torch.compile backend "scorch".
+
+    model = torch.compile(model, backend="scorch")                      # no import of scorch_backend needed
+    model = torch.compile(model, backend="scorch", options={"sparse_threshold": 0.3, "fallback": "eager"})
+
+Dynamo hands over the model's graph with the real example inputs (parameters included). The passes
+(scorch_backend/compiler/passes) find where the zeros are, carry that through the graph, cut out the regions worth
+running sparse and replace each with one `scorch::region` op; the graph then goes to Inductor (or runs as it
+is, with fallback "eager"). AOTAutograd traces the regions' gradients, so training works.
+
+Options:
+  sparse_threshold  density under which a weight (or any value) counts as sparse; default: the measured
+                    dense/sparse crossover (scorch_backend/calibration.json)
+  fallback          "inductor" (default) or "eager": what runs the dense rest
+  frozen_weights    False (default): compressed weights are rechecked on every call (version counter and a
+                    32-entry fingerprint) and recompressed after an update. True: the fingerprint is skipped
+                    (the version counter is still checked, so optimizer steps and in-place updates through
+                    torch are seen); only writes through .data or numpy would go unseen.
+  measure           True (default): run the graph once on the example inputs to measure activation densities
+                    (inputs cloned, RNG state restored)
+  measure_inputs    True (default): measure the model's data inputs too (bags of words, sparse features);
+                    each new input is measured again at run time and runs dense if it is not sparse
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from .. import _C, config, cost_model
+from .. import log as _log
+from ..custom_ops import attention, region
+from .passes import discover, example_run, partition, propagate, rewrite
+from .passes.graph import describe, example, op_of
+from .sparse_calls import route_sparse_calls
+
+DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
+                   "measure_inputs": True}
+
+
+@dataclass
+class GraphReport:
+    """What the backend did with one graph (explain() collects these)."""
+
+    regions: list
+    decisions: list
+    attrs: dict
+    graph_before: str
+    graph_after: str
+    threshold: float
+    options: dict
+    dense_ops: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)  # specs of the kernels compiled ahead of the first call
+
+
+_recorders: list[list] = []
+_graph_numbers = _log.graph_numbers
+
+
+def _options(options) -> dict:
+    opts = dict(DEFAULT_OPTIONS)
+    if options:
+        unknown = set(options) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown scorch backend option(s) {sorted(unknown)}; known: {sorted(DEFAULT_OPTIONS)}")
+        opts.update(options)
+    if opts["fallback"] not in ("inductor", "eager"):
+        raise ValueError(f"option 'fallback' must be 'inductor' or 'eager', got {opts['fallback']!r}")
+    t = opts["sparse_threshold"]
+    if t is None:
+        opts["sparse_threshold"] = cost_model.crossover_density()
+    elif not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+        raise ValueError(f"option 'sparse_threshold' must be a density in [0, 1], got {t!r}")
+    return opts
+
+
+def _cloned_inputs(example_inputs):
+    out = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter) and x.layout == torch.strided \
+                and type(x) is torch.Tensor:
+            x = x.clone()
+        out.append(x)
+    return out
+
+
+def _all_cpu(example_inputs) -> bool:
+    return all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
+
+
+# --- dumps (SCORCH_DEBUG=2): the graph and the attribute table after each pass ----------------------------
+
+def attribute_table(gm: fx.GraphModule, attrs: dict, measured: dict | None = None) -> str:
+    """One line per graph node: name, what it computes, shape, sparsity attribute (and the example run's
+    density when known); then attributes of values no longer in the graph."""
+    rows = []
+    seen = set()
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            continue
+        seen.add(n.name)
+        v = example(n)
+        shape = "x".join(str(d) for d in v.shape) if isinstance(v, torch.Tensor) else "-"
+        a = attrs.get(n.name)
+        what = a.describe() if a is not None else "-"
+        if measured and n.name in measured:
+            what += f"  [example run: density {measured[n.name]:.3g}]"
+        rows.append((n.name, describe(n) if n.op != "placeholder" else f"input {n.target}", shape, what))
+    gone = [(name, "(not in the graph now)", "", a.describe()) for name, a in attrs.items() if name not in seen]
+    rows += gone
+    w0 = max((len(r[0]) for r in rows), default=4)
+    w1 = min(max((len(r[1]) for r in rows), default=2), 60)
+    w2 = max((len(r[2]) for r in rows), default=5)
+    lines = [f"{'node':<{w0}}  {'op':<{w1}}  {'shape':<{w2}}  sparsity"]
+    lines += [f"{a:<{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+def _graph_and_table(title: str, gm: fx.GraphModule, attrs: dict, measured: dict | None = None) -> str:
+    return f"# {title}\n\n## graph\n{gm.graph}\n\n## sparsity attributes\n{attribute_table(gm, attrs, measured)}\n"
+
+
+def _region_lines(regions, decisions) -> list[str]:
+    lines = []
+    for r in regions:
+        what = r.fused.program.equation if r.fused is not None else "masked attention"
+        kinds = f" [{', '.join(o.kind for o in r.fused.program.operands)}]" if r.fused is not None else ""
+        lines.append(f"{r.title}: {what}{kinds}, estimated speedup {r.estimated_speedup:.2f}x; "
+                     f"ops: {'; '.join(r.ops)}")
+    for d in decisions:
+        lines.append(f"{d.node} = {d.op}: {d.reason}")
+    return lines
+
+
+def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None, *,
+              attention: bool = True) -> GraphReport:
+    """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
+    `attention` False leaves masked attention to the model's own code."""
+    threshold = float(opts["sparse_threshold"])
+    before = str(gm.graph)
+    if dump:
+        dump.write("input", f"# the graph as Dynamo gave it\n\n{before}\n")
+    attrs = discover(gm, example_inputs, threshold, bool(opts["measure_inputs"]))
+    if dump:
+        dump.write("discover", _graph_and_table("after discover: inputs measured", gm, attrs))
+    measured = {}
+    if opts["measure"]:
+        state = torch.random.get_rng_state()
+        try:
+            measured = example_run(copy.copy(gm), _cloned_inputs(example_inputs))
+        finally:
+            torch.random.set_rng_state(state)
+        if dump:
+            dump.write("example_run", _graph_and_table("after the example run: densities measured", gm, attrs,
+                                                       measured))
+    propagate(gm, attrs, measured, threshold)
+    if dump:
+        dump.write("propagate", _graph_and_table("after propagate", gm, attrs, measured))
+    # Dynamo compiles separately with and without grad mode: this graph is for training if grad is on now.
+    regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), torch.is_grad_enabled())
+    if not attention:
+        regions = [r for r in regions if r.fused is not None]
+    if dump:
+        programs = [f"{r.name}: {r.program_text}" for r in regions if r.fused is not None]
+        dump.write("partition", _graph_and_table("after partition (and fuse)", gm, attrs, measured)
+                   + "\n## regions and decisions\n" + "\n".join(_region_lines(regions, decisions))
+                   + "\n\n## region programs\n" + "\n".join(programs))
+    in_regions = {m.name for r in regions for m in r.members}
+    dense_ops = [describe(n) for n in gm.graph.nodes
+                 if n.op in ("call_function", "call_method") and n.name not in in_regions
+                 and op_of(n).name != "aten.getitem"]
+    rewrite(gm, regions)
+    if dump:
+        dump.write("rewrite", _graph_and_table("after rewrite: what Inductor (or eager) gets", gm, attrs))
+    return GraphReport(regions, decisions, attrs, before, str(gm.graph), threshold, opts, dense_ops)
+
+
+# --- kernels compiled ahead of the first call, with progress on a terminal ----------------------------------
+
+def _hint(n) -> int:
+    if isinstance(n, torch.SymInt):
+        return int(n.node.hint) if n.node.hint is not None else 1
+    return int(n)
+
+
+def _region_kernels(r, training: bool) -> list[str]:
+    """The specs of the kernels a region will run on its sparse path: its own, and in training the gradient
+    programs that keep a compressed operand."""
+    if r.fused is None:
+        q, k, v, _, _ = r.attention
+        shapes = [tuple(_hint(d) for d in example(t).shape) for t in (q, k, v)]
+        return attention.kernel_specs(*shapes, example(q).dtype, training)
+    f = r.fused
+    p = f.program
+    text = p.text()
+    if region.grouped_plan(text) is not None and config.dispatch_mode() != "sparse":
+        return []  # likely to run as grouped dense products, no kernel
+    values = [example(leaf) for leaf in f.leaves]
+    shapes = [tuple(_hint(d) for j, d in enumerate(v.shape) if j not in f.squeeze[k]) for k, v in enumerate(values)]
+    dtype = None
+    for o, v in zip(p.operands, values):
+        if o.kind != "pattern" and v.is_floating_point():
+            dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
+    dtype = dtype or torch.float32
+    specs = [region.kernel_spec(text, shapes, dtype)]
+    if training:
+        sizes = {}
+        for o, shape in zip(p.operands, shapes):
+            sizes.update(zip(o.tensor_letters, shape))
+        out_shape = tuple(sizes[c] for c in p.out)
+        for k, (o, v) in enumerate(zip(p.operands, values)):
+            if not o.grad or not v.requires_grad or not v.is_floating_point():
+                continue
+            g, which, _ = region.gradient_program(text, k)
+            specs.append(region.kernel_spec(g, [out_shape if j < 0 else shapes[j] for j in which], dtype))
+    return [s for s in specs if s is not None]
+
+
+def precompile_regions(regions, training: bool, started: float | None = None) -> list[str]:
+    """Compile (or load from the disk cache) the kernels the regions will need, a few at a time, showing
+    "kernels compiled k/n" on a terminal once the compile has taken a second. Returns the specs. A kernel that
+    fails to build is only logged here: its first call reports the error."""
+    logger = _log.get("backend")
+    specs: list[str] = []
+    for r in regions:
+        try:
+            found = _region_kernels(r, training)
+        except Exception as e:  # noqa: BLE001 - compiling ahead is an optimization; the calls plan again
+            logger.debug("%s: no kernel compiled ahead (%s)", r.title, e)
+            continue
+        specs += [s for s in found if s not in specs]
+    if not specs:
+        return specs
+    workers = max(1, min(len(specs), os.cpu_count() or 1, 4))
+    progress = _log.Progress("kernels compiled", len(specs), started)
+    t = time.perf_counter()
+    try:
+        progress.update(0)
+        for i in range(0, len(specs), workers):
+            chunk = specs[i:i + workers]
+            try:
+                _C.compile_kernels(chunk, workers)
+            except Exception as e:  # noqa: BLE001
+                logger.warning("a kernel failed to compile ahead of use (its first call will say why): %s",
+                               str(e).splitlines()[0] if str(e) else type(e).__name__)
+            progress.update(i + len(chunk))
+    finally:
+        progress.close()
+    logger.debug("%d kernel(s) compiled or loaded in %.2f s", len(specs), time.perf_counter() - t)
+    return specs
+
+
+def _log_report(number: int, report: GraphReport, seconds: float) -> None:
+    logger = _log.get("backend")
+    if not logger.isEnabledFor(20):
+        return
+    logger.info("graph %d: %d region(s), %d contraction(s) left dense (threshold %.3g), %.2f s",
+                number, len(report.regions), len(report.decisions), report.threshold, seconds)
+    for line in _region_lines(report.regions, report.decisions):
+        logger.info("  %s", line)
+
+
+def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
+    """The backend function torch.compile calls (registered as "scorch")."""
+    if kwargs.get("mode") not in (None, "default"):
+        raise ValueError("the scorch backend takes options=..., not mode=")
+    opts = _options(options)
+    started = time.perf_counter()
+    debug = _log.sync()
+    report = None
+    if _all_cpu(example_inputs):
+        dump = None
+        if debug >= 2:
+            try:
+                dump = _log.GraphDump()
+            except OSError as e:  # an unwritable dump folder must not stop the compile
+                _log.get("backend").warning("no graph dumps: %s", e)
+        report = transform(gm, example_inputs, opts, dump)
+        for rec in _recorders:
+            rec.append(report)
+        number = dump.number if dump is not None else next(_graph_numbers)
+        _log_report(number, report, time.perf_counter() - started)
+        if report.regions and config.dispatch_mode() != "dense":
+            report.kernels = precompile_regions(report.regions, torch.is_grad_enabled(), started)
+    # SparseTensor products take the eager rules (gradients at stored positions), not ATen's formulas
+
+    route_sparse_calls(gm)
+    if opts["fallback"] == "eager":
+        return gm.forward
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)
+
+
+try:  # also reachable without the entry point (a source checkout that is not installed)
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "scorch" not in _BACKENDS:
+        register_backend(name="scorch")(scorch)
+except Exception:  # noqa: BLE001 - registration by entry point still works
+    pass

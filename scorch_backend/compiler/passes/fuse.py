@@ -1,0 +1,300 @@
+"""fuse: a region of the graph becomes one einsum (a product of its inputs, summed over the indices that do
+not reach the output), run by `scorch::region`.
+
+Each value inside the region is tracked symbolically: a list of factors (region inputs with an index letter
+per dimension), the letter of each of its own dimensions (None for a broadcast dimension of size 1) and a
+constant coefficient. Views move letters, `mul` unifies the letters of broadcast-aligned dimensions and
+multiplies the factor lists, contractions unify the letters their equation shares. What comes out is the
+einsum of the whole region; there is no sum of terms, so the bias of a linear is added after the region.
+
+Then each input is given its kind (scorch_backend/custom_ops/region.py): sparse inputs are compressed; a dense input
+whose zeros are carried by another sparse value (its support) gets that value as an extra 0/1 pattern factor.
+Multiplying by the pattern changes nothing in the result, since the input is already zero outside it; in
+the backward pass it zeroes the gradient of that input outside the support, where the op that made the zeros
+(relu, a mask, a scatter) zeroes it anyway, so gradients reaching the model's inputs and weights are the same.
+A sparse input made by a ReLU is also marked `masked_grad` (its own gradient is computed only at its
+nonzeros, by the same argument), and is cached so the backward pass reuses the forward's compression.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ...custom_ops.region import Operand, Program
+from ..attrs import DENSE
+from .contraction import CONTRACTIONS, contraction_form
+from .graph import example, op_of, shape_of
+
+_CHARS = string.ascii_letters
+
+
+class FuseError(Exception):
+    pass
+
+
+class _Letters:
+    def __init__(self):
+        self.parent: list[int] = []
+        self.size: list = []
+
+    def new(self, size) -> int:
+        self.parent.append(len(self.parent))
+        self.size.append(size)
+        return len(self.parent) - 1
+
+    def find(self, a: int) -> int:
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: int, b: int) -> int:
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.parent[b] = a
+        return a
+
+
+@dataclass
+class _Term:
+    factors: list  # (leaf node, [letter per dim, None for a size-1 dim])
+    dims: list  # letter per dimension of the value, None for a broadcast dimension of size 1
+    coef: float = 1.0
+
+
+def _is_one(n) -> bool:
+    return isinstance(n, int) and n == 1
+
+
+@dataclass
+class Fused:
+    program: Program
+    leaves: list  # fx nodes, in operand order
+    unit_dims: list = field(default_factory=list)  # output dimensions of size 1 to unsqueeze back
+    bias: object = None  # a linear's bias, added after the region
+    density: float = 1.0  # estimated combined density of the sparse factors
+    squeeze: list = field(default_factory=list)  # per leaf: its size-1 dimensions, squeezed before the region
+    densities: list = field(default_factory=list)  # per operand: its estimated density (1.0 for dense ones)
+
+
+class Fuser:
+    def __init__(self, members: set, attrs: dict):
+        self.members = members
+        self.attrs = attrs
+        self.L = _Letters()
+
+    def term(self, x) -> _Term:
+        if not isinstance(x, fx.Node):
+            raise FuseError(f"unexpected constant {x!r}")
+        # Every use gets its own letters (a value used twice is two factors of the product).
+        return self._leaf(x) if x not in self.members else self._build(x)
+
+    def _leaf(self, x: fx.Node) -> _Term:
+        shape = shape_of(x)
+        if shape is None:
+            raise FuseError(f"{x.name} has no known shape")
+        # Dimensions of size 1 broadcast: they are squeezed away before the region (see rewrite).
+        dims = [None if _is_one(s) else self.L.new(s) for s in shape]
+        return _Term([(x, dims)], dims)
+
+    def _build(self, node: fx.Node) -> _Term:
+        view = op_of(node)
+        name, args = view.name, view.args
+        if name in ("aten.clone", "aten._to_copy"):
+            return self.term(args[0])
+        if name == "aten.neg":
+            t = self.term(args[0])
+            return _Term(t.factors, t.dims, -t.coef)
+        if name in ("aten.mul", "aten.div"):
+            a, b = args[0], args[1]
+            if not isinstance(a, fx.Node):
+                a, b = b, a
+            ta = self.term(a)
+            if isinstance(b, (int, float)):
+                return _Term(ta.factors, ta.dims, ta.coef * b if name == "aten.mul" else ta.coef / b)
+            if name == "aten.div":
+                raise FuseError("division by a tensor")
+            return self._mul(ta, self.term(b))
+        if name == "aten.unsqueeze":
+            t = self.term(args[0])
+            d = args[1] if len(args) > 1 else view.kwargs["dim"]
+            d = d + len(t.dims) + 1 if d < 0 else d
+            return _Term(t.factors, t.dims[:d] + [None] + t.dims[d:], t.coef)
+        if name in ("aten.transpose", "aten.t", "aten.permute"):
+            t = self.term(args[0])
+            r = len(t.dims)
+            if name == "aten.t":
+                perm = [1, 0] if r == 2 else list(range(r))
+            elif name == "aten.transpose":
+                a = args[1] % r if r else 0
+                b = args[2] % r if r else 0
+                perm = list(range(r))
+                perm[a], perm[b] = perm[b], perm[a]
+            else:
+                perm = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+                perm = [p % r for p in perm]
+            return _Term(t.factors, [t.dims[p] for p in perm], t.coef)
+        if name in CONTRACTIONS:
+            form = contraction_form(view)
+            if form is None:
+                raise FuseError(f"{node.name}: contraction form not handled")
+            ops, letters, out = form
+            return self._contract([self.term(o) for o in ops], letters, out)
+        raise FuseError(f"{name} cannot be expressed in the region")
+
+    def _mul(self, a: _Term, b: _Term) -> _Term:
+        r = max(len(a.dims), len(b.dims))
+        da = [None] * (r - len(a.dims)) + a.dims
+        db = [None] * (r - len(b.dims)) + b.dims
+        dims = []
+        for x, y in zip(da, db):
+            if x is not None and y is not None:
+                dims.append(self.L.union(x, y))
+            else:
+                dims.append(x if x is not None else y)
+        return _Term(a.factors + b.factors, dims, a.coef * b.coef)
+
+    def _contract(self, terms, letters, out) -> _Term:
+        bound: dict = {}
+        for t, ls in zip(terms, letters):
+            for c, d in zip(ls, t.dims):
+                if d is None:
+                    continue
+                bound[c] = self.L.union(bound[c], d) if c in bound else d
+        factors, coef = [], 1.0
+        for t in terms:
+            factors += t.factors
+            coef *= t.coef
+        return _Term(factors, [bound.get(c) for c in out], coef)
+
+
+def _broadcast_patterns(operands: list, out: str) -> list:
+    """Give a pattern factor the batch letters that the output and every dense operand share (attention
+    heads: mask(i, j) for scores(b, i, j)), so the kernel's loops run batch-outermost over the dense operands'
+    natural layout instead of transposing them. A pattern has no values: broadcasting it costs only indices."""
+    dense = [o.letters for o in operands if o.kind == "dense"]
+    if not dense:
+        return operands
+    common = [c for c in out if all(c in d for d in dense)]
+    result = []
+    for o in operands:
+        lead = "".join(c for c in common if c not in o.letters)
+        if o.kind == "pattern" and lead:
+            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead), o.weight)  # never masked_grad
+        result.append(o)
+    return result
+
+
+def zero_grad_outside(node) -> bool:
+    """Does the op that made `node` zero its input's gradient wherever `node` is zero? Then a consumer's
+    gradient with respect to `node` is needed only at its nonzeros. relu(x) is zero exactly where x <= 0, where
+    its backward zeroes the gradient; zeros_like(p).scatter(d, i, relu(v)) is zero off the scattered positions
+    (no gradient flows there) and where relu(v) is (the same argument). Graph inputs never qualify: their
+    gradient is what the caller asked for."""
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
+        return False
+    view = op_of(node)
+    if view.name == "aten.relu":
+        return True
+    if view.name == "aten.scatter" and len(view.args) >= 4:
+        base, src = view.args[0], view.args[3]
+        return isinstance(base, fx.Node) and op_of(base).name == "aten.zeros_like" and \
+            isinstance(src, fx.Node) and op_of(src).name == "aten.relu"
+    return False
+
+
+def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
+         label: str = "", sparse_grad_out: bool = False) -> Fused:
+    """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none.
+    `sparse_grad_out`: the output's gradient is known to be mostly zeros (training): the gradient programs
+    take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
+    dense, its gradients sparse)."""
+    fuser = Fuser(members, attrs)
+    view = op_of(root)
+    bias = None
+    if view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None:
+        bias = view.args[2]
+    term = fuser._build(root)
+    L = fuser.L
+    chars: dict = {}
+
+    def char(letter: int) -> str:
+        r = L.find(letter)
+        if r not in chars:
+            if len(chars) >= len(_CHARS):
+                raise FuseError("more than 52 indices")
+            chars[r] = _CHARS[len(chars)]
+        return chars[r]
+
+    out = "".join(char(d) for d in term.dims if d is not None)
+    unit_dims = [k for k, d in enumerate(term.dims) if d is None]
+    operands, leaves, densities, per_operand = [], [], [], []
+    have = set()
+    squeeze = []
+    for leaf, letters in term.factors:
+        text = "".join(char(c) for c in letters if c is not None)
+        if len(set(text)) != len(text):
+            raise FuseError(f"{leaf.name} would be read along a diagonal")
+        a = attrs.get(leaf.name, DENSE)
+        v = example(leaf)
+        if a.format is not None:
+            raise FuseError(f"{leaf.name} is a SparseTensor: runs as a Scorch kernel through SparseTensor's "
+                            "dispatch rules")
+        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float64):
+            raise FuseError(f"{leaf.name} is not a float32/float64 tensor")
+        if v.device.type != "cpu":
+            raise FuseError(f"{leaf.name} is on {v.device}")
+        # A value whose zeros are carried by another one is read densely under that one's pattern (below);
+        # compressing it would cost a pass over all of it.
+        carried = a.support is not None and a.support.carrier != leaf.name and \
+            len(a.support.dims) < len(v.shape)
+        kind = "sparse" if a.sparse and a.density < threshold and not carried else "dense"
+        # Graph inputs (weights and data) are measured and compressed once per version of the tensor. An
+        # activation is not cached: Inductor may reuse its buffer for a later value of the same size, written
+        # by its kernels without moving the version counter, and the fingerprint's 32 entries of two mostly
+        # zero tensors often agree; so it is compressed on each call that reads it.
+        masked = kind == "sparse" and zero_grad_outside(leaf)
+        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder", weight=a.weight,
+                                masked_grad=masked))
+        leaves.append(leaf)
+        squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
+        per_operand.append(a.density if kind == "sparse" else 1.0)
+        if kind == "sparse":
+            densities.append(a.density)
+            have.add((leaf.name, text))
+            if a.support is not None and len(a.support.dims) == len(text):  # same zeros as its carrier
+                have.add((a.support.carrier, "".join(text[d] for d in a.support.dims)))
+    # Pattern factors for inputs whose zeros another sparse value carries.
+    for (leaf, letters), o in zip(list(term.factors), list(operands)):
+        a = attrs.get(leaf.name, DENSE)
+        if o.kind != "dense" or a.support is None or a.support.carrier == leaf.name:
+            continue
+        ca = attrs.get(a.support.carrier, DENSE)
+        carrier = next((n for n in leaf.graph.nodes if n.name == a.support.carrier), None)
+        if carrier is None or ca.density >= threshold:
+            continue
+        if any(letters[d] is None for d in a.support.dims) or \
+                any(_is_one(n) for n in (shape_of(carrier) or (1,))):
+            continue
+        text = "".join(char(letters[d]) for d in a.support.dims)
+        if (carrier.name, text) in have:
+            continue
+        have.add((carrier.name, text))
+        operands.append(Operand(text, "pattern", cached=ca.weight or carrier.op == "placeholder", grad=False,
+                                weight=ca.weight))
+        leaves.append(carrier)
+        squeeze.append(())
+        densities.append(ca.density)
+        per_operand.append(ca.density)
+    if not densities and not sparse_grad_out:
+        raise FuseError("no sparse operand")
+    operands = _broadcast_patterns(operands, out)
+    # factors' patterns usually coincide (a gate and its pattern): not a product
+    density = min(densities) if densities else 1.0
+    program = Program(tuple(operands), out, term.coef, frozen, name, label,
+                      sparse_grad_out=sparse_grad_out and len(out) >= 2)
+    return Fused(program, leaves, unit_dims, bias, density, squeeze, per_operand)

@@ -1,0 +1,322 @@
+"""partition: the regions of the graph worth running as sparse kernels.
+
+Capabilities: a region starts at a contraction (einsum, matmul, mm, bmm, linear), takes in the scalar factors,
+negations and tensor products applied to its result (a linear's bias stops that), and grows upwards over
+the ops index notation can express without sums (mul, scalar mul/div, neg, unsqueeze, transpose, permute,
+t, clone, same-dtype casts), taking a producer only when all its users are in the region (so nothing is
+computed twice). It must read a sparse value: an input compressed at run time, or a pattern factor.
+The cost model (scorch_backend/cost_model.py, crossover measured by benchmarks/calibrate.py) then keeps the
+region only where the sparse factors' density is under the threshold and the estimated speedup is over 1: the
+dense time (multiply-adds at the machine's measured dense rate) over the region's fixed cost per call plus its
+sparse work, each sparse entry costing 1/crossover dense multiply-adds. (SCORCH_DISPATCH=sparse skips the
+size test, so tests see regions on small models.)
+
+In training, a contraction whose output's gradient is mostly zeros (it feeds a ReLU or a top-k measured
+sparse: `grad_density`) is a region too, even with nothing sparse in its forward product: its gradient
+programs take that gradient compressed. The estimate then counts every call of the region in a step.
+
+Values that are SparseTensors are not put in regions: their ops already run as Scorch kernels through
+SparseTensor's dispatch rules when AOTAutograd traces the graph.
+
+One idiom is matched whole: softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v with a sparse mask becomes a
+masked-attention region (scorch_backend/custom_ops/attention.py: sampled scores, sparse softmax, sparse product), since
+the softmax between the two products is not index notation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ... import config
+from .. import region_cost
+from ... import log as _log
+from .contraction import CONTRACTIONS
+from .fuse import Fused, FuseError, fuse
+from .graph import describe, example, mutated_values, op_of, shape_of, source_label
+
+GROWABLE = {"aten.mul", "aten.div", "aten.neg", "aten.unsqueeze", "aten.transpose", "aten.permute", "aten.t",
+            "aten.clone", "aten._to_copy"}
+
+
+@dataclass
+class Region:
+    name: str
+    root: fx.Node
+    members: list  # fx nodes, topological order
+    fused: Fused | None  # the einsum (None for a masked-attention region)
+    estimated_speedup: float
+    ops: list = field(default_factory=list)  # readable forms of the members
+    attention: tuple | None = None  # (q, k, v, mask, scale) of a masked-attention region
+    label: str = ""  # where it comes from: "fc1 (Linear): linear" (graph.source_label)
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} {self.label}".strip()
+
+    @property
+    def program_text(self) -> str:
+        return self.fused.program.text() if self.fused is not None else ""
+
+
+def _single_user(n) -> bool:
+    return isinstance(n, fx.Node) and len(n.users) == 1
+
+
+def _last_two_swapped(node: fx.Node) -> bool:
+    view = op_of(node)
+    r = len(example(node).shape) if isinstance(example(node), torch.Tensor) else 0
+    if view.name == "aten.t":
+        return r == 2
+    if view.name == "aten.transpose" and len(view.args) == 3:
+        return {a % r for a in view.args[1:]} == {r - 2, r - 1} if r >= 2 else False
+    return False
+
+
+def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
+    """(members, q, k, v, mask, scale) when `node` ends softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v."""
+    view = op_of(node)
+    if view.name != "aten.matmul" or len(view.args) != 2:
+        return None
+    attn, v = view.args
+    if not _single_user(attn) or op_of(attn).name != "aten.softmax":
+        return None
+    sm = op_of(attn)
+    dim = sm.args[1] if len(sm.args) > 1 else sm.kwargs.get("dim")
+    rank = len(example(attn).shape)
+    if not isinstance(dim, int) or dim % rank != rank - 1:
+        return None
+    filled = sm.args[0]
+    if not _single_user(filled) or op_of(filled).name != "aten.masked_fill" or len(filled.args) != 3:
+        return None
+    x, notmask, value = filled.args
+    if not (isinstance(value, float) and math.isinf(value) and value < 0):
+        return None
+    if not isinstance(notmask, fx.Node) or op_of(notmask).name != "aten.bitwise_not":
+        return None
+    mask = notmask.args[0]
+    members, scale = [node, attn, filled], 1.0
+    if _single_user(notmask):
+        members.append(notmask)
+    xv = op_of(x)
+    if xv.name in ("aten.mul", "aten.div") and _single_user(x) and isinstance(xv.args[1], (int, float)):
+        scale = float(xv.args[1]) if xv.name == "aten.mul" else 1.0 / float(xv.args[1])
+        members.append(x)
+        x = xv.args[0]
+    if not _single_user(x) or op_of(x).name != "aten.matmul":
+        return None
+    q, kt = op_of(x).args[:2]
+    if not _single_user(kt) or not _last_two_swapped(kt):
+        return None
+    members += [x, kt]
+    k = op_of(kt).args[0]
+    shapes = [tuple(example(t).shape) if isinstance(example(t), torch.Tensor) else None for t in (q, k, v, mask)]
+    if any(s is None for s in shapes) or not len(shapes[0]) == len(shapes[1]) == len(shapes[2]) >= 2:
+        return None
+    sq, sk, sv, sm = shapes
+    # the op's contract: same batch dimensions (no broadcasting, e.g. multi-query k/v), a (L, S) mask
+    if not (sq[:-2] == sk[:-2] == sv[:-2] and sk[-2] == sv[-2] and sq[-1] == sk[-1] and sm == (sq[-2], sk[-2])):
+        return None
+    if any(example(t).dtype not in (torch.float32, torch.float64) for t in (q, k, v)):
+        return None
+    a = attrs.get(mask.name)
+    if a is None or a.density >= threshold:
+        return None
+    return members, q, k, v, mask, scale, a.density
+
+
+@dataclass
+class Decision:
+    node: str
+    op: str
+    reason: str
+
+
+def _growable(node: fx.Node) -> bool:
+    view = op_of(node)
+    if view.name not in GROWABLE:
+        return False
+    if view.name == "aten._to_copy":
+        src, out = example(view.args[0]), example(node)
+        return isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype == out.dtype
+    if view.name == "aten.div":
+        return isinstance(view.args[1], (int, float))
+    if view.name == "aten.mul":
+        return any(isinstance(a, fx.Node) for a in view.args[:2])
+    return True
+
+
+def _grow(chain: list, taken: set) -> set:
+    """The chain and every producer above it that is growable and used only inside the region (a fixed point:
+    a producer may qualify once its other users have joined)."""
+    members = set(chain)
+    changed = True
+    while changed:
+        changed = False
+        for n in list(members):
+            for p in n.all_input_nodes:
+                if p not in members and p.name not in taken and p.op in ("call_function", "call_method") \
+                        and _growable(p) and all(u in members for u in p.users):
+                    members.add(p)
+                    changed = True
+    return members
+
+
+def _hint(n) -> int:
+    """An int for estimates: a symbolic size's hint (1024 when it has none)."""
+    if isinstance(n, torch.SymInt):
+        return int(n.node.hint) if n.node.hint is not None else 1024
+    return int(n)
+
+
+def _dense_fmas(fused: Fused) -> float:
+    """Multiply-adds of the dense einsum: the product of every index's extent (size hints when symbolic)."""
+    sizes = {}
+    for k, (o, leaf) in enumerate(zip(fused.program.operands, fused.leaves)):
+        shape = example(leaf).shape
+        dims = [d for d in range(len(shape)) if d not in fused.squeeze[k]]
+        for c, d in zip(o.tensor_letters, dims):
+            sizes[c] = _hint(shape[d])
+    return float(math.prod(sizes.values()))
+
+
+def _call_densities(fused: Fused, training: bool, grad_density: float) -> list:
+    """Per call of the region in a step, the density of its sparse factors (None: a dense call): the forward,
+    and in training one gradient per operand that requires grad. A gradient program reads the other operands,
+    the output's gradient (compressed when the program says so) and, for a masked gradient, the pattern of
+    the operand itself. Factors' patterns usually coincide, so the sparsest stands for them (not a product)."""
+    ops = fused.program.operands
+    dens = fused.densities or [1.0] * len(ops)
+    calls = [fused.density if any(o.kind != "dense" for o in ops) else None]
+    if not training:
+        return calls
+    for k, (o, leaf) in enumerate(zip(ops, fused.leaves)):
+        v = example(leaf)
+        if o.kind == "pattern" or not o.grad or not isinstance(v, torch.Tensor) or not v.requires_grad:
+            continue
+        ds = [dens[j] for j, p in enumerate(ops) if j != k and p.kind != "dense"]
+        if o.masked_grad:
+            ds.append(dens[k])
+        if fused.program.sparse_grad_out:
+            ds.append(grad_density)
+        calls.append(min(ds) if ds else None)
+    return calls
+
+
+# Ops that hand their input the gradient they receive, at the same positions (or a view of them): the
+# input's gradient is as sparse as theirs.
+_GRAD_AS_IS = {"aten.clone", "aten._to_copy", "aten.neg", "aten.dropout", "aten.detach"}
+
+
+def grad_density(node: fx.Node, attrs: dict, depth: int = 0) -> float:
+    """An upper bound of the density of the gradient that reaches `node` in the backward pass, from what its
+    users do with it (1.0 when unknown): a ReLU passes its gradient only where its output is nonzero (its
+    measured density); a top-k only at the k positions it picked per row; zeros_like(node) none; a clone,
+    a cast, a negation, a scalar factor or the addition of a bias pass theirs as it is. Users' gradients add."""
+    if depth > 8:
+        return 1.0
+    total = 0.0
+    for u in node.users:
+        view = op_of(u)
+        first = view.args[0] if view.args else None
+        if view.name == "aten.relu" and first is node:
+            # Zeros carried by a known support (a one-hot dispatch) are left to the pattern factors that
+            # support gives the regions (passes/fuse.py); only zeros the ReLU makes itself count here.
+            a = attrs.get(u.name)
+            d = a.measured if a is not None and a.measured is not None and a.support is None else 1.0
+        elif view.name == "aten.topk" and first is node and len(view.args) >= 2 and isinstance(view.args[1], int):
+            shape = shape_of(node)
+            dim = view.args[2] if len(view.args) > 2 else view.kwargs.get("dim", -1)
+            n = shape[dim] if shape and isinstance(dim, int) and -len(shape) <= dim < len(shape) else None
+            d = min(view.args[1] / n, 1.0) if isinstance(n, int) and n > 0 else 1.0
+        elif view.name == "aten.zeros_like":
+            d = 0.0
+        elif first is node and (view.name in _GRAD_AS_IS or (
+                view.name in ("aten.mul", "aten.div") and isinstance(view.args[1], (int, float)))):
+            d = grad_density(u, attrs, depth + 1)
+        elif view.name in ("aten.add", "aten.sub") and shape_of(u) is not None and shape_of(u) == shape_of(node):
+            d = grad_density(u, attrs, depth + 1)  # x + bias: x gets the sum's gradient as it is
+        else:
+            d = 1.0
+        total += d
+        if total >= 1.0:
+            return 1.0
+    return total
+
+
+_logger = _log.get("passes.partition")
+
+
+def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False):
+    """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
+    regions, decisions = _partition(gm, attrs, threshold, frozen, training)
+    if _logger.isEnabledFor(10):
+        for r in regions:
+            _logger.debug("%s: %d op(s), estimated speedup %.2fx", r.title, len(r.members), r.estimated_speedup)
+        for d in decisions:
+            _logger.debug("%s = %s: %s", d.node, d.op, d.reason)
+    return regions, decisions
+
+
+def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool):
+    regions, decisions = [], []
+    taken = set(mutated_values(gm))  # values written in place stay where they are
+    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
+        found = _masked_attention(node, attrs, threshold)
+        if found is None or any(m.name in taken for m in found[0]):
+            continue
+        members, q, k, v, mask, scale, density = found
+        sq, sv = example(q).shape, example(v).shape
+        fmas = math.prod(_hint(n) for n in sq[:-1]) * _hint(example(k).shape[-2]) * (_hint(sq[-1]) + _hint(sv[-1]))
+        est = region_cost.region_speedup(fmas, density, 2 if training else 1)
+        if est < 1.0 and config.dispatch_mode() != "sparse":
+            decisions.append(Decision(node.name, describe(node), "masked attention left dense: too small to pay "
+                                      f"for a call (estimated speedup {est:.2f}x)"))
+            continue
+        ordered = sorted(members, key=order.get)
+        regions.append(Region(f"region{len(regions)}", node, ordered, None, est,
+                              [describe(m) for m in ordered], (q, k, v, mask, scale),
+                              source_label(node, ordered)))
+        taken.update(m.name for m in members)
+    for node in gm.graph.nodes:
+        view = op_of(node)
+        if view.name not in CONTRACTIONS or node.name in taken:
+            continue
+        root, chain = node, [node]
+        has_bias = view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None
+        while not has_bias and len(root.users) == 1:  # scalar factors, negation, masks applied to the result
+            user = next(iter(root.users))
+            if op_of(user).name not in ("aten.neg", "aten.mul", "aten.div") or not _growable(user):
+                break
+            root = user
+            chain.append(user)
+        members = _grow(chain, taken)
+        name = f"region{len(regions)}"
+        ordered = sorted(members, key=order.get)
+        label = source_label(node, ordered)
+        # In training, a product whose output's gradient is mostly zeros (it feeds a ReLU or a top-k that
+        # leaves most of it zero) runs its gradients on that gradient compressed, even when the forward
+        # product has no sparse factor (then it runs dense).
+        dg = grad_density(root, attrs) if training else 1.0
+        try:
+            fused = fuse(root, members, attrs, threshold, frozen, name, label, sparse_grad_out=dg < threshold)
+        except FuseError as e:
+            why = str(e) if "SparseTensor" in str(e) else f"left dense: {e}"
+            decisions.append(Decision(node.name, describe(node), why))
+            continue
+        if fused.density >= threshold and not fused.program.sparse_grad_out:
+            decisions.append(Decision(node.name, describe(node),
+                                      f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
+            continue
+        est = region_cost.calls_speedup(_dense_fmas(fused), _call_densities(fused, training, dg))
+        if est < 1.0 and config.dispatch_mode() != "sparse":
+            decisions.append(Decision(node.name, describe(node),
+                                      f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
+            continue
+        regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered], label=label))
+        taken.update(m.name for m in members)
+    return regions, decisions

@@ -1,0 +1,503 @@
+"""`scorch::region`: one fused sparse region of a compiled model, run as a single torch op.
+
+The backend's fuse pass turns a region of a model's graph into one einsum over the region's inputs (dense
+tensors in the graph: weights, activations, masks) and says how each input is to be used:
+
+- "dense": as it is;
+- "sparse": its zeros are worth skipping: it is compressed (CSR, batched CSR for more dimensions) and the
+  product runs as a Scorch kernel that walks only its nonzeros;
+- "pattern": only its nonzero pattern matters, as a 0/1 factor. The fuse pass adds such a factor when another
+  input is known to be zero wherever this one is (a ReLU of a product with a one-hot mask, a softmax of
+  scores filled with -inf outside a mask), so the kernel skips those zeros without compressing the big input.
+
+The program is a JSON text built by the fuse pass from the parsed graph (never from user text). At run time
+the op measures the densities of its sparse inputs (graph inputs, weights and data, are compressed once per
+version of the tensor and checked by a fingerprint, so weights updated in place by an optimizer are
+recompressed, never used stale; see the cache below) and runs the sparse kernel, grouped dense products
+(one-hot dispatch), or, where the data is not sparse enough to pay, `torch.einsum` on the dense tensors.
+
+Its gradient is the einsum's: the gradient of input k is the einsum of the output gradient with the other
+inputs, run through this same op, so sparse inputs stay sparse in the backward pass (for y = x W^T with a
+pruned W, dx = g W runs sparse, dW = g^T x dense: W is a dense tensor to autograd, as in eager mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .. import _C
+from .. import log as _log
+from ..tensors.frontend import kernel_info, plan_einsum
+from ..tensors.format import make_format
+from ..tensors.sparse_tensor import SparseTensor
+
+_INDEX_DTYPE = torch.int32
+
+
+@dataclass(frozen=True)
+class Operand:
+    letters: str
+    kind: str = "dense"  # "dense" | "sparse" | "pattern"
+    cached: bool = False  # a parameter or buffer: compress once per version of the tensor
+    grad: bool = True  # False for pattern factors: the pattern is piecewise constant
+    expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
+    weight: bool = False  # a parameter or buffer: with frozen_weights, checked by version counter only
+    # Packed (a rewritten model's weight stored compressed; scorch_backend/compiler/jit.py): (format text, full size).
+    # The operand's slot holds the stored values and its index buffers follow all slots.
+    packed: tuple | None = None
+    # Its gradient is needed only where it is nonzero (a ReLU's output, a top-k scattered into zeros): the
+    # gradient program samples it there, the operand itself joining as a pattern factor. Program text:
+    # the program's "masked_grads" list.
+    masked_grad: bool = False
+
+    @property
+    def tensor_letters(self) -> str:
+        return self.letters[self.expand:]
+
+
+@dataclass(frozen=True)
+class Program:
+    operands: tuple[Operand, ...]
+    out: str
+    coef: float = 1.0
+    frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True})
+    name: str = ""
+    label: str = ""  # where the region comes from, for people: "fc1 (Linear): linear" (logs, profiler rows)
+    # The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
+    # programs take it compressed (text: "grad_out": "sparse"). The run-time choice still decides per call.
+    sparse_grad_out: bool = False
+
+    @property
+    def equation(self) -> str:
+        return ",".join(o.tensor_letters for o in self.operands) + "->" + self.out
+
+    @property
+    def title(self) -> str:
+        """The name and label: "region0 fc1 (Linear): linear"."""
+        return f"{self.name} {self.label}".strip() or "region"
+
+    def text(self) -> str:
+        d = {"operands": [[o.letters, o.kind, o.cached, o.grad, o.expand, o.weight]
+                          + ([{"format": o.packed[0], "size": list(o.packed[1])}] if o.packed else [])
+                          for o in self.operands],
+             "out": self.out, "coef": self.coef, "frozen": self.frozen, "name": self.name}
+        if self.label:
+            d["label"] = self.label
+        if self.sparse_grad_out:
+            d["grad_out"] = "sparse"
+        masked = [k for k, o in enumerate(self.operands) if o.masked_grad]
+        if masked:
+            d["masked_grads"] = masked
+        return json.dumps(d, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_program(text: str) -> Program:
+    d = json.loads(text)
+    masked = set(d.get("masked_grads", ()))
+    ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5]),
+                        (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None,
+                        k in masked)
+                for k, o in enumerate(d["operands"]))
+    prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
+                   d.get("grad_out", "dense") == "sparse")
+    _validate(prog)
+    return prog
+
+
+def _validate(p: Program) -> None:
+    seen = set()
+    for o in p.operands:
+        if o.kind not in ("dense", "sparse", "pattern"):
+            raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
+        if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):
+            raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
+        if o.expand and (o.kind != "pattern" or o.expand > len(o.letters)):
+            raise ValueError("scorch::region: only pattern operands broadcast")
+        seen.update(o.letters)
+    if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
+        raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")
+
+
+# --- layouts ---------------------------------------------------------------------------------------------
+# The kernel's loop order puts the compressed operands' dimensions outermost, then the output's in storage
+# order; dense operands are laid out in it and the output is stored in it, handed back as a permuted view. The
+# C++ op owns that rule (csrc/torch/region.cpp: derive); tools read it from there.
+
+@functools.lru_cache(maxsize=4096)
+def layout(text: str) -> dict:
+    """The program's loop letters, output storage letters and permutation back, kernel equation and letters."""
+    return _C.region_layout(text)
+
+
+def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
+    lay = layout(text)
+    return lay["storage"], tuple(lay["back"])
+
+
+def _result_dtype(p: Program, operands) -> torch.dtype:
+    dtype = None
+    for o, t in zip(p.operands, operands):
+        if o.kind == "pattern" or not t.is_floating_point():
+            continue
+        dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
+    return dtype or torch.float32
+
+
+# --- compressed operands, cached by tensor version ------------------------------------------------------
+# Graph inputs (weights, buffers, data) are compressed once per version. The key is the memory and layout
+# (data pointer, shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other
+# tensor objects (aliases) for the same weight. An alias shares the version counter, so an in-place update
+# through torch is seen. Writes that bypass the counter (through .data, or a numpy view of the memory) are
+# caught by a fingerprint of FINGERPRINT entries spread over the tensor, checked on every hit: bulk rewrites
+# (an optimizer step, a pruning pass, a new batch) change it. A rewrite of only a few entries outside the
+# fingerprint through .data would not be seen; update tensors through torch ops (or in torch.no_grad()).
+# frozen_weights=True skips the fingerprint for weights (the version counter is still checked: training never
+# reads a stale weight), so only writes through .data or numpy go unseen there.
+# The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
+# Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
+# tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
+# The cache lives in C++ (csrc/torch/region.cpp): 512 weights, 8 data inputs, 32 fingerprint entries.
+
+
+class _Stats(Mapping):
+    """Counters of the C++ region op: compressions, cache_hits, sparse_runs, dense_runs, grouped_runs."""
+
+    def __getitem__(self, key):
+        return _C.region_stats()[key]
+
+    def __iter__(self):
+        return iter(_C.region_stats())
+
+    def __len__(self):
+        return len(_C.region_stats())
+
+
+stats = _Stats()
+
+
+def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tensor:
+    if o.kind == "pattern":
+        return (t != 0).to(dtype)
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _sizes(p: Program, operands) -> dict:
+    sizes = {}
+    for o, t in zip(p.operands, operands):
+        sizes.update(zip(o.tensor_letters, t.shape))
+    return sizes
+
+
+def _compressed_format(rank: int) -> str:
+    return make_format("csr" if rank >= 2 else ["compressed"] if rank == 1 else "dense", rank).canonical
+
+
+def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
+    """The spec of the kernel `run` would use on the sparse path for operands of these shapes (as the op
+    receives them) and result dtype, found without data: for compiling kernels ahead of the first call.
+    None when the program has no compressed operand (it never runs a kernel)."""
+
+    p = parse_program(text)
+    if all(o.kind == "dense" for o in p.operands):
+        return None
+    sizes = {}
+    for o, shape in zip(p.operands, shapes):
+        sizes.update(zip(o.tensor_letters, (int(n) for n in shape)))
+    lay = layout(text)
+    eq, letters = lay["kernel_equation"], lay["kernel_letters"]
+    descs = []
+    for o, want in zip(p.operands, letters):
+        shape = [sizes[c] for c in want]
+        n = math.prod(shape)
+        # The planner's choices do not depend on the number of stored entries: the full size stands in.
+        descs.append((_compressed_format(len(shape)), shape, n) if o.kind != "dense" else ("strided", shape, n))
+    idx64 = any(n > 2**31 - 1 for n in sizes.values()) or any(d[2] > 2**31 - 1 for d in descs if d[0] != "strided")
+    if idx64:
+        return None  # the run-time path picks its index type from the data; not worth guessing
+    return _C.plan_einsum(eq, descs, "strided", dtype == torch.float64, False)["spec"]
+
+
+# --- grouped dense execution -----------------------------------------------------------------------------
+# A sparse factor S(p, q) whose nonzeros gate a whole matrix per q (one-hot expert dispatch: S = gates(b, n),
+# W(n, d, h)) is best run as one dense product per q over the rows p where S(:, q) is nonzero: gather those
+# rows, multiply at dense speed, scatter the result back. The plan below says when a program has that shape.
+
+@functools.lru_cache(maxsize=4096)
+def grouped_plan(text: str):
+    """(index of S, p, q) when the program can run grouped, else None."""
+    p = parse_program(text)
+    sparse = [k for k, o in enumerate(p.operands) if o.kind != "dense"]
+    if len(sparse) != 1 or len(p.operands[sparse[0]].letters) != 2:
+        return None
+    s = sparse[0]
+    for pl, ql in (tuple(p.operands[s].letters), tuple(reversed(p.operands[s].letters))):
+        operands = [o.tensor_letters for k, o in enumerate(p.operands) if k != s]
+        # a matrix per q that does not depend on p (each group is a real matrix product), and p read by
+        # some other operand (the rows to gather)
+        if any(ql in t and pl not in t and len(t) >= 3 for t in operands + [p.out]) and \
+                any(pl in t for t in operands):
+            return s, pl, ql
+    return None
+
+
+GROUPED_MIN_ROWS = 8
+
+
+def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
+    s, pl, ql = grouped_plan(text)
+    so = p.operands[s]
+    S = operands[s].detach()
+    if so.letters != pl + ql:
+        S = S.t()
+    S = (S != 0).to(dtype) if so.kind == "pattern" else S.to(dtype)
+    nz = S.t().nonzero()  # (q, p) pairs, sorted by q
+    qs, ps = nz[:, 0], nz[:, 1]
+    counts = torch.bincount(qs, minlength=S.shape[1]).tolist()
+    sizes = _sizes(p, operands)
+    out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
+    # Every group reads the other operands: cast them (patterns to 0/1) once, not once per group.
+    others = [(o, _dense_factor(t, o, dtype)) for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
+    if counts and len(counts) * max(counts) <= 1.5 * len(ps) + len(counts):
+        return _run_padded(p, pl, ql, so.kind == "pattern", S, qs, ps, counts, others, out, dtype)
+    start = 0
+    for q, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = ps[start:start + n]
+        start += n
+        args, letters = [], []
+        for o, t in others:
+            lt = o.tensor_letters
+            if ql in lt:
+                t = t.select(lt.index(ql), q)
+                lt = lt.replace(ql, "")
+            if pl in lt:
+                t = t.index_select(lt.index(pl), rows)
+            args.append(t)
+            letters.append(lt)
+        target = out.select(p.out.index(ql), q) if ql in p.out else out
+        tl = p.out.replace(ql, "")
+        scale = None
+        if so.kind != "pattern":
+            vals = S[rows, q]
+            # Fold the gate values into the smallest tensor indexed by p: a third einsum operand would make
+            # torch.einsum build a (p, ...) outer product first.
+            holders = [k for k, lt in enumerate(letters) if pl in lt]
+            result_size = target.numel() // max(target.shape[tl.index(pl)], 1) * n if pl in tl else 0
+            if pl in tl and (not holders or result_size <= min(args[k].numel() for k in holders)):
+                scale = vals.reshape([-1 if c == pl else 1 for c in tl])
+            elif holders:
+                k = min(holders, key=lambda j: args[j].numel())
+                args[k] = args[k] * vals.reshape([-1 if c == pl else 1 for c in letters[k]])
+            else:
+                args.append(vals)
+                letters.append(pl)
+        r = torch.einsum(",".join(letters) + "->" + tl, *args)
+        if scale is not None:
+            r = r.mul_(scale)
+        if pl in tl:
+            target.index_add_(tl.index(pl), rows, r)
+        else:
+            target.add_(r)
+    return out
+
+
+def _grouped_worth_it(text: str, operands, density: float) -> bool:
+    plan = grouped_plan(text)
+    if plan is None or density <= 0:
+        return False
+    s, pl, ql = plan
+    S = operands[s]
+    q_size = S.shape[parse_program(text).operands[s].letters.index(ql)]
+    rows_per_group = density * S.numel() / max(q_size, 1)
+    return rows_per_group >= GROUPED_MIN_ROWS
+
+
+def choose_path(text: str, operands) -> str:
+    """The path the op takes for these operands: "dense", "sparse" or "grouped"."""
+    return _C.region_choose(text, list(operands))
+
+
+def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, others, out, dtype):
+    """All groups in one batched product: each group's rows gathered into a slot of a (groups, most rows)
+    block, padding slots weighted 0 (their scattered contributions are zeros)."""
+    Q, most = len(counts), max(counts)
+    starts = torch.cumsum(torch.tensor(counts), 0) - torch.tensor(counts)
+    slot = torch.arange(len(ps)) - starts[qs]
+    idx = torch.zeros(Q, most, dtype=torch.long)
+    idx[qs, slot] = ps
+    w = torch.zeros(Q, most, dtype=dtype)
+    w[qs, slot] = 1 if pattern else S[ps, qs]
+    group = torch.arange(Q).unsqueeze(1)
+    args, letters = [], []
+    for o, t in others:
+        lt = o.tensor_letters
+        if pl in lt:
+            rest = "".join(c for c in lt if c not in (pl, ql))
+            if ql in lt:
+                t = t.movedim((lt.index(pl), lt.index(ql)), (0, 1))[idx, group]
+            else:
+                t = t.movedim(lt.index(pl), 0)[idx]
+            lt = ql + pl + rest
+        args.append(t)
+        letters.append(lt)
+    holders = [k for k, lt in enumerate(letters) if pl in lt]
+    if holders:  # the gate values (0 on padding) scale the smallest gathered operand
+        k = min(holders, key=lambda j: args[j].numel())
+        args[k] = args[k] * w.reshape(Q, most, *([1] * (args[k].dim() - 2)))
+    else:
+        args.append(w)
+        letters.append(ql + pl)
+    rest_out = "".join(c for c in p.out if c not in (pl, ql))
+    if pl in p.out:
+        r = torch.einsum(",".join(letters) + "->" + ql + pl + rest_out, *args)[qs, slot]  # the real slots
+        if ql in p.out:  # each (p, q) is one stored entry of S: a plain scatter
+            view = out.movedim((p.out.index(pl), p.out.index(ql)), (0, 1))
+            view.index_put_((ps, qs), r)
+        else:  # a row p may sit in several groups: sum
+            out.movedim(p.out.index(pl), 0).index_add_(0, ps, r)
+        return out
+    tl = (ql if ql in p.out else "") + rest_out
+    r = torch.einsum(",".join(letters) + "->" + tl, *args)
+    return r.permute([tl.index(c) for c in p.out]).contiguous()
+
+
+def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:
+    """Run a region program (below autograd); `force` ("dense", "sparse" or "grouped") overrides the choice."""
+    return _C.region_run(text, list(operands), force or "")
+
+
+def _run_grouped_hook(text: str, operands) -> torch.Tensor:
+    p = parse_program(text)
+    return _run_grouped(p, text, operands, _result_dtype(p, operands))
+
+
+_logger = _log.get("region")
+_PATHS = {"sparse": "the sparse kernel", "dense": "the dense einsum (not sparse enough to pay)",
+          "grouped": "grouped dense products (one per group of rows)"}
+
+
+def _log_path(text: str, path: str, densities_, operands) -> None:
+    """The run-time path (the C++ op calls this while SCORCH_DEBUG >= 1): once per region and path at INFO (it
+    changes only when the data does), every call at DEBUG; at SCORCH_DEBUG=2 the sparse kernel's loop IR is
+    dumped (once per kernel)."""
+    _log.sync()
+    p = parse_program(text)
+    if path == "sparse" and _log.dumping():
+        eq, args = _C.region_sparse_call(text, list(operands))
+        note_kernel(p.title, eq, args)
+    densities = ", ".join(f"{d:.3g}" for d in densities_)
+    how = _PATHS.get(path, path) if densities else "the dense einsum (no compressed operand)"
+    if not _log.once(_logger, (text, path), "%s runs %s%s", p.title, how,
+                     f" (densities of its compressed operands: {densities})" if densities else ""):
+        _logger.debug("%s: %s, densities %s", p.title, path, densities)
+
+
+def note_kernel(user: str, eq: str, args, out_format="dense") -> None:
+    """At SCORCH_DEBUG=2, write the loop IR of the kernel that `eq` on `args` runs into the dump folder (once
+    per kernel) and log its plan."""
+
+    try:
+        plan = plan_einsum(eq, *args, out_format=out_format)
+        info = kernel_info(plan["spec"])
+        path = _log.dump_kernel(plan["spec"], info, user)
+    except Exception as e:  # noqa: BLE001 - a dump must never change what runs; the call itself will report
+        _log.get("kernel").warning("could not dump the kernel of %s (%s): %s", user, eq, e)
+        return
+    if path is not None:
+        _log.get("kernel").debug("%s: %s -> %s\n  spec: %s%s", user, eq, plan["statement"], plan["spec"],
+                                 "".join(f"\n    - {r}" for r in plan["reasons"]))
+
+
+def _owning(view: torch.Tensor) -> torch.Tensor:
+    """The same memory and strides as a tensor of its own, not a view: autograd forbids in-place updates of a
+    custom op's output that is a view (out += b after a region, under the eager fallback)."""
+    if view._base is None:
+        return view
+    out = view.new_empty(0)
+    out.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+    return out
+
+
+def sparse_plan(text: str, operands) -> dict:
+    """What the sparse kernel of a region does with these operands: the einsum it runs, the formats, and the
+    compiler's plan (kernel spec, reasons) and schedule."""
+
+    p = parse_program(text)
+    eq, args = _C.region_sparse_call(text, list(operands))
+    densities = [float(a.density) if isinstance(a, SparseTensor) else 1.0 for a in args]
+    plan = plan_einsum(eq, *args, out_format="dense")
+    info = kernel_info(plan["spec"])
+    return {"equation": eq, "formats": [str(a.format) if hasattr(a, "format") else "dense" for a in args],
+            "densities": [d if o.kind != "dense" else 1.0 for d, o in zip(densities, p.operands)],
+            "statement": plan["statement"],
+            "spec": plan["spec"], "reasons": list(plan["reasons"]) + list(info["reasons"]),
+            "schedule": info["schedule"]}
+
+
+class _Captures(list):
+    """Recorders of region operands (explain): the C++ op calls back only while one is registered."""
+
+    def append(self, rec) -> None:
+        super().append(rec)
+        _C.region_capture(True)
+
+    def remove(self, rec) -> None:
+        super().remove(rec)
+        _C.region_capture(bool(self))
+
+
+_captures = _Captures()
+
+
+def _capture_hook(text: str, operands) -> None:
+    for rec in list(_captures):
+        rec.append((text, [t.detach() for t in operands]))
+
+
+# --- the op ----------------------------------------------------------------------------------------------
+# scorch::region is a C++ op (csrc/torch/region.cpp): CPU, Meta and Autograd kernels; its gradient is another
+# region call. Python supplies the grouped execution and explain's recording through these hooks.
+region = torch.ops.scorch.region
+
+
+def profile_name(text: str) -> str:
+    """The profiler row of a region: "scorch::region region0 fc1 (Linear): linear"."""
+    return f"scorch::region {layout(text)['title']}"
+
+
+def _log_measured(text: str, path: str, kernel_ms: float, dense_ms: float) -> None:
+    """A decision made by timing (the C++ op calls this once per region and size bucket; SCORCH_MEASURE)."""
+    p = parse_program(text)
+    if path == "dense":
+        _logger.info("%s: runs dense at these sizes: measured %.3f ms dense against %.3f ms for %s", p.title,
+                     dense_ms, kernel_ms, "the kernel" if "grouped" not in path else "grouped products")
+    else:
+        _logger.info("%s: runs %s at these sizes: measured %.3f ms against %.3f ms dense", p.title, _PATHS[path],
+                     kernel_ms, dense_ms)
+
+
+_C.install_region_hooks(lambda text: grouped_plan(text) is not None, _grouped_worth_it, _run_grouped_hook,
+                        _capture_hook, _log_path, _log_measured)
+
+
+def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:
+    """The program of d out / d operand k (an einsum of the output gradient and the other operands), the
+    operands it takes (indices; -1 is the output gradient) and the letters it produces (the C++ op's own)."""
+    g, which, produced = _C.region_gradient(text, k)
+    return g, list(which), produced
+
+
+def clear_cache() -> None:
+    """Forget every compressed weight (they are rebuilt on next use)."""
+    _C.region_clear_cache()
+
+
+__all__ = ["Operand", "Program", "parse_program", "region", "run", "stats", "clear_cache"]

@@ -1,0 +1,1 @@
+"""SparseTensor, formats, conversions, the eager einsum and its op table (README.md)."""

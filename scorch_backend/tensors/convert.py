@@ -1,0 +1,102 @@
+"""Building SparseTensors from dense tensors, torch.sparse layouts and scipy.sparse, and converting back.
+
+All roads go through the C++ format layer: coordinates and values are packed into the target format (which
+sorts them and sums duplicates), or buffers are taken over directly where the layouts already agree (torch
+CSR/CSC/BSR into the csr/csc/bsr presets) and validated.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .._native import ops
+from .format import Format, FormatLike, make_format
+from .sparse_tensor import (INDEX_DTYPES, VALUE_DTYPES, SparseTensor, _check_index_dtype,  # noqa: F401
+                            _check_values_dtype, _from_dense, to_format, to_scipy, to_torch)
+
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def from_coordinates(indices: torch.Tensor, values: torch.Tensor, shape: Sequence[int], format: FormatLike = "coo",
+                     *, mode_order=None, blocksize=None, index_dtype=torch.int32) -> SparseTensor:
+    """Pack (ndim, nnz) coordinates and their values, in any order, duplicates summed, into `format`."""
+    shape = [int(s) for s in shape]
+    for s in shape:
+        if s < 0:
+            raise ValueError(f"sizes must be non-negative, got shape {tuple(shape)}")
+    fmt = make_format(format, len(shape), mode_order=mode_order, blocksize=blocksize)
+    _check_index_dtype(index_dtype)
+    _check_values_dtype(values.dtype)
+    buffers, vals = ops.pack(indices, values, shape, fmt.canonical, index_dtype)
+    return SparseTensor(fmt, shape, buffers, vals, validate=False)
+
+
+def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
+    _check_values_dtype(x.dtype)
+    if x.layout != torch.sparse_coo and x.dim() == 2:
+        direct = {torch.sparse_csr: ("csr", x.crow_indices, x.col_indices),
+                  torch.sparse_csc: ("csc", x.ccol_indices, x.row_indices)}.get(x.layout)
+        if direct is not None and fmt.name == direct[0]:
+            pos, crd = direct[1](), direct[2]()
+            return SparseTensor(fmt, x.shape, [pos.to(index_dtype), crd.to(index_dtype)], x.values().detach())
+        if x.layout == torch.sparse_bsr and fmt.name == "bsr({},{})".format(*x.values().shape[1:3]):
+            pos, crd = x.crow_indices(), x.col_indices()
+            return SparseTensor(fmt, x.shape, [pos.to(index_dtype), crd.to(index_dtype)],
+                                x.values().detach().reshape(-1))
+    if x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        x = x.to_sparse_coo()
+    if x.dense_dim() != 0:
+        raise ValueError(f"hybrid sparse tensors (dense_dim={x.dense_dim()}) are not supported")
+    x = x.coalesce()
+    buffers, vals = ops.pack(x.indices(), x.values().detach(), list(x.shape), fmt.canonical, index_dtype)
+    return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+
+
+def _from_scipy(x, fmt: Format, index_dtype) -> SparseTensor:
+    values = torch.from_numpy(np.ascontiguousarray(x.data))
+    _check_values_dtype(values.dtype)
+    kind = x.format
+    if kind in ("csr", "csc") and fmt.name == kind and x.has_canonical_format:
+        pos = torch.from_numpy(x.indptr.astype(np.int64)).to(index_dtype)
+        crd = torch.from_numpy(x.indices.astype(np.int64)).to(index_dtype)
+        return SparseTensor(fmt, x.shape, [pos, crd], values.clone())
+    coo = x.tocoo()
+    indices = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))
+    values = torch.from_numpy(np.ascontiguousarray(coo.data))
+    buffers, vals = ops.pack(indices, values, list(x.shape), fmt.canonical, index_dtype)
+    return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+
+
+def sparse(x, format: FormatLike = "csr", *, mode_order: Sequence[int] | None = None,
+           blocksize: Sequence[int] | None = None, index_dtype: torch.dtype = torch.int32) -> SparseTensor:
+    """Make a SparseTensor from a dense tensor, a torch.sparse tensor, a scipy.sparse matrix or another
+    SparseTensor.
+
+    `format` is a preset name ("csr", "csc", "coo", "dcsr", "dcsc", "csf", "bsr", "dense"), canonical text
+    ("dense(0),compressed(1)"), a Format, or a list of level kinds with an optional `mode_order`. "bsr" takes
+    `blocksize`; from a torch BSR tensor the block size defaults to the tensor's own.
+    """
+    _check_index_dtype(index_dtype)
+    if isinstance(x, SparseTensor):
+        return to_format(x, format, mode_order=mode_order, blocksize=blocksize, index_dtype=index_dtype)
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise ValueError(f"Scorch runs on the CPU; got a tensor on {x.device}")
+        if x.layout == torch.sparse_bsr and format == "bsr" and blocksize is None:
+            blocksize = tuple(x.values().shape[1:3])
+        fmt = make_format(format, x.dim(), mode_order=mode_order, blocksize=blocksize)
+        if x.layout == torch.strided:
+            return _from_dense(x, fmt, index_dtype)
+        if x.layout in _SPARSE_LAYOUTS:
+            return _from_torch_sparse(x, fmt, index_dtype)
+        raise TypeError(f"unsupported layout {x.layout}")
+    if hasattr(x, "tocoo") and hasattr(x, "format") and hasattr(x, "shape"):  # scipy.sparse
+        fmt = make_format(format, len(x.shape), mode_order=mode_order, blocksize=blocksize)
+        return _from_scipy(x, fmt, index_dtype)
+    if isinstance(x, np.ndarray):
+        return _from_dense(torch.from_numpy(x), make_format(format, x.ndim, mode_order=mode_order,
+                                                            blocksize=blocksize), index_dtype)
+    raise TypeError(f"cannot make a SparseTensor from {type(x).__name__}")

@@ -1,0 +1,233 @@
+"""ATen ops on SparseTensors that run as compiled Scorch kernels (eager mode).
+
+Registered into SparseTensor's dispatch table on import. Each rule returns NotImplemented where it does not
+apply (broadcasting, unsupported arguments), and the op then runs on dense copies with a warning.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .convert import sparse
+from . import frontend
+from .frontend import compute, einsum
+from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule, _sparse_mm_reduce
+
+aten = torch.ops.aten
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _tensor(x) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+@_rule(aten.mm.default)
+def _mm(a, b):
+    return einsum("ij,jk->ik", a, b)
+
+
+@_rule(aten.mv.default)
+def _mv(a, x):
+    return einsum("ij,j->i", a, x)
+
+
+@_rule(aten.bmm.default)
+def _bmm(a, b):
+    return einsum("bij,bjk->bik", a, b)
+
+
+@_rule(aten.addmm.default)
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    n, k = a.shape[0], b.shape[1]
+    if not _tensor(bias):
+        return NotImplemented
+    if not isinstance(bias, SparseTensor):
+        bias = bias.expand(n, k)
+    elif tuple(bias.shape) != (n, k):
+        return NotImplemented
+    return compute("out(i,k) = beta * C(i,k) + alpha * A(i,j) * B(j,k)", C=bias, A=a, B=b,
+                   beta=float(beta), alpha=float(alpha))
+
+
+def _same_shape(x, y) -> bool:
+    return _tensor(x) and _tensor(y) and tuple(x.shape) == tuple(y.shape) and x.dim() <= len(_LETTERS)
+
+
+@_rule(aten.mul.Tensor)
+def _mul(x, y):
+    if not _same_shape(x, y):
+        return NotImplemented
+    s = _LETTERS[: x.dim()]
+    return einsum(f"{s},{s}->{s}", x, y)
+
+
+def _add_like(sign):
+    def apply(x, y, *, alpha=1):
+        if not _same_shape(x, y):
+            return NotImplemented
+        idx = ",".join(_LETTERS[: x.dim()])
+        acc = f"({idx})" if x.dim() else ""
+        return compute(f"out{acc} = X{acc} + a * Y{acc}", X=x, Y=y, a=sign * float(alpha))
+
+    return apply
+
+
+_rule(aten.add.Tensor)(_add_like(1.0))
+_rule(aten.sub.Tensor)(_add_like(-1.0))
+
+
+@_rule(aten.sum.default)
+def _sum(x, *, dtype=None):
+    if dtype is not None:
+        return NotImplemented
+    return einsum(f"{_LETTERS[: x.dim()]}->", x)
+
+
+@_rule(aten.sum.dim_IntList)
+def _sum_dims(x, dims, keepdim=False, *, dtype=None):
+    if dtype is not None or keepdim:
+        return NotImplemented
+    dims = {d % x.dim() for d in (dims if dims is not None else range(x.dim()))}
+    s = _LETTERS[: x.dim()]
+    return einsum(f"{s}->{''.join(c for d, c in enumerate(s) if d not in dims)}", x)
+
+
+@_rule(aten.add_.Tensor)
+def _add_inplace(x, y, *, alpha=1):
+    """x += alpha * y for a SparseTensor x, when the sum is sparse in x's format (gradient accumulation):
+    x takes the sum's buffers and values."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    out = _add_like(1.0)(x, y, alpha=alpha)
+    if not isinstance(out, SparseTensor):
+        return NotImplemented
+    if out.format != x.format:
+        out = out.to_format(x.format)
+    for name, b in out.level_buffers.items():
+        setattr(x, name, b)
+    x._values = out.stored_values
+    x._checked_versions = x._buffer_versions()
+    return x
+
+
+# --- copy_ into a SparseTensor ---------------------------------------------------------------------------
+@_rule(aten.copy_.default)
+def _copy_into(x, src, non_blocking=False):  # noqa: ARG001
+    """x.copy_(src) into a SparseTensor (load_state_dict does this): x takes src's pattern and values, in x's
+    format and dtype; the values are copied in place when the pattern is the same."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    if tuple(src.shape) != tuple(x.shape):
+        raise RuntimeError(f"copy_: a SparseTensor of shape {tuple(x.shape)} cannot take a tensor of shape "
+                           f"{tuple(src.shape)}")
+    src = sparse(src.detach() if not isinstance(src, SparseTensor) else src, x.format, index_dtype=x.index_dtype)
+    same = src.format == x.format and all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(src._buffer_list(), x._buffer_list()))
+    if same:
+        x._values.copy_(src._values)
+        return x
+    for name, b in zip(src._buffer_names, src._buffer_list()):
+        setattr(x, name, b.clone())
+    x._values = src._values.to(x.dtype, copy=True)
+    x._checked_versions = x._buffer_versions()
+    return x
+
+
+# --- torch functions caught above autograd (SparseTensor.__torch_function__) ---------------------------------
+# (These look einsum up in frontend at each call, so a wrapper installed there (a counting test, a profiler)
+# sees every product they route.)
+# Products caught above autograd, so they run through einsum/compute, whose gradients for a sparse operand are
+# taken at its stored positions (as torch.sparse's are); below autograd, ATen's formulas for mm/addmm would
+# hand a SparseTensor leaf a dense gradient.
+_PRODUCT_EQUATIONS = {(2, 2): "ij,jk->ik", (2, 1): "ij,j->i", (1, 2): "j,jk->k"}
+
+
+def _product(a, b, *, only_2d: bool = False):
+    if not (isinstance(a, SparseTensor) or isinstance(b, SparseTensor)):
+        return NotImplemented
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    eq = _PRODUCT_EQUATIONS.get((a.dim(), b.dim()))
+    if eq is None or (only_2d and (a.dim(), b.dim()) != (2, 2)):
+        return NotImplemented
+    return frontend.einsum(eq, a, b)
+
+
+def _mm_above_autograd(a, b, *args, **kwargs):
+    if args or kwargs:
+        return NotImplemented
+    return _product(a, b, only_2d=True)
+
+
+def _matmul_above_autograd(a, b, *args, **kwargs):
+    if args or kwargs:
+        return NotImplemented
+    return _product(a, b)
+
+
+def _sparse_mm_above_autograd(a, b, reduce=None):
+    if reduce is not None:
+        return _sparse_mm_reduce(a, b, reduce)
+    return _product(a, b, only_2d=True)
+
+
+def _addmm_above_autograd(bias, a, b, *args, beta=1, alpha=1, out=None):
+    """beta * bias + alpha * (a @ b) (torch.addmm, torch.sparse.addmm, Tensor.addmm)."""
+    if args or out is not None or not isinstance(bias, torch.Tensor):
+        return NotImplemented
+    if not (isinstance(a, SparseTensor) or isinstance(b, SparseTensor)):
+        return NotImplemented
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != 2 or b.dim() != 2:
+        return NotImplemented
+    product = _product(a, b, only_2d=True)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:  # torch ignores the bias then (NaN in it too)
+        return product
+    if isinstance(product, SparseTensor) or isinstance(bias, SparseTensor):
+        return NotImplemented  # a sparse sum: the ATen rule (compute) keeps it sparse
+    return product + (bias if beta == 1 else bias * beta)
+
+
+def _linear_above_autograd(x, weight, bias=None):
+    """F.linear with a SparseTensor weight (STen and torch.sparse models hold such weights): x @ weight^T."""
+    if not isinstance(weight, SparseTensor) or isinstance(x, SparseTensor) or weight.dim() != 2:
+        return NotImplemented
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 or isinstance(bias, SparseTensor):
+        return NotImplemented
+    out = frontend.einsum("...k,nk->...n", x, weight)
+    return out if bias is None else out + bias
+
+
+def _einsum_whole(*args, **kwargs):
+    return frontend.einsum(*args, **kwargs)
+
+
+_TORCH_FUNCTION_RULES.update({
+    # torch.einsum is decomposed before it reaches __torch_dispatch__; caught here, whole.
+    torch.einsum: _einsum_whole,
+    torch.functional.einsum: _einsum_whole,
+    torch.nn.functional.linear: _linear_above_autograd,
+    torch.sparse.mm: _sparse_mm_above_autograd,
+    torch.mm: _mm_above_autograd,
+    torch.Tensor.mm: _mm_above_autograd,
+    torch.matmul: _matmul_above_autograd,
+    torch.Tensor.matmul: _matmul_above_autograd,
+    torch.Tensor.__matmul__: _matmul_above_autograd,
+    torch.addmm: _addmm_above_autograd,
+    torch.Tensor.addmm: _addmm_above_autograd,
+    torch.sparse.addmm: _addmm_above_autograd,
+})
+
+
+# --- torch.sparse.mm / torch.sparse.addmm on SparseTensors ---------------------------------------------------
+
+@_rule(aten._sparse_addmm.default)
+def _sparse_addmm(bias, a, b, *, beta=1, alpha=1):
+    """beta * bias + alpha * (a @ b): what torch.sparse.mm (beta = 0) and torch.sparse.addmm call."""
+    if not (isinstance(a, SparseTensor) or isinstance(b, SparseTensor)) or a.dim() != 2 or b.dim() != 2:
+        return NotImplemented
+    if beta == 0:  # torch.sparse.mm: the bias is a zero placeholder and never read (NaN in it is ignored)
+        out = frontend.einsum("ij,jk->ik", a, b)
+        return out if alpha == 1 else out * alpha
+    return _addmm(bias, a, b, beta=beta, alpha=alpha)

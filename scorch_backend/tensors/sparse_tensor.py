@@ -1,0 +1,663 @@
+"""SparseTensor: a torch.Tensor wrapper subclass whose inner tensors are a format's level buffers and values.
+
+It is traceable (`__tensor_flatten__` / `__tensor_unflatten__`), so SparseTensors cross the torch.compile
+boundary with their format intact. ATen ops without a sparse rule yet are computed on a dense copy, with a
+warning that names the op once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+import warnings
+from typing import Sequence
+
+import torch
+
+from .. import _C
+from .._native import ops
+from .format import Format, FormatLike, make_format
+
+aten = torch.ops.aten
+
+VALUE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+_warned_ops: set[str] = set()
+_plain_torch_function = torch._C._disabled_torch_function_impl
+
+# The torch.sparse layout a format is the same storage as (torch.sparse code reads these through .layout).
+TORCH_LAYOUT_OF_FORMAT = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "coo": torch.sparse_coo}
+_specialize_code = None
+
+
+def _dynamo_specialize_code():
+    """The code object of Dynamo's TensorVariable.specialize, which records the attributes (layout among them)
+    that code traced by torch.compile sees on a tensor; None when this torch has no such function."""
+    global _specialize_code
+    if _specialize_code is None:
+        try:
+            from torch._dynamo.variables.tensor import TensorVariable
+
+            _specialize_code = TensorVariable.specialize.__code__
+        except Exception:  # noqa: BLE001 - then traced code sees the storage layout (strided)
+            _specialize_code = False
+    return _specialize_code or None
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor in any level format.
+
+    Usually built with `scorch_backend.sparse(...)`. The constructor takes a format (name, text or Format),
+    a shape, the index buffers in `format.buffer_names` order and the stored values, and validates them:
+    SparseTensor("csr", (2, 3), [pos, crd], values).
+    """
+
+    _format: Format
+    _buffer_names: tuple[str, ...]
+    _values: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, format: Format, shape: Sequence[int], buffers: Sequence[torch.Tensor], values: torch.Tensor,
+                *, validate: bool = True, requires_grad: bool = False):
+        # Symbolic sizes (tracing with dynamic shapes) stay symbolic: int() would specialize them.
+        shape = tuple(s if isinstance(s, torch.SymInt) else int(s) for s in shape) \
+            if not isinstance(shape, torch.Size) else shape
+        if not isinstance(format, Format):
+            format = make_format(format, len(shape))
+        if len(shape) != format.ndim:
+            raise ValueError(f"format {format} is for {format.ndim}-dimensional tensors, got shape {tuple(shape)}")
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"values must be a tensor, got {type(values).__name__}")
+        if values.dtype not in VALUE_DTYPES:
+            raise TypeError(f"values must be float32, float64, bfloat16 or float16, got {values.dtype}")
+        names = tuple(format.buffer_names)
+        buffers = list(buffers)
+        if len(buffers) != len(names):
+            raise ValueError(f"format {format} stores {len(names)} index buffers {list(names)}, got {len(buffers)}")
+        for name, b in zip(names, buffers):
+            if not isinstance(b, torch.Tensor):
+                raise TypeError(f"index buffer '{name}' must be a tensor, got {type(b).__name__}")
+            if b.dtype not in INDEX_DTYPES:
+                raise TypeError(f"index buffer '{name}' must be int32 or int64, got {b.dtype}")
+        if validate:
+            ops.validate(buffers, values, list(shape), format.canonical)
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=values.dtype, device=values.device,
+                                                requires_grad=requires_grad)
+        r._format = format
+        r._buffer_names = names
+        for name, b in zip(names, buffers):
+            setattr(r, name, b)
+        r._values = values
+        r._checked_versions = r._buffer_versions()
+        return r
+
+    def _buffer_versions(self):
+        return tuple(getattr(self, n)._version for n in self._buffer_names)
+
+    def check_unchanged(self) -> None:
+        """Re-validate the index buffers if they were modified in place since they were last checked
+        (kernels trust them, so a tampered buffer must not reach one)."""
+        if torch._C._functorch.is_functorch_wrapped_tensor(self._values) or not self._buffer_names:
+            return
+        try:
+            versions = self._buffer_versions()
+        except RuntimeError:  # fake or functional tensors have no version counter
+            return
+        if versions != self._checked_versions:
+            ops.validate(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+            self._checked_versions = versions
+
+    # --- tracing support -------------------------------------------------------------------------------
+    def __tensor_flatten__(self):
+        return list(self._buffer_names) + ["_values"], (self._format.canonical, self._format.ndim)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        canonical, ndim = meta
+        fmt = Format(canonical, ndim)
+        buffers = [inner_tensors[n] for n in fmt.buffer_names]
+        return SparseTensor(fmt, outer_size, buffers, inner_tensors["_values"], validate=False)
+
+    def _stable_hash_for_caching(self) -> str:
+        # A process-independent key for AOTAutograd's cache: the format and the buffers' metadata.
+        meta = (tuple(self.shape), self.requires_grad, self._format.canonical,
+                [(n, str(t.dtype), tuple(str(s) for s in t.shape))
+                 for n, t in zip(self._buffer_names + ("_values",), self._buffer_list() + [self._values])])
+        return hashlib.blake2b(repr(meta).encode(), digest_size=16).hexdigest()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # (torch.einsum is decomposed before __torch_dispatch__: rules.py catches it here, whole)
+        special = _TORCH_FUNCTION_RULES.get(func)
+        if special is not None:
+            out = special(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
+        return _plain_torch_function(func, types, args, kwargs or {})
+
+    # --- the torch.sparse face: what torch.sparse code (PyG, users' models) reads -------------------------
+    @property
+    def layout(self) -> torch.layout:
+        """The torch.sparse layout this tensor's format is stored as (torch.sparse_csr for "csr",
+        torch.sparse_csc for "csc", torch.sparse_coo for "coo"; torch.strided for every other format), so code
+        written for torch.sparse takes its sparse path; `crow_indices()`, `col_indices()`, `values()` and the
+        like answer as torch.sparse's do.
+
+        The tensor's storage is a wrapper (strided to torch's C++ core). While torch.compile works (Dynamo's
+        checks, fake tensors, AOTAutograd, Inductor) the property says so, except to the record Dynamo keeps
+        of what traced code sees, so a model traced by torch.compile reads the same layout as in eager mode."""
+        if torch.compiler.is_compiling():
+            code = _dynamo_specialize_code()
+            if code is None or sys._getframe(1).f_code is not code:
+                return torch.strided
+        return TORCH_LAYOUT_OF_FORMAT.get(self._format.name, torch.strided)
+
+    # --- what it holds ---------------------------------------------------------------------------------
+    @property
+    def format(self) -> Format:
+        return self._format
+
+    @property
+    def level_buffers(self) -> dict[str, torch.Tensor]:
+        """The index buffers by name: "pos1", "crd1" ... (kind + level number)."""
+        return {n: getattr(self, n) for n in self._buffer_names}
+
+    @property
+    def stored_values(self) -> torch.Tensor:
+        return self._values
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        for n in self._buffer_names:
+            return getattr(self, n).dtype
+        return torch.int64
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored values (explicit zeros inside stored blocks or dense levels included)."""
+        return self._values.numel()
+
+    @property
+    def density(self) -> float:
+        numel = self.numel()
+        return self.nnz / numel if numel else 0.0
+
+    def differentiable_values(self) -> torch.Tensor:
+        """The stored values, connected to this SparseTensor in autograd when it requires grad: gradients
+        reaching them accumulate in `self.grad` as a SparseTensor with the same pattern."""
+        return _Values.apply(self) if self.requires_grad else self._values
+
+    def _buffer_list(self) -> list[torch.Tensor]:
+        return [getattr(self, n) for n in self._buffer_names]
+
+    def coordinates(self) -> torch.Tensor:
+        """Coordinates of the stored values, shape (ndim, nnz), in storage order."""
+        return ops.unpack(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+
+    # --- conversions -----------------------------------------------------------------------------------
+    def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:  # noqa: ARG002 - torch's signature
+        out = ops.to_dense(self._buffer_list(), self.differentiable_values(), list(self.shape), self._format.canonical)
+        return out if dtype is None else out.to(dtype)
+
+    def to_format(self, format, *, mode_order=None, blocksize=None, index_dtype=None) -> "SparseTensor":
+        return to_format(self, format, mode_order=mode_order, blocksize=blocksize, index_dtype=index_dtype)
+
+    def to_torch(self, layout=torch.sparse_coo, *, blocksize=None) -> torch.Tensor:
+        return to_torch(self, layout, blocksize=blocksize)
+
+    def to_scipy(self):
+        return to_scipy(self)
+
+    def with_values(self, values: torch.Tensor) -> "SparseTensor":
+        """The same pattern holding other values (same length)."""
+        if values.shape != self._values.shape:
+            raise ValueError(f"values must have shape {tuple(self._values.shape)}, got {tuple(values.shape)}")
+        return SparseTensor(self._format, self.shape, self._buffer_list(), values, validate=False)
+
+    def __repr__(self) -> str:
+        return (f"SparseTensor(format={self._format}, shape={tuple(self.shape)}, nnz={self.nnz}, "
+                f"dtype={self.dtype}, index_dtype={self.index_dtype})")
+
+    # --- ATen dispatch ---------------------------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rule = _RULES.get(func)
+        if rule is not None:
+            out = rule(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return _densify_and_run(func, args, kwargs)
+
+
+class _Values(torch.autograd.Function):
+    """SparseTensor -> its values, with the gradient going back as a SparseTensor of the same pattern."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.pattern = x
+        return x._values.detach().view_as(x._values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x = ctx.pattern
+        return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
+
+
+def _mutated_sparse_argument(func, args, kwargs) -> str | None:
+    """The name of an argument `func` writes into that is a SparseTensor (computing on a dense copy would
+    leave it unchanged, a silently wrong result), else None."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return None
+    for k, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) else kwargs.get(a.name)
+        if isinstance(value, SparseTensor):
+            return a.name
+    return None
+
+
+def _densify_and_run(func, args, kwargs):
+    name = str(func)
+    written = _mutated_sparse_argument(func, args, kwargs)
+    if written is not None:
+        raise NotImplementedError(
+            f"scorch: {name} would write into a SparseTensor ('{written}'), which it cannot do in place; "
+            "compute out of place (e.g. x = x * 2 rather than x.mul_(2)), or on x.to_dense()")
+    if name not in _warned_ops:
+        _warned_ops.add(name)
+        warnings.warn(f"scorch: {name} has no sparse implementation yet; it runs on a dense copy of its "
+                      "SparseTensor arguments", stacklevel=3)
+
+    def dense(x):
+        return x.to_dense() if isinstance(x, SparseTensor) else x
+
+    args = torch.utils._pytree.tree_map(dense, args)
+    kwargs = torch.utils._pytree.tree_map(dense, kwargs)
+    return func(*args, **kwargs)
+
+
+# --- rules: ops that keep the sparsity pattern and work on values or on the format alone ------------------
+_RULES: dict = {}
+
+
+def _rule(*funcs):
+    """Register fn for these ops. A rule returns NotImplemented where it does not apply; when an op already
+    has a rule, the earlier one is tried first and fn only when it declines."""
+    def register(fn):
+        for f in funcs:
+            previous = _RULES.get(f)
+
+            def chained(*args, _fn=fn, _previous=previous, **kwargs):
+                out = _previous(*args, **kwargs)
+                return _fn(*args, **kwargs) if out is NotImplemented else out
+
+            _RULES[f] = chained if previous is not None else fn
+        return fn
+
+    return register
+
+
+def _same_pattern(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
+
+
+@_rule(aten.detach.default, aten.alias.default)
+def _detach(x):
+    return _same_pattern(x, x._values.detach())
+
+
+@_rule(aten.clone.default)
+def _clone(x, *, memory_format=None):  # noqa: ARG001 - a sparse layout has no memory format
+    return SparseTensor(x.format, x.shape, [b.clone() for b in x._buffer_list()], x._values.clone(), validate=False)
+
+
+def _make_unary(op):
+    def apply(x):
+        return _same_pattern(x, op(x._values))
+
+    return apply
+
+
+# Unary ops with f(0) == 0 keep the pattern.
+for _f in (aten.neg.default, aten.abs.default, aten.relu.default, aten.sqrt.default, aten.sin.default,
+           aten.tanh.default, aten.sgn.default, aten.expm1.default, aten.log1p.default, aten.square.default):
+    _rule(_f)(_make_unary(_f))
+
+
+# Sparse times (or divided by) a scalar keeps the pattern; sparse-sparse and sparse-dense products are the
+# compiler's (ops issue) and fall back to dense for now.
+def _scalar_op(op):
+    is_div = op in (aten.div.Tensor, aten.div.Scalar)
+
+    def keeps_zeros(s) -> bool:  # 0 * s and 0 / s must be 0, or the result is not sparse
+        v = complex(s.item() if isinstance(s, torch.Tensor) else s)
+        return v == v and abs(v) != float("inf") and not (is_div and v == 0)
+
+    def apply(x, y, *, rounding_mode=None):
+        if rounding_mode is not None:
+            return NotImplemented
+        if isinstance(x, SparseTensor) and (not isinstance(y, torch.Tensor) or
+                                            (y.dim() == 0 and not isinstance(y, SparseTensor))):
+            if not keeps_zeros(y):
+                return NotImplemented
+            return _same_pattern(x, op(x._values, y))
+        if op is aten.mul.Tensor and isinstance(y, SparseTensor) and (
+                not isinstance(x, torch.Tensor) or (x.dim() == 0 and not isinstance(x, SparseTensor))):
+            if not keeps_zeros(x):
+                return NotImplemented
+            return _same_pattern(y, op(x, y._values))
+        return NotImplemented
+
+    return apply
+
+
+for _f in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar):
+    _rule(_f)(_scalar_op(_f))
+
+
+@_rule(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if layout not in (None, torch.strided) or (device is not None and torch.device(device).type != "cpu"):
+        return NotImplemented
+    if dtype is not None and dtype not in VALUE_DTYPES:
+        raise TypeError(f"a SparseTensor holds float32, float64, bfloat16 or float16 values, not {dtype}")
+    return _same_pattern(x, x._values.to(dtype=dtype or x.dtype, copy=True))
+
+
+def _permuted(x: SparseTensor, perm) -> SparseTensor:
+    shape = [x.shape[p] for p in perm]
+    return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
+
+
+@_rule(aten.t.default)
+def _t(x):
+    if x.dim() < 2:
+        return x
+    return _permuted(x, [1, 0])
+
+
+@_rule(aten.transpose.int)
+def _transpose(x, d0, d1):
+    perm = list(range(x.dim()))
+    d0, d1 = d0 % max(x.dim(), 1), d1 % max(x.dim(), 1)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permuted(x, perm)
+
+
+@_rule(aten.permute.default)
+def _permute(x, dims):
+    return _permuted(x, [d % x.dim() for d in dims])
+
+
+# --- torch.sparse's accessors, answered from the level buffers ----------------------------------------------
+def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
+    if x.format.name not in names:
+        want = " or ".join(f'"{n}"' for n in names)
+        raise RuntimeError(f"{what}() needs a SparseTensor in the {want} format (torch.sparse layout "
+                           f"{' or '.join(str(TORCH_LAYOUT_OF_FORMAT[n]) for n in names)}), got format "
+                           f"{x.format.name or x.format.canonical}; convert with .to_format()")
+
+
+def _buffer_view(x: SparseTensor, name: str) -> torch.Tensor:
+    """An index buffer as torch.sparse code expects it: int64 (torch's default index type, which code written
+    for torch.sparse, PyG's scatter among it, assumes), a view when the buffer is int64 already."""
+    b = getattr(x, name)
+    return aten.alias.default(b) if b.dtype == torch.int64 else b.to(torch.int64)
+
+
+@_rule(aten.crow_indices.default)
+def _crow_indices(x):
+    _needs_layout(x, "crow_indices", "csr")
+    return _buffer_view(x, "pos1")
+
+
+@_rule(aten.col_indices.default)
+def _col_indices(x):
+    _needs_layout(x, "col_indices", "csr")
+    return _buffer_view(x, "crd1")
+
+
+@_rule(aten.ccol_indices.default)
+def _ccol_indices(x):
+    _needs_layout(x, "ccol_indices", "csc")
+    return _buffer_view(x, "pos1")
+
+
+@_rule(aten.row_indices.default)
+def _row_indices(x):
+    _needs_layout(x, "row_indices", "csc")
+    return _buffer_view(x, "crd1")
+
+
+@_rule(aten.values.default, aten._values.default)
+def _values_op(x):
+    _needs_layout(x, "values", "csr", "csc", "coo")
+    return aten.alias.default(x._values)
+
+
+@_rule(aten.indices.default, aten._indices.default)
+def _indices(x):
+    _needs_layout(x, "indices", "coo")
+    return torch.stack([getattr(x, f"crd{d}").to(torch.int64) for d in range(x.dim())]) if x.dim() else \
+        torch.zeros((0, x.nnz), dtype=torch.int64)
+
+
+@_rule(aten._nnz.default)
+def _nnz(x):
+    return x.nnz
+
+
+@_rule(aten.is_coalesced.default)
+def _is_coalesced(x):
+    _needs_layout(x, "is_coalesced", "coo")
+    return True  # the "coo" format stores each coordinate once, in order (validation refuses duplicates)
+
+
+@_rule(aten.coalesce.default)
+def _coalesce(x):
+    _needs_layout(x, "coalesce", "coo")
+    return x
+
+
+@_rule(aten._coalesced_.default)
+def _mark_coalesced(x, coalesced):
+    _needs_layout(x, "_coalesced_", "coo")
+    return x  # already true of every "coo" SparseTensor; nothing to record
+
+
+def _values_with_grad(x, *args, **kwargs):
+    """Tensor.values() above autograd: the stored values, connected to x (gradients come back as a
+    SparseTensor with x's pattern, as torch.sparse's values() gives a sparse gradient)."""
+    if not isinstance(x, SparseTensor) or args or kwargs:
+        return NotImplemented
+    _needs_layout(x, "values", "csr", "csc", "coo")
+    return x.differentiable_values()
+
+
+def _sparse_mm_reduce(a, b, reduce=None):
+    """torch.sparse.mm(A, B, reduce): "sum" and "mean" (over A's stored entries per row) run as Scorch
+    kernels; "amax"/"amin"/"max"/"min"/"prod" are not supported (a clear error, never a dense copy). Without
+    `reduce` the call goes on to ATen (aten._sparse_addmm, a rule of its own)."""
+    if reduce is None or not isinstance(a, SparseTensor):
+        return NotImplemented
+    if reduce not in ("sum", "mean"):
+        raise NotImplementedError(f"scorch: torch.sparse.mm(A, B, reduce={reduce!r}) with a SparseTensor A: "
+                                  "only 'sum' and 'mean' are supported")
+    _needs_layout(a, f"torch.sparse.mm(..., reduce={reduce!r})", "csr")
+    out = a @ b
+    if reduce == "mean":
+        pos = a.level_buffers["pos1"]
+        count = (pos[1:] - pos[:-1]).clamp(min=1).to(out.dtype)
+        out = out / count.view(-1, *([1] * (out.dim() - 1)))
+    return out
+
+
+def _to_sparse_as(name: str):
+    """Tensor.to_sparse_csr() and the like: the same SparseTensor in that format (itself when it is)."""
+    def convert(x, *args, **kwargs):
+        if not isinstance(x, SparseTensor) or args or any(v is not None for v in kwargs.values()):
+            return NotImplemented
+        return x if x.format.name == name else x.to_format(name)
+
+    return convert
+
+
+def _coalesce_above_autograd(x, *args, **kwargs):
+    if not isinstance(x, SparseTensor) or args or kwargs:
+        return NotImplemented
+    return _coalesce(x)  # torch checks the layout before dispatch; a "coo" SparseTensor is coalesced
+
+
+def rebuild_sparse_tensor(canonical: str, ndim: int, shape, buffers, values, requires_grad: bool):
+    """Unpickling (torch.load, copy): the SparseTensor again, its buffers validated (a file is only data)."""
+    out = SparseTensor(Format(canonical, ndim), shape, buffers, values)
+    return out.requires_grad_() if requires_grad else out
+
+
+def _reduce_ex(x, proto):
+    """Pickling as a SparseTensor (torch's own path would read the torch.sparse layout this tensor reports
+    and rebuild a torch.sparse tensor from a wrapper that has no storage)."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    return (rebuild_sparse_tensor, (x._format.canonical, x._format.ndim, tuple(int(s) for s in x.shape),
+                                    [b.detach() for b in x._buffer_list()], x._values.detach(), x.requires_grad))
+
+
+torch.serialization.add_safe_globals([rebuild_sparse_tensor])  # it validates what it reads
+
+
+_TORCH_FUNCTION_RULES = {
+    torch.Tensor.__reduce_ex__: _reduce_ex,
+    torch.Tensor.coalesce: _coalesce_above_autograd,
+    torch.Tensor.to_sparse_csr: _to_sparse_as("csr"),
+    torch.Tensor.to_sparse_csc: _to_sparse_as("csc"),
+    torch.Tensor.to_sparse_coo: _to_sparse_as("coo"),
+    torch.Tensor.values: _values_with_grad,
+    torch.Tensor._values: _values_with_grad,
+}
+
+
+# --- checks and conversions between formats (the methods above; convert.py builds SparseTensors from other
+# things) ---------------------------------------------------------------------------------------------------
+def _check_index_dtype(index_dtype) -> torch.dtype:
+    if index_dtype not in INDEX_DTYPES:
+        raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
+    return index_dtype
+
+
+def _check_values_dtype(dtype) -> None:
+    if dtype not in VALUE_DTYPES:
+        raise TypeError(f"Scorch stores float32, float64, bfloat16 or float16 values, got {dtype}; "
+                        "convert the input first (e.g. x.float())")
+
+
+def _from_dense(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
+    _check_values_dtype(x.dtype)
+    if fmt.all_dense:  # values are the tensor itself, in the format's mode order
+        order = [lv["dim"] for lv in fmt.levels]
+        return SparseTensor(fmt, x.shape, [], x.detach().permute(order).reshape(-1).clone(), validate=False)
+    if x.dim() == 0:
+        raise ValueError("a 0-dimensional tensor can only be stored in the 'dense' format")
+    indices = x.nonzero().t()
+    values = x.detach()[tuple(indices)] if x.numel() else x.new_empty(0)
+    buffers, vals = ops.pack(indices, values, list(x.shape), fmt.canonical, index_dtype)
+    return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+
+
+def _coordinates_and_values(x: SparseTensor, drop_padding: bool = True):
+    """Coordinates and values of x. Zeros stored only because a dense level pads them are dropped."""
+    coords = x.coordinates()
+    values = x.stored_values
+    if drop_padding and x.format.last_level_dense:
+        keep = values != 0
+        coords, values = coords[:, keep], values[keep]
+    return coords, values
+
+
+def to_format(x: SparseTensor, format: FormatLike, *, mode_order=None, blocksize=None,
+              index_dtype=None) -> SparseTensor:
+    """Convert between any two formats (coordinates are re-packed; buffers are shared when nothing changes)."""
+    index_dtype = _check_index_dtype(index_dtype or x.index_dtype)
+    fmt = make_format(format, x.dim(), mode_order=mode_order, blocksize=blocksize)
+    if fmt == x.format and index_dtype == x.index_dtype:
+        return x
+    if fmt.all_dense:
+        return _from_dense(x.to_dense(), fmt, index_dtype)
+    coords, values = _coordinates_and_values(x)
+    buffers, vals = ops.pack(coords, values, list(x.shape), fmt.canonical, index_dtype)
+    return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+
+
+def to_torch(x: SparseTensor, layout=torch.sparse_coo, *, blocksize=None) -> torch.Tensor:
+    """The same tensor as a torch.sparse tensor (COO, CSR, CSC, BSR) or a dense one (torch.strided)."""
+    if layout == torch.strided:
+        return x.to_dense()
+    if layout == torch.sparse_coo:
+        coords, values = _coordinates_and_values(x)
+        return torch.sparse_coo_tensor(coords, values, tuple(x.shape), check_invariants=False).coalesce()
+    if x.dim() != 2:
+        raise ValueError(f"torch layout {layout} needs a 2-D tensor here, got {x.dim()} dimensions")
+    if layout in (torch.sparse_csr, torch.sparse_csc):
+        name = "csr" if layout == torch.sparse_csr else "csc"
+        y = to_format(x, name)
+        pos, crd = y.level_buffers["pos1"], y.level_buffers["crd1"]
+        make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
+        with warnings.catch_warnings():  # torch's "CSR support is in beta" notice, once per process
+            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+            return make(pos, crd, y.stored_values, tuple(x.shape), check_invariants=False)
+    if layout == torch.sparse_bsr:
+        blocksize = tuple(blocksize or x.format.blocksize or ())
+        if len(blocksize) != 2:
+            raise ValueError("converting to torch.sparse_bsr needs blocksize=(rows, cols)")
+        y = to_format(x, "bsr", blocksize=blocksize)
+        bh, bw = blocksize
+        pos, crd = y.level_buffers["pos1"], y.level_buffers["crd1"]
+        return torch.sparse_bsr_tensor(pos, crd, y.stored_values.reshape(-1, bh, bw), tuple(x.shape),
+                                       check_invariants=False)
+    raise ValueError(f"unsupported torch layout {layout}")
+
+
+def to_scipy(x: SparseTensor):
+    """A scipy.sparse array: csr/csc/bsr when x is in that format, else COO."""
+    import scipy.sparse as sp
+
+    if x.dim() != 2:
+        raise ValueError(f"scipy.sparse holds 2-D arrays, got {x.dim()} dimensions")
+    shape = tuple(x.shape)
+    values = x.stored_values.detach()
+    if values.dtype in (torch.bfloat16, torch.float16):
+        values = values.float()
+    name = x.format.name
+    if name in ("csr", "csc"):
+        make = sp.csr_array if name == "csr" else sp.csc_array
+        b = x.level_buffers
+        return make((values.numpy(), b["crd1"].numpy(), b["pos1"].numpy()), shape=shape)
+    if name.startswith("bsr("):
+        bh, bw = x.format.blocksize
+        b = x.level_buffers
+        return sp.bsr_array((values.reshape(-1, bh, bw).numpy(), b["crd1"].numpy(), b["pos1"].numpy()), shape=shape)
+    coords, vals = _coordinates_and_values(x)
+    if vals.dtype in (torch.bfloat16, torch.float16):
+        vals = vals.float()
+    return sp.coo_array((vals.numpy(), (coords[0].numpy(), coords[1].numpy())), shape=shape)
+
+
+# --- the C++ executor's view of this class --------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _format_of(text: str, ndim: int) -> Format:
+    return Format(text, ndim)
+
+
+def _wrap_result(text: str, shape, buffers, values) -> SparseTensor:
+    """A sparse result of the executor: its buffers come from a kernel, so they are trusted as they are."""
+    return SparseTensor(_format_of(text, len(shape)), shape, buffers, values, validate=False)
+
+
+# The executor reads SparseTensor operands directly (format, buffers, values, checked versions) and wraps
+# sparse results with _wrap_result.
+_C.register_python_types(SparseTensor, _wrap_result)
