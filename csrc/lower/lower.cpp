@@ -399,6 +399,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
   // Forms with a lowering of their own (native_forms.h: BSR, ...) first.
   if (auto k = lower_native_form(spec, schedule, machine)) return std::move(*k);
+  return lower_general(spec, schedule, machine);
+}
+
+LoweredKernel lower_general(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
   return lowering::Lowerer(spec, schedule, machine).run();
 }
 

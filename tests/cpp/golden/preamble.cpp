@@ -1,0 +1,149 @@
+enum scorch_kernel_status { SCORCH_STATUS_OK = 0, SCORCH_STATUS_NO_MEMORY = 1, SCORCH_STATUS_BAD_INDEX = 2 }; struct scorch_kernel_args { void* const* inputs; const int64_t* sizes; const int64_t* strides; void* out_dense; int64_t out_nnz; int64_t* out_coords; void* out_vals; int32_t num_threads; int32_t status; const int64_t* lengths; };
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <omp.h>
+#include <type_traits>
+#include <unistd.h>
+
+namespace {
+
+// Bytes of this CPU's per-core L2 cache (read where the kernel runs; 256 KB when the system does not say).
+// Register-tiled loops prefetch the dense rows they gather only when those rows outgrow half of it.
+inline int64_t l2_cache_bytes() {
+  static const int64_t bytes = [] {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (v > 0) return (int64_t)v;
+#endif
+    return (int64_t)262144;
+  }();
+  return bytes;
+}
+
+#if SCORCH_VECTOR_BYTES > 0
+// Vectors as wide as the target's registers (GCC vector extension): register tiles of dense output columns.
+typedef val_t vec_t __attribute__((vector_size(SCORCH_VECTOR_BYTES)));
+inline vec_t vload(const val_t* p) {
+  vec_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+#endif
+
+// Output stream of one thread: coordinate tuples and values, grown by doubling.
+struct Stream {
+  int64_t n, cap;
+  int64_t* crd;
+  val_t* val;
+  int failed;
+};
+
+inline void push(Stream& s, const int64_t* c, int nd, val_t v) {
+  if (s.n == s.cap) {
+    const int64_t cap = s.cap ? 2 * s.cap : 1024;
+    int64_t* crd = (int64_t*)realloc(s.crd, (size_t)(cap * (nd ? nd : 1)) * sizeof(int64_t));
+    if (crd) s.crd = crd;
+    val_t* val = (val_t*)realloc(s.val, (size_t)cap * sizeof(val_t));
+    if (val) s.val = val;
+    if (!crd || !val) { s.failed = 1; return; }
+    s.cap = cap;
+  }
+  for (int d = 0; d < nd; ++d) s.crd[s.n * nd + d] = c[d];
+  s.val[s.n++] = v;
+}
+
+// Concatenate the threads' streams, in thread order, into [ndim][nnz] coordinates and values.
+int join_streams(Stream* streams, int nthreads, int nd, scorch_kernel_args* args) {
+  int64_t total = 0;
+  int ok = 1;
+  for (int t = 0; t < nthreads; ++t) { total += streams[t].n; ok &= !streams[t].failed; }
+  args->out_nnz = total;
+  args->out_coords = (int64_t*)malloc((size_t)(total * nd + 1) * sizeof(int64_t));
+  args->out_vals = malloc((size_t)(total + 1) * sizeof(val_t));
+  ok &= args->out_coords != nullptr && args->out_vals != nullptr;
+  int64_t at = 0;
+  for (int t = 0; t < nthreads; ++t) {
+    const Stream& s = streams[t];
+    if (ok) {
+      for (int64_t q = 0; q < s.n; ++q)
+        for (int d = 0; d < nd; ++d) args->out_coords[d * total + at + q] = s.crd[q * nd + d];
+      if (s.n) memcpy((val_t*)args->out_vals + at, s.val, (size_t)s.n * sizeof(val_t));
+    }
+    at += s.n;
+    free(s.crd);
+    free(s.val);
+  }
+  return ok;
+}
+
+// Checked loads (kernel_abi.h). A coordinate is used only inside [0, n) and a segment [k, ke) only inside
+// [0, len]; anything else sets the thread's bad flag and is replaced (by 0, or an empty segment), so loops
+// keep their shape and no access leaves its buffer. n > 0 wherever a coordinate is loaded: the entry checks
+// refuse a non-empty crd buffer of a level of extent 0. Branch-free: a compare and a select.
+inline int64_t in_range(int64_t c, int64_t n, int& bad) {
+  const bool ok = (uint64_t)c < (uint64_t)n;
+  bad |= !ok;
+  return ok ? c : 0;
+}
+
+inline void segment(int64_t& k, int64_t& ke, int64_t len, int& bad) {
+  const bool ok = (uint64_t)k <= (uint64_t)ke && (uint64_t)ke <= (uint64_t)len;
+  bad |= !ok;
+  k = ok ? k : 0;
+  ke = ok ? ke : 0;
+}
+
+// All coordinates of a segment [k, ke) of a crd buffer checked at once, before the loop that uses them: the
+// loop then loads them unchecked. The largest coordinate, read as unsigned (a negative one becomes huge),
+// must be below n; that is one vectorizable max reduction over data the loop reads next from L1, instead of
+// a compare and a select per coordinate. Any coordinate out of range sets the thread's bad flag and empties
+// the segment (as segment() does), so the loop reads nothing built from it. [k, ke) must lie inside the
+// buffer (a segment() result, or positions derived from one).
+template <typename I>
+inline void coords_in_range(const I* __restrict c, int64_t k, int64_t& ke, int64_t n, int& bad) {
+  typedef typename std::make_unsigned<I>::type U;
+  // Every value of I below n, as U: n itself when it fits, else all non-negative values of I.
+  const U lim = (U)std::min<uint64_t>((uint64_t)n, (uint64_t)std::numeric_limits<I>::max() + 1);
+  U m = 0;
+  for (int64_t q = k; q < ke; ++q) m = std::max(m, (U)c[q]);
+  const bool ok = k >= ke || m < lim;
+  bad |= !ok;
+  ke = ok ? ke : k;
+}
+
+// A thread's rows [lo, hi) of a CSR-like level (pos has the row pointers, crd the coordinates) checked once,
+// before the rows are visited: pos must not decrease over the rows, their segments must lie inside the crd
+// buffer, and every coordinate in them must be below n. Then every segment [pos[i], pos[i + 1]) of these rows
+// lies inside [pos[lo], pos[hi]) and holds only coordinates in range, so the rows' loops load positions and
+// coordinates unchecked: one pass over the thread's share (vectorizable, data the rows read next) instead of a
+// segment check and a coordinate check per row, whose loop exits cost a branch misprediction each on short
+// rows. False (and bad set) when anything is out of place: the caller then visits no row.
+template <typename I>
+inline bool rows_in_range(const I* __restrict pos, const I* __restrict crd, int64_t lo, int64_t hi, int64_t len,
+                          int64_t n, int& bad) {
+  int dec = 0;
+  for (int64_t i = lo; i < hi; ++i) dec |= pos[i + 1] < pos[i];
+  const int64_t b = pos[lo];
+  int64_t e = pos[hi];
+  const bool ok = !dec && (uint64_t)b <= (uint64_t)e && (uint64_t)e <= (uint64_t)len;
+  bad |= !ok;
+  if (!ok) return false;
+  const int64_t all = e;
+  coords_in_range(crd, b, e, n, bad);
+  return e == all;
+}
+
+// First row of thread t's share when rows [0, n) are split so that each thread gets about the same number of
+// nonzeros according to the row pointers pos[0..n].
+inline int64_t balanced_bound(const idx_t* pos, int64_t n, int t, int nt) {
+  if (t <= 0) return 0;
+  if (t >= nt) return n;
+  const int64_t target = (int64_t)((__int128)pos[n] * t / nt);
+  return std::lower_bound(pos, pos + n + 1, (idx_t)target) - pos;
+}
+
+}  // namespace
+
