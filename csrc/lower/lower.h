@@ -39,8 +39,4 @@ LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const Vect
 // for a spec no native form matches. For tests that follow the general path of a spec a native form takes.
 LoweredKernel lower_general(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine);
 
-// The general lowering alone, without trying the native forms first (native_forms.h): what `lower` gives
-// for a spec no native form matches. For tests that follow the general path of a spec a native form takes.
-LoweredKernel lower_general(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine);
-
 }  // namespace scorch
