@@ -26,14 +26,12 @@ from torch import fx
 
 from ...custom_ops.region import Operand, Program
 from ..attrs import DENSE
-from .contraction import CONTRACTIONS, contraction_form
+from ..ops_table import OPS, FuseError, Term, linear_bias
 from .graph import example, op_of, shape_of
 
+__all__ = ["Fused", "FuseError", "Fuser", "fuse", "zero_grad_outside"]
+
 _CHARS = string.ascii_letters
-
-
-class FuseError(Exception):
-    pass
 
 
 class _Letters:
@@ -59,13 +57,6 @@ class _Letters:
         return a
 
 
-@dataclass
-class _Term:
-    factors: list  # (leaf node, [letter per dim, None for a size-1 dim])
-    dims: list  # letter per dimension of the value, None for a broadcast dimension of size 1
-    coef: float = 1.0
-
-
 def _is_one(n) -> bool:
     return isinstance(n, int) and n == 1
 
@@ -87,66 +78,29 @@ class Fuser:
         self.attrs = attrs
         self.L = _Letters()
 
-    def term(self, x) -> _Term:
+    def term(self, x) -> Term:
         if not isinstance(x, fx.Node):
             raise FuseError(f"unexpected constant {x!r}")
         # Every use gets its own letters (a value used twice is two factors of the product).
         return self._leaf(x) if x not in self.members else self._build(x)
 
-    def _leaf(self, x: fx.Node) -> _Term:
+    def _leaf(self, x: fx.Node) -> Term:
         shape = shape_of(x)
         if shape is None:
             raise FuseError(f"{x.name} has no known shape")
         # Dimensions of size 1 broadcast: they are squeezed away before the region (see rewrite).
         dims = [None if _is_one(s) else self.L.new(s) for s in shape]
-        return _Term([(x, dims)], dims)
+        return Term([(x, dims)], dims)
 
-    def _build(self, node: fx.Node) -> _Term:
+    def _build(self, node: fx.Node) -> Term:
+        """The index form of a member of the region: the op table's `index` column."""
         view = op_of(node)
-        name, args = view.name, view.args
-        if name in ("aten.clone", "aten._to_copy"):
-            return self.term(args[0])
-        if name == "aten.neg":
-            t = self.term(args[0])
-            return _Term(t.factors, t.dims, -t.coef)
-        if name in ("aten.mul", "aten.div"):
-            a, b = args[0], args[1]
-            if not isinstance(a, fx.Node):
-                a, b = b, a
-            ta = self.term(a)
-            if isinstance(b, (int, float)):
-                return _Term(ta.factors, ta.dims, ta.coef * b if name == "aten.mul" else ta.coef / b)
-            if name == "aten.div":
-                raise FuseError("division by a tensor")
-            return self._mul(ta, self.term(b))
-        if name == "aten.unsqueeze":
-            t = self.term(args[0])
-            d = args[1] if len(args) > 1 else view.kwargs["dim"]
-            d = d + len(t.dims) + 1 if d < 0 else d
-            return _Term(t.factors, t.dims[:d] + [None] + t.dims[d:], t.coef)
-        if name in ("aten.transpose", "aten.t", "aten.permute"):
-            t = self.term(args[0])
-            r = len(t.dims)
-            if name == "aten.t":
-                perm = [1, 0] if r == 2 else list(range(r))
-            elif name == "aten.transpose":
-                a = args[1] % r if r else 0
-                b = args[2] % r if r else 0
-                perm = list(range(r))
-                perm[a], perm[b] = perm[b], perm[a]
-            else:
-                perm = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
-                perm = [p % r for p in perm]
-            return _Term(t.factors, [t.dims[p] for p in perm], t.coef)
-        if name in CONTRACTIONS:
-            form = contraction_form(view)
-            if form is None:
-                raise FuseError(f"{node.name}: contraction form not handled")
-            ops, letters, out = form
-            return self._contract([self.term(o) for o in ops], letters, out)
-        raise FuseError(f"{name} cannot be expressed in the region")
+        spec = OPS.get(view.name)
+        if spec is None or spec.index is None:
+            raise FuseError(f"{view.name} cannot be expressed in the region")
+        return spec.index(self, node, view)
 
-    def _mul(self, a: _Term, b: _Term) -> _Term:
+    def mul(self, a: Term, b: Term) -> Term:
         r = max(len(a.dims), len(b.dims))
         da = [None] * (r - len(a.dims)) + a.dims
         db = [None] * (r - len(b.dims)) + b.dims
@@ -156,9 +110,9 @@ class Fuser:
                 dims.append(self.L.union(x, y))
             else:
                 dims.append(x if x is not None else y)
-        return _Term(a.factors + b.factors, dims, a.coef * b.coef)
+        return Term(a.factors + b.factors, dims, a.coef * b.coef)
 
-    def _contract(self, terms, letters, out) -> _Term:
+    def contract(self, terms, letters, out) -> Term:
         bound: dict = {}
         for t, ls in zip(terms, letters):
             for c, d in zip(ls, t.dims):
@@ -169,7 +123,7 @@ class Fuser:
         for t in terms:
             factors += t.factors
             coef *= t.coef
-        return _Term(factors, [bound.get(c) for c in out], coef)
+        return Term(factors, [bound.get(c) for c in out], coef)
 
 
 def _broadcast_patterns(operands: list, out: str) -> list:
@@ -190,21 +144,16 @@ def _broadcast_patterns(operands: list, out: str) -> list:
 
 
 def zero_grad_outside(node) -> bool:
-    """Does the op that made `node` zero its input's gradient wherever `node` is zero? Then a consumer's
-    gradient with respect to `node` is needed only at its nonzeros. relu(x) is zero exactly where x <= 0, where
-    its backward zeroes the gradient; zeros_like(p).scatter(d, i, relu(v)) is zero off the scattered positions
-    (no gradient flows there) and where relu(v) is (the same argument). Graph inputs never qualify: their
-    gradient is what the caller asked for."""
+    """Does the op that made `node` zero its input's gradient wherever `node` is zero (the op table's
+    `zero_grad` column)? Then a consumer's gradient with respect to `node` is needed only at its nonzeros.
+    relu(x) is zero exactly where x <= 0, where its backward zeroes the gradient; zeros_like(p).scatter(d, i,
+    relu(v)) is zero off the scattered positions (no gradient flows there) and where relu(v) is. Graph inputs
+    never qualify: their gradient is what the caller asked for."""
     if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
         return False
     view = op_of(node)
-    if view.name == "aten.relu":
-        return True
-    if view.name == "aten.scatter" and len(view.args) >= 4:
-        base, src = view.args[0], view.args[3]
-        return isinstance(base, fx.Node) and op_of(base).name == "aten.zeros_like" and \
-            isinstance(src, fx.Node) and op_of(src).name == "aten.relu"
-    return False
+    spec = OPS.get(view.name)
+    return spec is not None and spec.zeroes_grad(node, view)
 
 
 def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
@@ -215,9 +164,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     dense, its gradients sparse)."""
     fuser = Fuser(members, attrs)
     view = op_of(root)
-    bias = None
-    if view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None:
-        bias = view.args[2]
+    bias = linear_bias(view)
     term = fuser._build(root)
     L = fuser.L
     chars: dict = {}

@@ -34,12 +34,9 @@ from torch import fx
 from ... import config
 from .. import region_cost
 from ... import log as _log
-from .contraction import CONTRACTIONS
+from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias
 from .fuse import Fused, FuseError, fuse
 from .graph import describe, example, mutated_values, op_of, shape_of, source_label
-
-GROWABLE = {"aten.mul", "aten.div", "aten.neg", "aten.unsqueeze", "aten.transpose", "aten.permute", "aten.t",
-            "aten.clone", "aten._to_copy"}
 
 
 @dataclass
@@ -102,7 +99,7 @@ def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
     if _single_user(notmask):
         members.append(notmask)
     xv = op_of(x)
-    if xv.name in ("aten.mul", "aten.div") and _single_user(x) and isinstance(xv.args[1], (int, float)):
+    if xv.name in ("aten.mul", "aten.div") and _single_user(x) and is_scalar(xv.args[1]):
         scale = float(xv.args[1]) if xv.name == "aten.mul" else 1.0 / float(xv.args[1])
         members.append(x)
         x = xv.args[0]
@@ -136,17 +133,17 @@ class Decision:
 
 
 def _growable(node: fx.Node) -> bool:
+    """May the node join a region (the op table's `fusible` column)?"""
     view = op_of(node)
-    if view.name not in GROWABLE:
-        return False
-    if view.name == "aten._to_copy":
-        src, out = example(view.args[0]), example(node)
-        return isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype == out.dtype
-    if view.name == "aten.div":
-        return isinstance(view.args[1], (int, float))
-    if view.name == "aten.mul":
-        return any(isinstance(a, fx.Node) for a in view.args[:2])
-    return True
+    spec = OPS.get(view.name)
+    return spec is not None and spec.can_fuse(node, view)
+
+
+def _on_result(node: fx.Node) -> bool:
+    """May the node extend a region downward from its product (the op table's `on_result` column)?"""
+    view = op_of(node)
+    spec = OPS.get(view.name)
+    return spec is not None and spec.on_result and spec.can_fuse(node, view)
 
 
 def _grow(chain: list, taken: set) -> set:
@@ -206,11 +203,6 @@ def _call_densities(fused: Fused, training: bool, grad_density: float) -> list:
     return calls
 
 
-# Ops that hand their input the gradient they receive, at the same positions (or a view of them): the
-# input's gradient is as sparse as theirs.
-_GRAD_AS_IS = {"aten.clone", "aten._to_copy", "aten.neg", "aten.dropout", "aten.detach"}
-
-
 def grad_density(node: fx.Node, attrs: dict, depth: int = 0) -> float:
     """An upper bound of the density of the gradient that reaches `node` in the backward pass, from what its
     users do with it (1.0 when unknown): a ReLU passes its gradient only where its output is nonzero (its
@@ -234,9 +226,8 @@ def grad_density(node: fx.Node, attrs: dict, depth: int = 0) -> float:
             d = min(view.args[1] / n, 1.0) if isinstance(n, int) and n > 0 else 1.0
         elif view.name == "aten.zeros_like":
             d = 0.0
-        elif first is node and (view.name in _GRAD_AS_IS or (
-                view.name in ("aten.mul", "aten.div") and isinstance(view.args[1], (int, float)))):
-            d = grad_density(u, attrs, depth + 1)
+        elif first is node and OPS.get(view.name) is not None and OPS[view.name].passes_grad(u, view):
+            d = grad_density(u, attrs, depth + 1)  # the op table's `grad` column
         elif view.name in ("aten.add", "aten.sub") and shape_of(u) is not None and shape_of(u) == shape_of(node):
             d = grad_density(u, attrs, depth + 1)  # x + bias: x gets the sum's gradient as it is
         else:
@@ -287,10 +278,10 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         if view.name not in CONTRACTIONS or node.name in taken:
             continue
         root, chain = node, [node]
-        has_bias = view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None
+        has_bias = linear_bias(view) is not None
         while not has_bias and len(root.users) == 1:  # scalar factors, negation, masks applied to the result
             user = next(iter(root.users))
-            if op_of(user).name not in ("aten.neg", "aten.mul", "aten.div") or not _growable(user):
+            if not _on_result(user):
                 break
             root = user
             chain.append(user)
