@@ -11,6 +11,7 @@ Kernels (float32 values, int32 Scorch indices):
     spgemm  C = A A^T                        sb.einsum("ij,jk->ik", A, At)          (sparse output)
     spadd   C = A + A^T (square A only)      sb.compute("C(i,j) = A(i,j) + B(i,j)", A=A, B=At)
     mttkrp  M = T_(1) (B kr C), rank 32      sb.einsum("ikl,kj,lj->ij", T, B, C), T in CSF (generated)
+    ttm     Y = T x_3 U, rank 32             sb.einsum("ijk,kr->ijr", T, U), T in CSF (generated), Y dense
     bsr     C = A B, A block-pruned (90%)    sb.einsum("ij,jk->ik", A, B), A stored BSR 4x4 / 16x16 (generated,
             DLMC-sized 512x512 and 1024x1024 weights, B 128 columns); the block kernel runs natively. Its
             columns differ: "torch CSR" is torch's BSR mm (torch.sparse_bsr @ B), "torch COO" is Scorch's own
@@ -64,7 +65,7 @@ from scorch_backend.tools import datasets  # noqa: E402
 from scorch_backend.tools.timing import measure, stream_triad  # noqa: E402
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 
-KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "bsr")
+KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "ttm", "bsr")
 N_SPMM = 128
 K_SDDMM = 128
 RANK_MTTKRP = 32
@@ -73,6 +74,7 @@ RANK_MTTKRP = 32
 TARGETS = {"spmm": 1.5, "spmv": 1.2, "sddmm": 3.0, "spgemm": 2.0, "spadd": 2.0, "bsr": 1.0}
 # bsr: the native block kernel against Scorch's CSR kernel on the same weights (the "torch_coo" slot).
 BSR_TARGET_VS_SCORCH_CSR = 2.0
+TENSOR3_TARGET = 10.0  # MTTKRP and TTM on 3-D CSF: against dense einsum and the COO emulation (issue 12)
 JIT_COLD_TARGET_S = 1.0
 JIT_DISK_TARGET_S = 0.010
 
@@ -83,6 +85,7 @@ EQUATIONS = {
     "spgemm": "sb.einsum('ij,jk->ik', A, At)",
     "spadd": "sb.compute('C(i,j) = A(i,j) + B(i,j)', A=A, B=At)",
     "mttkrp": "sb.einsum('ikl,kj,lj->ij', T, B, C)",
+    "ttm": "sb.einsum('ijk,kr->ijr', T, U)",
     "bsr": "sb.einsum('ij,jk->ik', A, B), A in BSR",
 }
 TORCH_OPS = {
@@ -98,6 +101,9 @@ TORCH_OPS = {
     "mttkrp": {"torch_csr": "T_(1) CSR (I x K*L) @ khatri_rao(B, C)",
                "torch_coo": "zeros(I,R).index_add_(0, i, v * B[k] * C[l])",
                "dense": "torch.einsum('ikl,kj,lj->ij', T_dense, B, C)"},
+    "ttm": {"torch_csr": "T_(12) CSR (I*J x K) @ U, reshaped to (I, J, R)",
+            "torch_coo": "zeros(I*J,R).index_add_(0, i*J+j, v * U[k]), reshaped",
+            "dense": "torch.einsum('ijk,kr->ijr', T_dense, U)"},
     "bsr": {"torch_csr": "A_torch_bsr @ B (torch.sparse_bsr: torch's BSR mm)",
             "torch_coo": "sb.einsum('ij,jk->ik', A_csr, B): Scorch's CSR kernel on the same weights",
             "dense": "A_dense @ B"},
@@ -423,6 +429,31 @@ def setup_mttkrp(name, idx, vals, shape, args) -> dict:
     return case
 
 
+def setup_ttm(name, idx, vals, shape, args) -> dict:
+    """Tensor-times-matrix along the last mode: Y(i,j,r) = sum_k T(i,j,k) U(k,r), Y dense (I, J, R) for every
+    contender (the unfolded CSR product and the COO emulation give the same dense array)."""
+    I, J, K = shape
+    U = torch.randn(K, RANK_MTTKRP, generator=torch.Generator().manual_seed(0))
+    T = sb.from_coordinates(idx, vals, shape, "csf")
+    i, j, k = idx
+    row = i * J + j
+    Tm = torch.sparse_coo_tensor(torch.stack([row, k]), vals, (I * J, K), check_invariants=False)
+    Tm = Tm.coalesce().to_sparse_csr()
+    case = {"contenders": {}, "skipped": {}, "inputs": [T, U]}
+    case["scorch"] = lambda: sb.einsum("ijk,kr->ijr", T, U)
+    case["contenders"]["torch_csr"] = lambda: (Tm @ U).reshape(I, J, RANK_MTTKRP)
+    case["contenders"]["torch_coo"] = lambda: torch.zeros(I * J, RANK_MTTKRP).index_add_(
+        0, row, vals[:, None] * U[k]).reshape(I, J, RANK_MTTKRP)
+    why = dense_ok(args, I * J * K * 4.0, 2.0 * I * J * K * RANK_MTTKRP)
+    if why:
+        case["skipped"]["dense"] = why
+    else:
+        Td = torch.zeros(shape)
+        Td[i, j, k] = vals
+        case["contenders"]["dense"] = lambda: torch.einsum("ijk,kr->ijr", Td, U)
+    return case
+
+
 def block_pruned(rows: int, cols: int, block, keep: float, seed: int = 0) -> torch.Tensor:
     """A float32 weight whose blocks of `block` are all zero except a random fraction `keep` of them."""
     g = torch.Generator().manual_seed(seed)
@@ -545,6 +576,7 @@ calls = {
     "spgemm": lambda: sb.einsum("ij,jk->ik", A, At),
     "spadd": lambda: sb.compute("C(i,j) = A(i,j) + B(i,j)", A=As, B=Ast),
     "mttkrp": lambda: sb.einsum("ikl,kj,lj->ij", T, Bm, Cm),
+    "ttm": lambda: sb.einsum("ijk,kr->ijr", T, Bm),
     "bsr": lambda: sb.einsum("ij,jk->ik", Ab, Bb),
 }
 plans = {
@@ -553,6 +585,7 @@ plans = {
     "sddmm": lambda: sb.plan_einsum("ij,ik,jk->ij", A, P, Q),
     "spgemm": lambda: sb.plan_einsum("ij,jk->ik", A, At),
     "mttkrp": lambda: sb.plan_einsum("ikl,kj,lj->ij", T, Bm, Cm),
+    "ttm": lambda: sb.plan_einsum("ijk,kr->ijr", T, Bm),
     "bsr": lambda: sb.plan_einsum("ij,jk->ik", Ab, Bb),
 }
 out = {}
@@ -797,6 +830,16 @@ def report_targets(summary, jit_summary) -> dict:
                                                       f"{BSR_TARGET_VS_SCORCH_CSR:g}", "value": c, "reached": ok}
             log(f"  {'bsr':<9} {fmt_ratio(c):>8} vs Scorch's CSR kernel, target >= {BSR_TARGET_VS_SCORCH_CSR:g}x: "
                 f"{'not measured' if ok is None else 'REACHED' if ok else 'not reached'}")
+    for k in ("mttkrp", "ttm"):
+        if k not in summary:
+            continue
+        for contender, label in (("dense", "dense einsum"), ("torch_coo", "COO emulation")):
+            g = summary[k][f"geomean_ratio_{contender}"]
+            ok = None if g is None else bool(g >= TENSOR3_TARGET)
+            targets[f"{k}_vs_{contender}"] = {"target": f"geomean({label} time / Scorch time) >= {TENSOR3_TARGET:g}",
+                                              "value": g, "reached": ok}
+            log(f"  {k:<9} {fmt_ratio(g):>8} vs {label}, target >= {TENSOR3_TARGET:g}x: "
+                f"{'not measured' if ok is None else 'REACHED' if ok else 'not reached'}")
     if jit_summary is not None:
         for phase, tgt in (("cold", JIT_COLD_TARGET_S), ("disk", JIT_DISK_TARGET_S)):
             v = jit_summary[f"max_{phase}_first_call_s"]
@@ -877,7 +920,8 @@ def run_matrix(name, loader, kernels, args, triad_gbps, results):
     gc.collect()
 
 
-def run_mttkrp(args, triad_gbps, results):
+def run_tensor3(kernel: str, args, triad_gbps, results):
+    setup = {"mttkrp": setup_mttkrp, "ttm": setup_ttm}[kernel]
     tensors = [((200, 200, 200), 1e-3)]
     if not args.quick:
         tensors.append(((1000, 1000, 1000), 1e-4))
@@ -886,13 +930,13 @@ def run_mttkrp(args, triad_gbps, results):
         name = f"generated/tensor3_{'x'.join(map(str, dims))}_d{dens:g}"
         log(f"\n{name}: nnz {vals.numel()}, rank {RANK_MTTKRP}")
         try:
-            case = setup_mttkrp(name, idx, vals, shape, args)
+            case = setup(name, idx, vals, shape, args)
         except Exception as e:
-            results.append({"kernel": "mttkrp", "matrix": name, "shape": list(shape),
+            results.append({"kernel": kernel, "matrix": name, "shape": list(shape),
                             "nnz": int(vals.numel()), "error": f"setup: {type(e).__name__}: {e}"})
-            log(f"  !! mttkrp setup failed: {type(e).__name__}: {e}")
+            log(f"  !! {kernel} setup failed: {type(e).__name__}: {e}")
             continue
-        r = run_case("mttkrp", name, shape, vals.numel(), case, args)
+        r = run_case(kernel, name, shape, vals.numel(), case, args)
         results.append(r)
         if "scorch" in r:
             log(case_line(r, triad_gbps))
@@ -938,14 +982,15 @@ def main(argv=None) -> int:
         jit = jit_times(args.kernels, args.threads)
 
     results = []
-    mat_kernels = [k for k in args.kernels if k not in ("mttkrp", "bsr")]
+    mat_kernels = [k for k in args.kernels if k not in ("mttkrp", "ttm", "bsr")]
     if mat_kernels:
         for name, loader in load_matrices(args):
             with contention_watch(name, results):
                 run_matrix(name, loader, mat_kernels, args, triad_gbps, results)
-    if "mttkrp" in args.kernels:
-        with contention_watch("mttkrp tensors", results):
-            run_mttkrp(args, triad_gbps, results)
+    for kernel in ("mttkrp", "ttm"):
+        if kernel in args.kernels:
+            with contention_watch(f"{kernel} tensors", results):
+                run_tensor3(kernel, args, triad_gbps, results)
     if "bsr" in args.kernels:
         with contention_watch("block-pruned weights", results):
             run_bsr(args, triad_gbps, results)
