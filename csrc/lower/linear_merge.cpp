@@ -61,38 +61,44 @@ bool Lowerer::linear_merge_fits(const std::map<int, Part>& parts) const {
 Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const std::map<int, Part>& parts,
                    const std::vector<int>& iters, bool full) {
   const int v = sched_.order[d];
-  const std::string iv = var(v), n = size_of(v);
+  const std::string iv = var(v);
+  const LExpr ivx = V(iv), n = size_expr(v);
   auto name = [&](const char* pre, int id) { return fmt::format("{}{}l{}", pre, id, parts.at(id).level); };
-  auto crd_buf = [&](int id) { return buf(parts.at(id).tensor, parts.at(id).level, "crd"); };
+  auto nv = [&](const char* pre, int id) { return V(name(pre, id)); };
+  auto crd_buf = [&](int id) { return V(buf(parts.at(id).tensor, parts.at(id).level, "crd")); };
+  auto crd_at = [&](int id, const char* pre) { return loops::load(crd_buf(id), nv(pre, id)); };
   Stmts out;
   for (int id : iters) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
     out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
   }
+  auto live = [&](int id) { return loops::lt(nv("k", id), nv("ke", id)); };
   Stmts body;
   if (full) {
     for (int id : iters)
-      body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3}[{1}] == {4};", name("m", id),
-                                             name("k", id), name("ke", id), crd_buf(id), iv)));
+      body.push_back(loops::decl("const bool", name("m", id), loops::land(live(id), loops::eq(crd_at(id, "k"), ivx))));
   } else {
     for (int id : iters)
-      body.push_back(loops::line(fmt::format("const int64_t {0} = {1} < {2} ? in_range({3}[{1}], {4}, bad) : {4};",
-                                             name("c", id), name("k", id), name("ke", id), crd_buf(id), n)));
-    body.push_back(loops::line(fmt::format("int64_t {} = {};", iv, n)));
-    for (int id : iters) body.push_back(loops::line(fmt::format("{0} = {1} < {0} ? {1} : {0};", iv, name("c", id))));
-    for (int id : iters) body.push_back(loops::line(fmt::format("const bool {} = {} == {};", name("m", id), name("c", id), iv)));
+      body.push_back(loops::decl("const int64_t", name("c", id),
+                                 loops::select(live(id), loops::call("in_range", {crd_at(id, "k"), n, V("bad")}), n)));
+    body.push_back(loops::decl("int64_t", iv, n));
+    for (int id : iters) body.push_back(loops::assign(ivx, loops::select(loops::lt(nv("c", id), ivx), nv("c", id), ivx)));
+    for (int id : iters) body.push_back(loops::decl("const bool", name("m", id), loops::eq(nv("c", id), ivx)));
   }
-  std::map<int, std::string> ends;
+  std::map<int, LExpr> ends;
   for (int id : iters) {
-    const std::string k = name("k", id), m = name("m", id);
+    const LExpr k = nv("k", id), m = nv("m", id);
     if (parts.at(id).unique) {
-      ends[id] = fmt::format("({} + {})", k, m);
+      ends[id] = loops::paren(loops::add(k, m));
     } else {
       // The run of equal coordinates; empty when absent.
-      body.push_back(loops::line(fmt::format("int64_t {0} = {1} + {2}; if ({2}) {{ while ({0} < {3} && {4}[{0}] == {4}[{1}]) ++{0}; }}",
-                                             name("kn", id), k, m, name("ke", id), crd_buf(id))));
-      ends[id] = name("kn", id);
+      const LExpr kn = nv("kn", id);
+      body.push_back(loops::on_one_line(
+          {loops::decl("int64_t", name("kn", id), loops::add(k, m)),
+           loops::if_then(m, {loops::while_loop(loops::land(loops::lt(kn, nv("ke", id)), loops::eq(crd_at(id, "kn"), crd_at(id, "k"))),
+                                                {loops::eval(loops::unary(UnOp::pre_inc, kn))})})}));
+      ends[id] = kn;
     }
   }
   std::vector<const Expr*> keep;
@@ -103,28 +109,28 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
     auto it = parts.find(a->access_id);
     if (it != parts.end()) {
       if (it->second.walk == LevelWalk::locate) {
-        const std::string pos = fmt::format("({} * {} + {})", s.b, n, iv);
-        s = State{s.level + 1, pos, pos + " + 1", s.present};
+        const LExpr pos = located(s.b, v);
+        s = State{s.level + 1, pos, loops::add(pos, I(1)), s.present};
       } else {
-        s = State{s.level + 1, name("k", a->access_id), ends.at(a->access_id), name("m", a->access_id)};
+        s = State{s.level + 1, nv("k", a->access_id), ends.at(a->access_id), nv("m", a->access_id)};
       }
     }
     next[a->access_id] = s;
   }
   Stmts inner = wrap_emission(d, next, [&] { return lower_depth(d + 1, e, next); });
   body.insert(body.end(), inner.begin(), inner.end());
-  for (int id : iters) body.push_back(loops::line(fmt::format("{} = {};", name("k", id), ends[id])));
+  for (int id : iters) body.push_back(loops::assign(nv("k", id), ends[id]));
   if (d == 0 && sched_.parallel)
     parallel_why_ = fmt::format("outer loop {} merges {} sparse operands: serial", st_.var_names[v], iters.size());
   const std::string why = fmt::format("loop {} merges {} sparse iterators linearly", st_.var_names[v], iters.size());
   if (std::find(reasons_.begin(), reasons_.end(), why) == reasons_.end()) reasons_.push_back(why);
   if (full) {
-    out.push_back(loops::for_range(iv, "0", n, body));
-    for (int id : iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", name("k", id), name("ke", id))));
+    out.push_back(loops::for_range(iv, I(0), n, body));
+    for (int id : iters) out.push_back(loops::assign(V("bad"), loops::ne(nv("k", id), nv("ke", id)), AssignOp::bit_or));
   } else {
-    std::string live;
-    for (int id : iters) live += fmt::format("{}{} < {}", live.empty() ? "" : " || ", name("k", id), name("ke", id));
-    out.push_back(loops::while_loop(live, body));
+    LExpr any_live;
+    for (int id : iters) any_live = any_live ? loops::lor(any_live, live(id)) : live(id);
+    out.push_back(loops::while_loop(any_live, body));
   }
   return out;
 }

@@ -11,13 +11,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   if (d == n) return compute(e, states);
   if (local_accumulation_at(d)) {
     current_sink_ = Sink::local;
-    Stmts out{loops::line("val_t lacc = 0;")};
+    Stmts out{loops::decl("val_t", "lacc", I(0))};
     Stmts inner = lower_depth(d, e, states);
     out.insert(out.end(), inner.begin(), inner.end());
     // Under loops that each visit every coordinate of their output variable once, this is the only store of
     // its element: stored, not added, so the output need not be zeroed first (overwrites_output).
     const bool store = covering_ == d;
-    out.push_back(loops::line(fmt::format("o[{}] {} lacc;", dense_out_index(), store ? "=" : "+=")));
+    out.push_back(loops::assign(loops::load(V("o"), dense_out_index()), V("lacc"), store ? AssignOp::set : AssignOp::add));
     (store ? assigned_output_ : added_output_) = true;
     current_sink_ = Sink::dense;
     return out;
@@ -27,67 +27,77 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     // reduction loop above it: full tiles in vector registers, then what is left in passes of half as many
     // vectors each (so any width is covered by one pass per power of two, each reading the sparse row once),
     // then the columns short of a vector in a small array.
-    const std::string nj = size_of(tile_var_);
+    const LExpr nj = size_expr(tile_var_), jo = V("jo");
     const int tile = tile_columns();
     Stmts out;
     const int w = vector_width();
-    std::string rest = "0";  // where the columns not covered by vector code start
+    LExpr rest = I(0);  // where the columns not covered by vector code start
+    // (n / m) * m
+    auto round_down = [](const LExpr& n, int m) { return loops::mul(loops::paren(loops::div(n, I(m))), I(m)); };
     if (vector_tile_) {
-      auto vector_pass = [&](int vectors, Stmts body_prefix, const std::string& loop_head) {
+      // One pass over the reduction with `vectors` accumulators; `wrap` makes the loop or branch around it.
+      auto vector_pass = [&](int vectors, Stmts body_prefix, const std::function<loops::StmtPtr(Stmts)>& wrap) {
         current_sink_ = Sink::vtile;
         tile_vectors_ = vectors;
         Stmts body = std::move(body_prefix);
-        std::string decl = "vec_t va0 = {}";
-        for (int q = 1; q < vectors; ++q) decl += fmt::format(", va{} = {{}}", q);
-        body.push_back(loops::line(decl + ";"));
+        std::vector<std::string> names;
+        for (int q = 0; q < vectors; ++q) names.push_back(fmt::format("va{}", q));
+        body.push_back(loops::decl("vec_t", names, loops::Exprs(names.size(), loops::init_list({}))));
         Stmts inner = lower_depth(d, e, states);
         body.insert(body.end(), inner.begin(), inner.end());
-        for (int q = 0; q < vectors; ++q)
-          body.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format(
-              "o[{}] += va{}[l];", dense_out_index(fmt::format("(jo + {} + l)", q * w)), q))}, true));
+        for (int q = 0; q < vectors; ++q) {
+          const LExpr col = loops::paren(loops::add(loops::add(jo, I(q * w)), V("l")));
+          body.push_back(loops::for_range("l", I(0), I(w), {loops::assign(loops::load(V("o"), dense_out_index(col)),
+                                                                         loops::load(V(names[q]), V("l")), AssignOp::add)},
+                                          true));
+        }
         added_output_ = true;
-        out.push_back(loops::line(loop_head));
-        out.insert(out.end(), body.begin(), body.end());
-        out.push_back(loops::line("}"));
+        out.push_back(wrap(std::move(body)));
       };
       const int vectors = machine_.tile_vectors;
-      vector_pass(vectors, {}, fmt::format("for (int64_t jo = 0; jo + {} <= {}; jo += {}) {{", tile, nj, tile));
+      vector_pass(vectors, {}, [&](Stmts body) {
+        return loops::for_step("jo", I(0), loops::le(loops::add(jo, I(tile)), nj), tile, std::move(body));
+      });
       // The rest, fewer than a full tile: one pass of 2^p vectors for each bit p of the vectors left.
-      out.push_back(loops::line(fmt::format("int64_t jdone = ({} / {}) * {};", nj, tile, tile)));
+      out.push_back(loops::decl("int64_t", "jdone", round_down(nj, tile)));
       int top = 1;
       while (top * 2 < vectors) top *= 2;
       for (int q = top; q >= 1; q /= 2) {
-        Stmts prefix{loops::line("const int64_t jo = jdone;"), loops::line(fmt::format("jdone += {};", q * w))};
-        vector_pass(q, prefix, fmt::format("if (jdone + {} <= {}) {{", q * w, nj));
+        Stmts prefix{loops::decl("const int64_t", "jo", V("jdone")), loops::assign(V("jdone"), I(q * w), AssignOp::add)};
+        vector_pass(q, prefix, [&](Stmts body) {
+          return loops::if_then(loops::le(loops::add(V("jdone"), I(q * w)), nj), std::move(body));
+        });
       }
-      rest = fmt::format("({} / {}) * {}", nj, w, w);
+      rest = round_down(nj, w);
     }
     // The columns left (fewer than a vector, or all of them when loads along j are not contiguous), in
     // tiles kept in a small array.
     current_sink_ = Sink::tile;
     scalar_tile_ = tile;
-    Stmts body{loops::line(fmt::format("const int64_t jo = {} + jt * {};", rest, tile)),
-               loops::line(fmt::format("const int64_t jn = std::min<int64_t>({}, {} - jo);", tile, nj)),
-               loops::line(fmt::format("val_t tacc[{}] = {{}};", tile))};
+    Stmts body{loops::decl("const int64_t", "jo", loops::add(rest, loops::mul(V("jt"), I(tile)))),
+               loops::decl("const int64_t", "jn", loops::call("std::min<int64_t>", {I(tile), loops::sub(nj, jo)})),
+               loops::decl("val_t", fmt::format("tacc[{}]", tile), loops::init_list({}))};
     Stmts inner = lower_depth(d, e, states);
     body.insert(body.end(), inner.begin(), inner.end());
-    body.push_back(loops::for_range("jj", "0", "jn", {loops::line(fmt::format("o[{}] += tacc[jj];", dense_out_index("(jo + jj)")))}));
+    body.push_back(loops::for_range("jj", I(0), V("jn"), {loops::assign(loops::load(V("o"), dense_out_index(loops::paren(loops::add(jo, V("jj"))))),
+                                                                       loops::load(V("tacc"), V("jj")), AssignOp::add)}));
     added_output_ = true;
     current_sink_ = Sink::dense;
-    out.push_back(loops::for_range("jt", "0", fmt::format("({} - {} + {}) / {}", nj, rest, tile - 1, tile), body));
+    out.push_back(loops::for_range("jt", I(0), loops::div(loops::paren(loops::add(loops::sub(nj, rest), I(tile - 1))), I(tile)), body));
     return out;
   }
   const int v = sched_.order[d];
   const std::string iv = var(v);
+  const LExpr ivx = V(iv);
   if (current_sink_ == Sink::vtile && v == tile_var_) return lower_depth(d + 1, e, states);
   if (current_sink_ == Sink::tile && v == tile_var_) {
     // Inside a tile: a full tile has a constant trip count (kept in registers), the last one may be short.
-    Stmts full{loops::line(fmt::format("const int64_t {} = jo + jj;", iv))};
+    Stmts full{loops::decl("const int64_t", iv, loops::add(V("jo"), V("jj")))};
     Stmts inner = lower_depth(d + 1, e, states);
     full.insert(full.end(), inner.begin(), inner.end());
-    return {loops::if_chain({fmt::format("jn == {}", scalar_tile_), ""},
-                            {{loops::for_range("jj", "0", std::to_string(scalar_tile_), full, true)},
-                             {loops::for_range("jj", "0", "jn", full)}})};
+    return {loops::if_chain({loops::eq(V("jn"), I(scalar_tile_)), nullptr},
+                            {{loops::for_range("jj", I(0), I(scalar_tile_), full, true)},
+                             {loops::for_range("jj", I(0), V("jn"), full)}})};
   }
 
   std::vector<const Expr*> accs;
@@ -133,23 +143,33 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     const State& s = states.at(id);
     out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s, span_checked(id, p.level)));
   }
-  auto crd = [&](int id) { const Part& p = parts.at(id); return fmt::format("{}[{}]", buf(p.tensor, p.level, "crd"), k(id)); };
+  auto crd_buf = [&](int id) { const Part& p = parts.at(id); return V(buf(p.tensor, p.level, "crd")); };
+  auto crd_at = [&](int id, const std::string& pos) { return loops::load(crd_buf(id), V(pos)); };
+  auto crd = [&](int id) { return crd_at(id, k(id)); };
   // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
   // Not in rows rows_in_range checked already.
   auto checked_crd = [&](int id) {
-    return span_checked(id, parts.at(id).level) ? crd(id) : fmt::format("in_range({}, {}, bad)", crd(id), size_of(v));
+    return span_checked(id, parts.at(id).level) ? crd(id) : loops::call("in_range", {crd(id), size_expr(v), V("bad")});
   };
+  auto K = [&](int id) { return V(k(id)); };
+  auto KE = [&](int id) { return V(ke(id)); };
+  auto KN = [&](int id) { return V(kn(id)); };
+  auto preinc = [](const LExpr& x) { return loops::eval(loops::unary(UnOp::pre_inc, x)); };
+  // while (kn < ke && crd[kn] == value) ++kn;  (the end of a run of equal coordinates)
+  auto skip_run = [&](int id, const LExpr& value) {
+    return loops::while_loop(loops::land(loops::lt(KN(id), KE(id)), loops::eq(crd_at(id, kn(id)), value)), {preinc(KN(id))});
+  };
+  auto next_pos = [&](int id) { return loops::add(K(id), I(1)); };
   // The end of the run of equal coordinates starting at k (non-unique levels) or k + 1.
-  auto run_end = [&](int id, Stmts& body) -> std::string {
+  auto run_end = [&](int id, Stmts& body) -> LExpr {
     const Part& p = parts.at(id);
-    if (p.unique) return k(id) + " + 1";
-    body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; while ({0} < {2} && {3}[{0}] == {3}[{1}]) ++{0};",
-                                           kn(id), k(id), ke(id), buf(p.tensor, p.level, "crd"))));
-    return kn(id);
+    if (p.unique) return next_pos(id);
+    body.push_back(loops::on_one_line({loops::decl("int64_t", kn(id), next_pos(id)), skip_run(id, crd(id))}));
+    return KN(id);
   };
 
   // The body of one lattice point: child segments for the participating accesses, then the next loop.
-  auto case_body = [&](const LatticePoint& pt, const std::map<int, std::string>& ends) {
+  auto case_body = [&](const LatticePoint& pt, const std::map<int, LExpr>& ends) {
     std::vector<const Expr*> keep;
     ir::collect_accesses(pt.expr, keep);
     States next;
@@ -158,10 +178,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       auto it = parts.find(a->access_id);
       if (it != parts.end()) {
         if (it->second.walk == LevelWalk::locate) {
-          const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), iv);
-          s = State{s.level + 1, pos, pos + " + 1", s.present};
+          const LExpr pos = located(s.b, v);
+          s = State{s.level + 1, pos, loops::add(pos, I(1)), s.present};
         } else {
-          s = State{s.level + 1, k(a->access_id), ends.at(a->access_id), ""};
+          s = State{s.level + 1, K(a->access_id), ends.at(a->access_id), nullptr};
         }
       }
       next[a->access_id] = s;
@@ -172,8 +192,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   const bool can_parallel = d == 0 && sched_.parallel;
   if (full) {
     // Dense loop over the whole extent; sparse iterators advance when they hold the coordinate.
-    std::string lo = "0", hi = size_of(v);
+    LExpr lo = I(0), hi = size_expr(v);
+    bool split = false;  // lo and hi are this thread's share
     if (can_parallel && all_iters.empty()) {
+      split = true;
       parallel_ = true;
       split_dense_range(v, parts, states, out, lo, hi);
     } else if (can_parallel) {
@@ -202,29 +224,30 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     }
     const size_t reasons_before = reasons_.size();
     Stmts body;
-    std::map<int, std::string> ends;
+    std::map<int, LExpr> ends;
     for (int id : all_iters) {
-      body.push_back(loops::line(fmt::format("const bool {0} = {1} < {2} && {3} == {4};", m(id), k(id), ke(id), crd(id), iv)));
+      body.push_back(loops::decl("const bool", m(id), loops::land(loops::lt(K(id), KE(id)), loops::eq(crd(id), ivx))));
       const Part& p = parts.at(id);
       if (p.unique) {
-        ends[id] = k(id) + " + 1";
+        ends[id] = next_pos(id);
       } else {
-        body.push_back(loops::line(fmt::format("int64_t {0} = {1}; if ({2}) {{ {0} = {1} + 1; while ({0} < {3} && {4}[{0}] == {5}) ++{0}; }}",
-                                               kn(id), k(id), m(id), ke(id), buf(p.tensor, p.level, "crd"), iv)));
-        ends[id] = kn(id);
+        body.push_back(loops::on_one_line({loops::decl("int64_t", kn(id), K(id)),
+                                           loops::if_then(V(m(id)), {loops::assign(KN(id), next_pos(id)), skip_run(id, ivx)})}));
+        ends[id] = KN(id);
       }
     }
-    std::vector<std::string> conds;
+    loops::Exprs conds;
     std::vector<Stmts> branches;
     for (const auto& pt : lattice) {
-      std::string cond;
-      for (int id : pt.iterators) cond += (cond.empty() ? "" : " && ") + m(id);
+      std::vector<LExpr> present;
+      for (int id : pt.iterators) present.push_back(V(m(id)));
+      const LExpr cond = all_of(present);
       conds.push_back(cond);
       branches.push_back(case_body(pt, ends));
-      if (cond.empty()) break;
+      if (!cond) break;
     }
     body.push_back(loops::if_chain(conds, branches));
-    for (int id : all_iters) body.push_back(loops::line(fmt::format("if ({}) {} = {};", m(id), k(id), ends[id])));
+    for (int id : all_iters) body.push_back(loops::on_one_line({loops::if_then(V(m(id)), {loops::assign(K(id), ends[id])})}));
     if (vector_rows && simd_rows_used_) {
       simd_rows_ = false;
       std::vector<Stmts> scalar_branches;
@@ -236,11 +259,14 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       // Rows of 16 vectors or more on average (entries, not bytes): shorter ones spend more on the
       // vector loop's head and tail than its partial sums save.
       const int min_mean = 16 * vector_width();
-      out.push_back(loops::line(fmt::format("const bool long_rows = (int64_t)({0}[{1}] - {0}[{2}]) >= (int64_t){3} * ({1} - {2});",
-                                            span_pos_, hi, lo, min_mean)));
+      const LExpr pos = V(span_pos_);
+      out.push_back(loops::decl("const bool", "long_rows",
+                                loops::ge(loops::cast("int64_t", loops::paren(loops::sub(loops::load(pos, hi), loops::load(pos, lo)))),
+                                          loops::mul(loops::cast("int64_t", I(min_mean)), loops::paren(loops::sub(hi, lo))))));
       reasons_.push_back(fmt::format("reductions over rows of >= {} entries on average run as vector loops", min_mean));
-      out.push_back(loops::if_chain({"long_rows", ""}, {{loops::for_range(iv, lo, hi, body, false)},
-                                                        {loops::for_range(iv, lo, hi, {loops::if_chain(conds, scalar_branches)}, false)}}));
+      out.push_back(loops::if_chain({V("long_rows"), nullptr},
+                                    {{loops::for_range(iv, lo, hi, body, false)},
+                                     {loops::for_range(iv, lo, hi, {loops::if_chain(conds, scalar_branches)}, false)}}));
       simd_rows_ = false;
       span_tensor_ = span_var_ = -1;
       return out;
@@ -253,23 +279,22 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     if (!red.empty()) {
       // A pure reduction. Along contiguous operands: four vector accumulators (independent chains), then
       // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
-      if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", lo, hi)));
+      if (red == "acc") out.push_back(any_if_nonempty(lo, hi));
       const States at = advance_dense(d, e, states);
-      if (lo == "0" && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
+      if (!split && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
         const int w = vector_width();
-        Stmts vec{loops::line("vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};"),
-                  loops::line(fmt::format("int64_t rb = 0;")),
-                  loops::line(fmt::format("for (; rb + {} <= {}; rb += {}) {{", 4 * w, hi, 4 * w))};
+        Stmts sums;
         for (int q = 0; q < 4; ++q)
-          vec.push_back(loops::line(fmt::format("  r{} += {};", q, vector_value(e, at, v, "rb", q * w))));
-        vec.push_back(loops::line("}"));
-        vec.push_back(loops::line("const vec_t rs = (r0 + r1) + (r2 + r3);"));
-        vec.push_back(loops::for_range("l", "0", std::to_string(w), {loops::line(fmt::format("{} += rs[l];", red))}));
+          sums.push_back(loops::assign(V(fmt::format("r{}", q)), vector_value(e, at, v, "rb", q * w), AssignOp::add));
+        Stmts vec{loops::decl("vec_t", {"r0", "r1", "r2", "r3"}, loops::Exprs(4, loops::init_list({}))),
+                  loops::decl("int64_t", "rb", I(0)),
+                  loops::for_step("rb", nullptr, loops::le(loops::add(V("rb"), I(4 * w)), hi), 4 * w, sums),
+                  loops::decl("const vec_t", "rs", loops::add(loops::paren(loops::add(V("r0"), V("r1"))),
+                                                              loops::paren(loops::add(V("r2"), V("r3"))))),
+                  loops::for_range("l", I(0), I(w), {loops::assign(V(red), loops::load(V("rs"), V("l")), AssignOp::add)})};
         out.push_back(loops::block(vec));
-        out.push_back(loops::line(fmt::format("for (int64_t {0} = ({1} / {2}) * {2}; {0} < {1}; ++{0}) {{", iv, hi, 4 * w)));
-        Stmts tail = rebuild_without_any(d, e, states, v);
-        for (const auto& t : tail) out.push_back(t);
-        out.push_back(loops::line("}"));
+        out.push_back(loops::for_range(iv, loops::mul(loops::paren(loops::div(hi, I(4 * w))), I(4 * w)), hi,
+                                       rebuild_without_any(d, e, states, v)));
         return out;
       }
       out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
@@ -277,7 +302,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     }
     out.push_back(loops::for_range(iv, lo, hi, body, simd));
     // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
-    for (int id : all_iters) out.push_back(loops::line(fmt::format("bad |= {} != {};", k(id), ke(id))));
+    for (int id : all_iters) out.push_back(loops::assign(V("bad"), loops::ne(K(id), KE(id)), AssignOp::bit_or));
     return out;
   }
 
@@ -290,7 +315,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     if (P.iterators.size() == 1 && cases.size() == 1) {
       const int id = P.iterators[0];
       Stmts body;
-      std::map<int, std::string> ends;
+      std::map<int, LExpr> ends;
       ends[id] = run_end(id, body);
       // A unique level's counted loop has its segment's coordinates checked all at once before it starts
       // (coords_in_range), so it loads them unchecked; the while loop of a non-unique level checks each.
@@ -299,26 +324,28 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       // the SpMM yardstick, Zen 3: 3-7% slower on short rows).
       const bool rows_checked = span_checked(id, parts.at(id).level);
       const bool hoisted = !rows_checked && parts.at(id).unique && current_sink_ != Sink::vtile && current_sink_ != Sink::tile;
-      const std::string coord = hoisted ? crd(id) : checked_crd(id);
-      body.insert(body.begin(), loops::line(fmt::format("const int64_t {} = {};", iv, coord)));
+      const LExpr coord = hoisted ? crd(id) : checked_crd(id);
+      body.insert(body.begin(), loops::decl("const int64_t", iv, coord));
       Stmts inner = case_body(P, ends);
       body.insert(body.end(), inner.begin(), inner.end());
       if (pi == 0 && can_parallel && parts.at(id).unique) {
         parallel_ = true;
-        out.push_back(loops::line(fmt::format("{{ const int64_t span = {} - {}; const int64_t b0 = {};", ke(id), k(id), k(id))));
-        out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * tid / nt);", k(id))));
-        out.push_back(loops::line(fmt::format("  {} = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }}", ke(id))));
+        // This thread's equal share of the positions [k, ke).
+        out.push_back(loops::block({loops::decl("const int64_t", "span", loops::sub(KE(id), K(id))),
+                                    loops::decl("const int64_t", "b0", K(id)),
+                                    loops::assign(K(id), loops::add(V("b0"), share_bound(V("span"), V("tid")))),
+                                    loops::assign(KE(id), loops::add(V("b0"), share_bound(V("span"), loops::paren(loops::add(V("tid"), I(1))))))}));
       } else if (pi == 0 && can_parallel) {
         parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
       }
       const std::string red = parts.at(id).unique ? innermost_accumulator(d) : "";
       if (parts.at(id).unique) {
         // A counted loop; inside, the iterator's name is bound to the loop counter.
-        Stmts fbody{loops::line(fmt::format("const int64_t {} = p{};", k(id), tag(id)))};
+        Stmts fbody{loops::decl("const int64_t", k(id), V("p" + tag(id)))};
         if (!red.empty()) {
-          if (red == "acc") out.push_back(loops::line(fmt::format("if ({} < {}) any = true;", k(id), ke(id))));
+          if (red == "acc") out.push_back(any_if_nonempty(K(id), KE(id)));
           any_hoisted_ = red == "acc";
-          Stmts again{loops::line(fmt::format("const int64_t {} = {};", iv, coord))};
+          Stmts again{loops::decl("const int64_t", iv, coord)};
           Stmts inner2 = case_body(P, ends);
           again.insert(again.end(), inner2.begin(), inner2.end());
           any_hoisted_ = false;
@@ -328,20 +355,19 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         }
         // Last, after the thread split of [k, ke): each thread checks its own share.
         if (hoisted)
-          out.push_back(loops::line(fmt::format("coords_in_range({}, {}, {}, {}, bad);",
-                                                buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id), size_of(v))));
+          out.push_back(loops::eval(loops::call("coords_in_range", {crd_buf(id), K(id), KE(id), size_expr(v), V("bad")})));
         // No simd pragma by default: on short rows the gathers and the vector head and tail cost more than they save.
         const std::string p_var = "p" + tag(id);
         if (current_sink_ == Sink::vtile) {
-          auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), k(id), ke(id));
+          auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), K(id), KE(id));
           if (!pf.empty()) {
             // Two loops, with and without the prefetches, chosen once per pass: testing pf_on in the loop
             // cost small operands (whose rows stay cached, so pf_on is false) 1-5% on Zen 3.
             Stmts with_pf = fbody;
             with_pf.insert(with_pf.begin() + 1, pf.begin(), pf.end());
             out.insert(out.end(), before.begin(), before.end());
-            out.push_back(loops::if_chain({"pf_on", ""}, {{loops::for_range(p_var, k(id), ke(id), with_pf, false, "")},
-                                                          {loops::for_range(p_var, k(id), ke(id), fbody, false, "")}}));
+            out.push_back(loops::if_chain({V("pf_on"), nullptr}, {{loops::for_range(p_var, K(id), KE(id), with_pf)},
+                                                                  {loops::for_range(p_var, K(id), KE(id), fbody)}}));
             continue;
           }
         }
@@ -349,47 +375,48 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         // long-row copy of the row loop (see the dense loop above).
         const bool vector_sum = simd_rows_ && rows_checked && red == "lacc";
         simd_rows_used_ |= vector_sum;
-        out.push_back(loops::for_range(p_var, k(id), ke(id), fbody, false, vector_sum ? red : ""));
+        out.push_back(loops::for_range(p_var, K(id), KE(id), fbody, false, vector_sum ? red : ""));
         continue;
       }
-      body.push_back(loops::line(fmt::format("{} = {};", k(id), ends[id])));
-      out.push_back(loops::while_loop(fmt::format("{} < {}", k(id), ke(id)), body));
+      body.push_back(loops::assign(K(id), ends[id]));
+      out.push_back(loops::while_loop(loops::lt(K(id), KE(id)), body));
       continue;
     }
     if (pi == 0 && can_parallel)
       parallel_why_ = fmt::format("outer loop {} co-iterates {} sparse operands: serial", st_.var_names[v],
                                   P.iterators.size());
     Stmts body;
-    std::string cond;
+    std::vector<LExpr> live;
     for (int id : P.iterators) {
-      cond += (cond.empty() ? "" : " && ") + fmt::format("{} < {}", k(id), ke(id));
-      body.push_back(loops::line(fmt::format("const int64_t {} = {};", c(id), checked_crd(id))));
+      live.push_back(loops::lt(K(id), KE(id)));
+      body.push_back(loops::decl("const int64_t", c(id), checked_crd(id)));
     }
-    std::string mn = c(P.iterators[0]);
-    for (size_t q = 1; q < P.iterators.size(); ++q) mn = fmt::format("std::min<int64_t>({}, {})", mn, c(P.iterators[q]));
-    body.push_back(loops::line(fmt::format("const int64_t {} = {};", iv, mn)));
-    std::map<int, std::string> ends;
+    LExpr mn = V(c(P.iterators[0]));
+    for (size_t q = 1; q < P.iterators.size(); ++q) mn = loops::call("std::min<int64_t>", {mn, V(c(P.iterators[q]))});
+    body.push_back(loops::decl("const int64_t", iv, mn));
+    auto here = [&](int id) { return loops::eq(V(c(id)), ivx); };  // the iterator holds the coordinate
+    std::map<int, LExpr> ends;
     for (int id : P.iterators) {
       const Part& p = parts.at(id);
       if (p.unique) {
-        ends[id] = k(id) + " + 1";
+        ends[id] = next_pos(id);
       } else {
-        body.push_back(loops::line(fmt::format("int64_t {0} = {1} + 1; if ({2} == {3}) {{ while ({0} < {4} && {5}[{0}] == {3}) ++{0}; }}",
-                                               kn(id), k(id), c(id), iv, ke(id), buf(p.tensor, p.level, "crd"))));
-        ends[id] = kn(id);
+        body.push_back(loops::on_one_line({loops::decl("int64_t", kn(id), next_pos(id)), loops::if_then(here(id), {skip_run(id, ivx)})}));
+        ends[id] = KN(id);
       }
     }
-    std::vector<std::string> conds;
+    loops::Exprs conds;
     std::vector<Stmts> branches;
     for (const LatticePoint* q : cases) {
-      std::string cond;
-      for (int id : q->iterators) cond += (cond.empty() ? "" : " && ") + fmt::format("{} == {}", c(id), iv);
-      conds.push_back(cond.empty() ? "true" : cond);
+      std::vector<LExpr> held;
+      for (int id : q->iterators) held.push_back(here(id));
+      const LExpr cond = all_of(held);
+      conds.push_back(cond ? cond : loops::boolean(true));
       branches.push_back(case_body(*q, ends));
     }
     body.push_back(loops::if_chain(conds, branches));
-    for (int id : P.iterators) body.push_back(loops::line(fmt::format("if ({} == {}) {} = {};", c(id), iv, k(id), ends[id])));
-    out.push_back(loops::while_loop(cond, body));
+    for (int id : P.iterators) body.push_back(loops::on_one_line({loops::if_then(here(id), {loops::assign(K(id), ends[id])})}));
+    out.push_back(loops::while_loop(all_of(live), body));
   }
   return out;
 }

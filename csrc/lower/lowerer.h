@@ -18,6 +18,27 @@ using ir::Expr;
 using ir::ExprKind;
 using ir::ExprPtr;
 using loops::Stmts;
+// Loop IR expressions (typed nodes, loop_ir.h); ir::ExprPtr above is the statement's own expression.
+using LExpr = loops::ExprPtr;
+using loops::AssignOp;
+using loops::UnOp;
+
+// Short names for the loop IR builders used throughout the lowerer.
+inline LExpr V(const std::string& name) { return loops::var(name); }
+inline LExpr I(int64_t v) { return loops::integer(v); }
+// a0 + a1 + ... (left to right, no parentheses), or `empty` when there are no terms.
+inline LExpr sum_of(const std::vector<LExpr>& terms, LExpr empty) {
+  if (terms.empty()) return empty;
+  LExpr s = terms[0];
+  for (size_t q = 1; q < terms.size(); ++q) s = loops::add(s, terms[q]);
+  return s;
+}
+// c0 && c1 && ... (null: no condition).
+inline LExpr all_of(const std::vector<LExpr>& conds) {
+  LExpr s;
+  for (const auto& c : conds) s = s ? loops::land(s, c) : c;
+  return s;
+}
 
 // Where the value computed in the innermost loop goes.
 enum class Sink { dense, scalar, workspace, stream, local, tile, vtile };
@@ -97,8 +118,8 @@ class Lowerer {
   // which it is there (its segment [b, e) is empty otherwise, and its value must not be read).
   struct State {
     int level = 0;
-    std::string b = "0", e = "1";
-    std::string present;  // empty: always present
+    LExpr b = I(0), e = I(1);
+    LExpr present;  // null: always present
   };
   using States = std::map<int, State>;
   // A level-format access that has a level at the current loop variable.
@@ -113,8 +134,23 @@ class Lowerer {
 
   std::string size_of(int v) const { return fmt::format("N{}", v); }
   std::string var(int v) const { return fmt::format("i{}", v); }
+  LExpr size_expr(int v) const { return V(size_of(v)); }
+  LExpr var_expr(int v) const { return V(var(v)); }
   const Format& format_of(int access_id) const { return *spec_.operands[access_.at(access_id).tensor].format; }
   std::string buf(int tensor, int level, const char* name) const { return fmt::format("t{}_{}{}", tensor, name, level); }
+  // The position one level down when a dense level at variable v is located: (b * N + i).
+  LExpr located(const LExpr& b, int v) const {
+    return loops::paren(loops::add(loops::mul(b, size_expr(v)), var_expr(v)));
+  }
+  // Row-major index of an access into its strided operand: i0 * t<T>_st0 + i1 * t<T>_st1 + ...; `at` gives
+  // the index expression of each variable.
+  template <typename At>
+  LExpr strided_index(const Expr& a, At&& at) const {
+    std::vector<LExpr> terms;
+    for (size_t d = 0; d < a.vars.size(); ++d)
+      terms.push_back(loops::mul(at(a.vars[d]), V(fmt::format("t{}_st{}", a.tensor, d))));
+    return sum_of(terms, I(0));
+  }
 
   // At the emission depth of append/workspace outputs, the body gets an accumulator (or a workspace) and
   // the statements that emit what it collected; elsewhere the body is returned as it is.
@@ -126,47 +162,59 @@ class Lowerer {
     if (!here) return inner();
     Stmts out;
     const Sink saved = current_sink_;
+    auto accumulator = [](bool void_any) {
+      Stmts parts{loops::decl("val_t", "acc", I(0)), loops::decl("bool", "any", loops::boolean(false))};
+      if (void_any) parts.push_back(loops::eval(loops::cast("void", V("any"))));
+      return loops::on_one_line(parts);
+    };
     if (sched_.output == OutputMode::sampled) {
       // The sampling operand's position: every level walked, its state points at its value.
-      std::string pos;
+      LExpr pos;
       for (const auto& [id, a] : access_)
         if (a.tensor == sched_.sampled_tensor && inside.count(id)) pos = inside.at(id).b;
-      SCORCH_ASSERT(!pos.empty(), "sampled output: the sampling operand is not walked at the emission depth");
+      SCORCH_ASSERT(pos != nullptr, "sampled output: the sampling operand is not walked at the emission depth");
       current_sink_ = Sink::scalar;
-      out.push_back(loops::line("val_t acc = 0; bool any = false; (void)any;"));
+      out.push_back(accumulator(true));
       Stmts body = inner();
       out.insert(out.end(), body.begin(), body.end());
-      out.push_back(loops::line(fmt::format("sampled_out[{}] = acc;", pos)));
+      out.push_back(loops::assign(loops::load(V("sampled_out"), pos), V("acc")));
     } else if (sched_.output == OutputMode::append) {
       current_sink_ = Sink::scalar;
-      out.push_back(loops::line("val_t acc = 0; bool any = false;"));
+      out.push_back(accumulator(false));
       Stmts body = inner();
       out.insert(out.end(), body.begin(), body.end());
-      out.push_back(loops::line(fmt::format("if (any) {{ const int64_t c[] = {{{}}}; push(st, c, {}, acc); }}",
-                                            out_coords(), st_.out_vars.size())));
+      out.push_back(loops::on_one_line({loops::if_then(V("any"), {coords_decl(out_coords()), push_entry(V("acc"))})}));
     } else {
       current_sink_ = Sink::workspace;
       Stmts body = inner();
       out.insert(out.end(), body.begin(), body.end());
-      std::string coords;
-      for (size_t d = 0; d < st_.out_vars.size(); ++d)
-        coords += (d ? ", " : "") + (st_.out_vars[d] == sched_.workspace_var ? std::string("w") : var(st_.out_vars[d]));
-      out.push_back(loops::line("std::sort(ws_list, ws_list + ws_n);"));
-      out.push_back(loops::for_range("q", "0", "ws_n", {
-          loops::line("const int64_t w = ws_list[q];"),
-          loops::line(fmt::format("const int64_t c[] = {{{}}};", coords)),
-          loops::line(fmt::format("push(st, c, {}, ws_val[w]);", st_.out_vars.size())),
-          loops::line("ws_val[w] = 0; ws_flag[w] = 0;")}));
-      out.push_back(loops::line("ws_n = 0;"));
+      loops::Exprs coords;
+      for (int v : st_.out_vars) coords.push_back(v == sched_.workspace_var ? V("w") : var_expr(v));
+      out.push_back(loops::eval(loops::call("std::sort", {V("ws_list"), loops::add(V("ws_list"), V("ws_n"))})));
+      out.push_back(loops::for_range("q", I(0), V("ws_n"), {
+          loops::decl("const int64_t", "w", loops::load(V("ws_list"), V("q"))),
+          coords_decl(coords),
+          push_entry(loops::load(V("ws_val"), V("w"))),
+          loops::on_one_line({loops::assign(loops::load(V("ws_val"), V("w")), I(0)),
+                              loops::assign(loops::load(V("ws_flag"), V("w")), I(0))})}));
+      out.push_back(loops::assign(V("ws_n"), I(0)));
     }
     current_sink_ = saved;
     return out;
   }
 
-  std::string out_coords() const {
-    std::string s;
-    for (size_t d = 0; d < st_.out_vars.size(); ++d) s += (d ? ", " : "") + var(st_.out_vars[d]);
-    return s;
+  loops::Exprs out_coords() const {
+    loops::Exprs c;
+    for (int v : st_.out_vars) c.push_back(var_expr(v));
+    return c;
+  }
+  // const int64_t c[] = {coordinates};
+  static loops::StmtPtr coords_decl(loops::Exprs coords) {
+    return loops::decl("const int64_t", "c[]", loops::init_list(std::move(coords)));
+  }
+  // push(st, c, <output rank>, value);  (the thread's output stream, kernel preamble)
+  loops::StmtPtr push_entry(LExpr value) const {
+    return loops::eval(loops::call("push", {V("st"), V("c"), I(static_cast<int64_t>(st_.out_vars.size())), std::move(value)}));
   }
 
   // Lanes of one vector register of the target (1 when it has none).
@@ -181,27 +229,34 @@ class Lowerer {
   // `offset` (a constant number of elements) is added to the address outside the index arithmetic: v is the
   // last, contiguous index of every access along it, so the vectors of a tile share one row address and
   // differ by a displacement (no register per vector for the index).
-  std::string vector_value(const ExprPtr& e, const States& states, int v, const std::string& base, int offset = 0) const {
+  LExpr vector_value(const ExprPtr& e, const States& states, int v, const std::string& base, int offset = 0) const {
     switch (e->kind) {
       case ExprKind::access: {
-        std::string idx;
         const bool along = std::count(e->vars.begin(), e->vars.end(), v) > 0;
         if (!along) return value(e, states);
-        for (size_t d = 0; d < e->vars.size(); ++d) {
-          const std::string x = e->vars[d] == v ? "(" + base + ")" : var(e->vars[d]);
-          idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", x, e->tensor, d);
-        }
-        if (offset == 0) return fmt::format("vload(&t{}_data[{}])", e->tensor, idx);
-        return fmt::format("vload(&t{}_data[{}] + {})", e->tensor, idx, offset);
+        const LExpr idx = strided_index(*e, [&](int x) { return x == v ? loops::paren(V(base)) : var_expr(x); });
+        LExpr addr = loops::unary(UnOp::address_of, loops::load(V(fmt::format("t{}_data", e->tensor)), idx));
+        if (offset != 0) addr = loops::add(addr, I(offset));
+        return loops::call("vload", {addr});
       }
-      case ExprKind::literal: return "((val_t)" + ir::format_literal(e->value) + ")";
-      case ExprKind::neg: return "(-" + vector_value(e->a, states, v, base, offset) + ")";
-      case ExprKind::add: return "(" + vector_value(e->a, states, v, base, offset) + " + " + vector_value(e->b, states, v, base, offset) + ")";
-      case ExprKind::sub: return "(" + vector_value(e->a, states, v, base, offset) + " - " + vector_value(e->b, states, v, base, offset) + ")";
-      case ExprKind::mul: return "(" + vector_value(e->a, states, v, base, offset) + " * " + vector_value(e->b, states, v, base, offset) + ")";
+      case ExprKind::literal: return value_literal(e->value);
+      case ExprKind::neg: return loops::paren(loops::unary(UnOp::neg, vector_value(e->a, states, v, base, offset)));
+      case ExprKind::add:
+      case ExprKind::sub:
+      case ExprKind::mul:
+        return loops::paren(loops::binary(binop_of(e->kind), vector_value(e->a, states, v, base, offset),
+                                          vector_value(e->b, states, v, base, offset)));
     }
-    return "0";
+    return I(0);
   }
+
+  static loops::BinOp binop_of(ExprKind k) {
+    return k == ExprKind::add ? loops::BinOp::add : k == ExprKind::sub ? loops::BinOp::sub : loops::BinOp::mul;
+  }
+  // ((val_t)x): a literal of the statement in the kernel's value type.
+  static LExpr value_literal(double x) { return loops::paren(loops::cast("val_t", loops::floating(x))); }
+  // (val_t)0
+  static LExpr value_zero() { return loops::cast("val_t", I(0)); }
 
   // Every access along v has it as its last index, once, and is strided (contiguous loads).
   bool contiguous_along(const ExprPtr& e, int v) const {
@@ -215,14 +270,14 @@ class Lowerer {
     return true;
   }
 
-  std::string value(const ExprPtr& e, const States& states) const {
+  LExpr value(const ExprPtr& e, const States& states) const {
     const Gated g = gated_value(e, states);
-    return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("({} ? {} : (val_t)0)", g.cond, g.value);
+    return !g.cond || g.zero_when_absent ? g.value : loops::paren(loops::select(g.cond, g.value, value_zero()));
   }
 
   struct Gated {
-    std::string cond;               // where the value may be nonzero; empty: everywhere
-    std::string value;
+    LExpr cond;                     // where the value may be nonzero; null: everywhere
+    LExpr value;
     bool zero_when_absent = false;  // value is already 0 where cond fails (a sum of gated terms)
   };
 
@@ -234,82 +289,86 @@ class Lowerer {
     switch (e->kind) {
       case ExprKind::access: {
         const Storage& s = spec_.operands[e->tensor];
-        if (s.strided()) {
-          std::string idx;
-          for (size_t d = 0; d < e->vars.size(); ++d)
-            idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", var(e->vars[d]), e->tensor, d);
-          return {"", fmt::format("t{}_data[{}]", e->tensor, idx.empty() ? "0" : idx)};
-        }
+        if (s.strided())
+          return {nullptr, loops::load(V(fmt::format("t{}_data", e->tensor)), strided_index(*e, [&](int x) { return var_expr(x); }))};
         const State& stt = states.at(e->access_id);
         SCORCH_ASSERT(stt.level == static_cast<int>(s.format->levels().size()), "access not fully descended");
-        return {stt.present, fmt::format("t{}_vals[{}]", e->tensor, stt.b)};
+        return {stt.present, loops::load(V(fmt::format("t{}_vals", e->tensor)), stt.b)};
       }
-      case ExprKind::literal: return {"", "((val_t)" + ir::format_literal(e->value) + ")"};
+      case ExprKind::literal: return {nullptr, value_literal(e->value)};
       case ExprKind::neg: {
         Gated g = gated_value(e->a, states);
-        g.value = "(-" + g.value + ")";
+        g.value = loops::paren(loops::unary(UnOp::neg, g.value));
         return g;
       }
       case ExprKind::mul: {
         const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
-        const std::string c = a.cond.empty() ? b.cond : b.cond.empty() ? a.cond : "(" + a.cond + ") && (" + b.cond + ")";
-        return {c, "(" + a.value + " * " + b.value + ")"};
+        const LExpr c = !a.cond ? b.cond : !b.cond ? a.cond : loops::land(loops::paren(a.cond), loops::paren(b.cond));
+        return {c, loops::paren(loops::mul(a.value, b.value))};
       }
       case ExprKind::add:
       case ExprKind::sub: {
         const Gated a = gated_value(e->a, states), b = gated_value(e->b, states);
-        const char* op = e->kind == ExprKind::add ? " + " : " - ";
-        if (a.cond.empty() && b.cond.empty()) return {"", "(" + a.value + op + b.value + ")"};
+        const loops::BinOp op = binop_of(e->kind);
+        if (!a.cond && !b.cond) return {nullptr, loops::paren(loops::binary(op, a.value, b.value))};
         auto wrap = [](const Gated& g) {
-          return g.cond.empty() || g.zero_when_absent ? g.value : fmt::format("(({}) ? {} : (val_t)0)", g.cond, g.value);
+          return !g.cond || g.zero_when_absent ? g.value
+                                               : loops::paren(loops::select(loops::paren(g.cond), g.value, value_zero()));
         };
-        const std::string c = a.cond.empty() || b.cond.empty() ? "" : a.cond + " || " + b.cond;
-        return {c, "(" + wrap(a) + op + wrap(b) + ")", true};
+        const LExpr c = !a.cond || !b.cond ? nullptr : loops::lor(a.cond, b.cond);
+        return {c, loops::paren(loops::binary(op, wrap(a), wrap(b))), true};
       }
     }
-    return {"", "0"};
+    return {nullptr, I(0)};
   }
 
   Stmts compute(const ExprPtr& e, const States& states) {
     const Gated g = gated_value(e, states);
     Stmts s = compute_value(e, states, g.value);
-    if (g.cond.empty()) return s;
-    return {loops::if_chain({g.cond}, {s})};  // nothing to add where every term is absent
+    if (!g.cond) return s;
+    return {loops::if_then(g.cond, s)};  // nothing to add where every term is absent
   }
 
-  Stmts compute_value(const ExprPtr& e, const States& states, const std::string& v) {
+  Stmts compute_value(const ExprPtr& e, const States& states, const LExpr& v) {
+    auto add_to = [&](LExpr target) { return loops::assign(std::move(target), v, AssignOp::add); };
     switch (current_sink_) {
-      case Sink::dense: added_output_ = true; return {loops::line(fmt::format("o[{}] += {};", dense_out_index(), v))};
+      case Sink::dense: added_output_ = true; return {add_to(loops::load(V("o"), dense_out_index()))};
       case Sink::scalar:
-        if (any_hoisted_) return {loops::line(fmt::format("acc += {};", v))};
-        return {loops::line(fmt::format("acc += {}; any = true;", v))};
-      case Sink::local: return {loops::line(fmt::format("lacc += {};", v))};
-      case Sink::tile: return {loops::line(fmt::format("tacc[jj] += {};", v))};
+        if (any_hoisted_) return {add_to(V("acc"))};
+        return {loops::on_one_line({add_to(V("acc")), loops::assign(V("any"), loops::boolean(true))})};
+      case Sink::local: return {add_to(V("lacc"))};
+      case Sink::tile: return {add_to(loops::load(V("tacc"), V("jj")))};
       case Sink::vtile: {
         Stmts out;
         for (int q = 0; q < tile_vectors_; ++q)
-          out.push_back(loops::line(fmt::format("va{} += {};", q, vector_value(e, states, tile_var_, "jo", q * vector_width()))));
+          out.push_back(loops::assign(V(fmt::format("va{}", q)), vector_value(e, states, tile_var_, "jo", q * vector_width()),
+                                      AssignOp::add));
         return out;
       }
-      case Sink::workspace:
-        return {loops::line(fmt::format("{{ const int64_t w = {}; if (!ws_flag[w]) {{ ws_flag[w] = 1; ws_list[ws_n++] = w; }} ws_val[w] += {}; }}",
-                                        var(sched_.workspace_var), v))};
-      case Sink::stream:
-        return {loops::line(fmt::format("{{ const int64_t c[] = {{{}}}; push(st, c, {}, {}); }}", out_coords(),
-                                        st_.out_vars.size(), v))};
+      case Sink::workspace: {
+        // { const int64_t w = i; if (!ws_flag[w]) { ws_flag[w] = 1; ws_list[ws_n++] = w; } ws_val[w] += v; }
+        const LExpr w = V("w");
+        return {loops::on_one_line({loops::block({
+            loops::decl("const int64_t", "w", var_expr(sched_.workspace_var)),
+            loops::if_then(loops::unary(UnOp::logical_not, loops::load(V("ws_flag"), w)),
+                           {loops::assign(loops::load(V("ws_flag"), w), I(1)),
+                            loops::assign(loops::load(V("ws_list"), loops::unary(UnOp::post_inc, V("ws_n"))), w)}),
+            add_to(loops::load(V("ws_val"), w))})})};
+      }
+      case Sink::stream: return {loops::on_one_line({loops::block({coords_decl(out_coords()), push_entry(v)})})};
     }
     return {};
   }
 
   // The loops for order[d..]; `states` holds the accesses still in `e`.
-  std::string dense_out_index(const std::string& tile_var = "") const {
-    std::string lin;
+  // The dense output's index of the current element; `tile_var` (when given) stands for the tiled variable.
+  LExpr dense_out_index(const LExpr& tile_var = nullptr) const {
+    std::vector<LExpr> terms;
     for (size_t d = 0; d < st_.out_vars.size(); ++d) {
       const int v = st_.out_vars[d];
-      const std::string x = v == tile_var_ && !tile_var.empty() ? tile_var : var(v);
-      lin += fmt::format("{}{} * os{}", d ? " + " : "", x, d);
+      terms.push_back(loops::mul(v == tile_var_ && tile_var ? tile_var : var_expr(v), V(fmt::format("os{}", d))));
     }
-    return lin.empty() ? "0" : lin;
+    return sum_of(terms, I(0));
   }
 
   // The scalar an innermost loop at depth d sums into, when its iterations only add to it.
@@ -337,14 +396,16 @@ class Lowerer {
   // entry out of range or decreasing gives an empty segment and sets the thread's bad flag.
   // The level kind says where the range comes from (LevelKind::position_range); a range read from buffers is
   // clamped, one computed from the parent's positions (a singleton level's) is inside by induction.
+  // The level kind gives the range as C++ text (LevelKind::position_range, csrc/format): it stays Text here.
   loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s,
                                bool checked = false) const {
     const LevelKind& kind = *spec_.operands[tensor].format->levels()[level].kind;
-    const auto [b, e] = kind.position_range([&](const std::string& n) { return buf(tensor, level, n.c_str()); }, s.b, s.e);
+    const auto [b, e] = kind.position_range([&](const std::string& n) { return buf(tensor, level, n.c_str()); },
+                                            loops::print(s.b), loops::print(s.e));
+    const loops::StmtPtr decl = loops::decl("int64_t", {k, ke}, {loops::text(b), loops::text(e)});
     if (checked || !kind.range_from_buffers())  // checked: inside rows checked by rows_in_range
-      return loops::line(fmt::format("int64_t {} = {}, {} = {};", k, b, ke, e));
-    return loops::line(fmt::format("int64_t {0} = {2}, {1} = {3}; segment({0}, {1}, {4}_n, bad);", k, ke, b, e,
-                                   buf(tensor, level, "crd")));
+      return decl;
+    return loops::on_one_line({decl, loops::eval(loops::call("segment", {V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")}))});
   }
 
   // Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has
@@ -377,8 +438,8 @@ class Lowerer {
   // more than it saves. Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
   // buffer cannot make this read anything.
   // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
-  std::pair<Stmts, Stmts> vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const std::string& k,
-                                         const std::string& ke) const;
+  std::pair<Stmts, Stmts> vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const LExpr& k,
+                                         const LExpr& ke) const;
 
   // No level-format access of `e` has a level left at v (so the loop at v only reads strided operands).
   bool all_dense_here(const ExprPtr& e, const States& states, int v) const {
@@ -414,8 +475,8 @@ class Lowerer {
       const Access& info = access_.at(a->access_id);
       if (!spec_.operands[info.tensor].strided() && s.level < static_cast<int>(info.lvars.size()) &&
           info.lvars[s.level] == v) {
-        const std::string pos = fmt::format("({} * {} + {})", s.b, size_of(v), var(v));
-        s = State{s.level + 1, pos, pos + " + 1", s.present};
+        const LExpr pos = located(s.b, v);
+        s = State{s.level + 1, pos, loops::add(pos, I(1)), s.present};
       }
       next[a->access_id] = s;
     }
@@ -425,34 +486,49 @@ class Lowerer {
   // Bounds of this thread's share of a dense outer loop, balanced by nonzeros when a CSR-like operand
   // (dense level then compressed level) gives its row pointers.
   template <typename Parts>
-  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, std::string& lo, std::string& hi) {
+  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, LExpr& lo, LExpr& hi) {
+    const std::string lo_name = fmt::format("lo{}", v), hi_name = fmt::format("hi{}", v);
+    const LExpr tid = V("tid"), nt = V("nt"), next_tid = loops::add(V("tid"), I(1));
     for (const auto& [id, p] : parts) {
       const Format& f = format_of(id);
+      const auto* start = dynamic_cast<const loops::Int*>(states.at(id).b.get());
       if (p.walk == LevelWalk::locate && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->prefix_positions() &&
-          states.at(id).b == "0") {
+          start && start->value == 0) {
         const std::string pos = buf(p.tensor, 1, "pos");
         const std::string crd = buf(p.tensor, 1, "crd");
-        out.push_back(loops::line(fmt::format("const int64_t lo{0} = balanced_bound({1}, {2}, tid, nt);", v, pos, size_of(v))));
-        out.push_back(loops::line(fmt::format("int64_t hi{0} = balanced_bound({1}, {2}, tid + 1, nt);", v, pos, size_of(v))));
+        out.push_back(loops::decl("const int64_t", lo_name, loops::call("balanced_bound", {V(pos), size_expr(v), tid, nt})));
+        out.push_back(loops::decl("int64_t", hi_name, loops::call("balanced_bound", {V(pos), size_expr(v), next_tid, nt})));
         // The thread's rows checked at once (rows_in_range): inside them, this operand's row segments and
         // coordinates are used unchecked (span_checked). Bad rows leave the thread nothing to do.
         const auto& lvars = access_.at(id).lvars;
-        out.push_back(loops::line(fmt::format("if (!rows_in_range({0}, {1}, lo{2}, hi{2}, {1}_n, {3}, bad)) hi{2} = lo{2};",
-                                              pos, crd, v, size_of(lvars.at(1)))));
+        const LExpr rows_ok = loops::call("rows_in_range", {V(pos), V(crd), V(lo_name), V(hi_name), V(crd + "_n"),
+                                                            size_expr(lvars.at(1)), V("bad")});
+        out.push_back(loops::on_one_line(
+            {loops::if_then(loops::unary(UnOp::logical_not, rows_ok), {loops::assign(V(hi_name), V(lo_name))})}));
         span_tensor_ = p.tensor;
         span_var_ = v;
         span_pos_ = pos;
-        lo = fmt::format("lo{}", v);
-        hi = fmt::format("hi{}", v);
+        lo = V(lo_name);
+        hi = V(hi_name);
         reasons_.push_back(fmt::format("outer loop {} split by nonzeros of operand {}", st_.var_names[v],
                                        st_.tensor_names[p.tensor]));
         return;
       }
     }
-    out.push_back(loops::line(fmt::format("const int64_t lo{0} = (int64_t)((__int128){1} * tid / nt);", v, size_of(v))));
-    out.push_back(loops::line(fmt::format("const int64_t hi{0} = (int64_t)((__int128){1} * (tid + 1) / nt);", v, size_of(v))));
-    lo = fmt::format("lo{}", v);
-    hi = fmt::format("hi{}", v);
+    out.push_back(loops::decl("const int64_t", lo_name, share_bound(size_expr(v), tid)));
+    out.push_back(loops::decl("const int64_t", hi_name, share_bound(size_expr(v), loops::paren(next_tid))));
+    lo = V(lo_name);
+    hi = V(hi_name);
+  }
+
+  // if (lo < hi) any = true;  (an innermost reduction that will add at least once)
+  static loops::StmtPtr any_if_nonempty(const LExpr& lo, const LExpr& hi) {
+    return loops::on_one_line({loops::if_then(loops::lt(lo, hi), {loops::assign(V("any"), loops::boolean(true))})});
+  }
+
+  // (int64_t)((__int128)n * t / nt): where thread t's equal share of [0, n) starts.
+  static LExpr share_bound(const LExpr& n, const LExpr& t) {
+    return loops::cast("int64_t", loops::paren(loops::div(loops::mul(loops::cast("__int128", n), t), V("nt"))));
   }
 
   // Whether access `id`'s level `level` lies in the rows this thread checked with rows_in_range: the

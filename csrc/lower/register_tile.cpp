@@ -12,39 +12,38 @@ namespace scorch::lowering {
 // more than it saves. Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
 // buffer cannot make this read anything.
 // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
-std::pair<Stmts, Stmts> Lowerer::vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const std::string& k,
-                                       const std::string& ke) const {
+std::pair<Stmts, Stmts> Lowerer::vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const LExpr& k,
+                                                const LExpr& ke) const {
   std::vector<const Expr*> acc;
   ir::collect_accesses(e, acc);
   const int elem = spec_.f64 ? 8 : 4;
   const int tile_bytes = tile_vectors_ * machine_.vector_bytes;
   if (tile_bytes <= 0) return {{}, {}};
   const int distance = std::clamp(4096 / tile_bytes, 4, 16);
-  Stmts lines;
-  std::string spans;  // elements the gathered operands span: no prefetch while they fit in cache
+  Stmts prefetches;
+  std::vector<LExpr> spans;  // elements the gathered operands span: no prefetch while they fit in cache
   for (const Expr* a : acc) {
     if (!spec_.operands[a->tensor].strided() || !std::count(a->vars.begin(), a->vars.end(), v) ||
         !std::count(a->vars.begin(), a->vars.end(), tile_var_))
       continue;
     for (size_t d = 0; d < a->vars.size(); ++d)
-      if (a->vars[d] == v) spans += fmt::format("{}{} * t{}_st{}", spans.empty() ? "" : " + ", size_of(v), a->tensor, d);
-    std::string idx;
-    for (size_t d = 0; d < a->vars.size(); ++d) {
-      const int x = a->vars[d];
-      const std::string name = x == v ? "pfc" : x == tile_var_ ? "jo" : var(x);
-      idx += fmt::format("{}{} * t{}_st{}", d ? " + " : "", name, a->tensor, d);
-    }
+      if (a->vars[d] == v) spans.push_back(loops::mul(size_expr(v), V(fmt::format("t{}_st{}", a->tensor, d))));
+    const LExpr idx = strided_index(*a, [&](int x) { return V(x == v ? "pfc" : x == tile_var_ ? "jo" : var(x)); });
+    const LExpr row = loops::unary(UnOp::address_of, loops::load(V(fmt::format("t{}_data", a->tensor)), idx));
     for (int off = 0; off < tile_bytes; off += 64)
-      lines.push_back(loops::line(fmt::format("  __builtin_prefetch(&t{}_data[{}] + {});", a->tensor, idx, off / elem)));
+      prefetches.push_back(loops::eval(loops::call("__builtin_prefetch", {loops::add(row, I(off / elem))})));
   }
-  if (lines.empty()) return {{}, {}};
-  Stmts before{loops::line(fmt::format("const bool pf_on = ({}) * {} > l2_cache_bytes() / 2;", spans, elem))};
-  Stmts out{loops::line("if (pf_on) {"),
-            loops::line(fmt::format("const int64_t pfp = {0} + {1} < {2} ? {0} + {1} : {2} - 1; const int64_t pfc = {3}[pfp];",
-                                    k, distance, ke, crd_buf)),
-            loops::line(fmt::format("if ((uint64_t)pfc < (uint64_t){}) {{", size_of(v)))};
-  out.insert(out.end(), lines.begin(), lines.end());
-  out.push_back(loops::line("} }"));
+  if (prefetches.empty()) return {{}, {}};
+  Stmts before{loops::decl("const bool", "pf_on",
+                           loops::gt(loops::mul(loops::paren(sum_of(spans, I(0))), I(elem)),
+                                     loops::div(loops::call("l2_cache_bytes", {}), I(2))))};
+  // The entry `distance` positions ahead (or the last), and its row when its coordinate is in range.
+  const LExpr ahead = loops::add(k, I(distance));
+  Stmts out{loops::if_then(
+      V("pf_on"),
+      {loops::on_one_line({loops::decl("const int64_t", "pfp", loops::select(loops::lt(ahead, ke), ahead, loops::sub(ke, I(1)))),
+                           loops::decl("const int64_t", "pfc", loops::load(V(crd_buf), V("pfp")))}),
+       loops::if_then(loops::lt(loops::cast("uint64_t", V("pfc")), loops::cast("uint64_t", size_expr(v))), prefetches)})};
   return {before, out};
 }
 

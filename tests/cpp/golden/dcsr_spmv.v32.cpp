@@ -32,9 +32,12 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     val_t* __restrict o = out;
     {
     int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    { const int64_t span = ke0l0 - k0l0; const int64_t b0 = k0l0;
+    {
+      const int64_t span = ke0l0 - k0l0;
+      const int64_t b0 = k0l0;
       k0l0 = b0 + (int64_t)((__int128)span * tid / nt);
-      ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt); }
+      ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt);
+    }
     coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
     for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
       const int64_t k0l0 = p0l0;

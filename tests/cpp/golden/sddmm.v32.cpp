@@ -55,7 +55,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
           }
           for (int64_t i2 = (N2 / 32) * 32; i2 < N2; ++i2) {
-          acc += ((t0_vals[k0l1] * t1_data[i0 * t1_st0 + i2 * t1_st1]) * t2_data[i1 * t2_st0 + i2 * t2_st1]);
+            acc += ((t0_vals[k0l1] * t1_data[i0 * t1_st0 + i2 * t1_st1]) * t2_data[i1 * t2_st0 + i2 * t2_st1]);
           }
           sampled_out[k0l1] = acc;
         }
