@@ -6,7 +6,9 @@ Loggers, one per stage (all children of `scorch`, so one setting covers them):
     scorch.passes.<name>      the passes (discover, propagate, partition, rewrite)
     scorch.region             the run-time path of each region (once per region and path at INFO, per call
                               at DEBUG)
-    scorch.kernel             kernels planned for regions (spec and reasons, once per kernel)
+    scorch.kernel             kernels planned for regions (spec and reasons, once per kernel), and from the
+                              C++ runtime each kernel compiled or loaded (spec, schedule, loop IR)
+    scorch.bundle             kernel bundles loaded (C++ runtime)
 
 SCORCH_DEBUG picks the level of `scorch` (see `sync`): unset or 0 leaves WARNING, 1 is INFO (every decision,
 once per compile), 2 is DEBUG and also writes dumps (`dump_dir`): the FX graph and the sparsity attributes
@@ -19,6 +21,7 @@ lines to stderr (records also propagate to the root logger, as usual).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
 import logging
@@ -29,7 +32,7 @@ import sys
 import threading
 import time
 
-from . import config
+from . import _C, config
 
 ROOT = "scorch"
 STAGES = ("backend", "passes", "passes.discover", "passes.propagate", "passes.partition", "passes.rewrite",
@@ -104,7 +107,25 @@ def sync() -> int:
             h = _StderrHandler()
             h.setFormatter(_Format())
             root.addHandler(h)
+    drain()
     return debug
+
+
+# --- the C++ runtime's messages ------------------------------------------------------------------------------
+# The runtime (kernels compiled or loaded, bundles loaded) queues its messages; they are handed to
+# `scorch.<name>` here, where Python logs anyway: at each sync, after an eager call that explains itself,
+# when the backend has compiled a graph's kernels, at exit. A C++ program without this package gets them on
+# stderr instead.
+_C.queue_log_messages(True)
+
+
+def drain() -> None:
+    """Log the runtime's queued messages (oldest first) under scorch.<name>."""
+    for level, name, text in _C.take_log_messages():
+        get(name).log(level, text)
+
+
+atexit.register(drain)
 
 
 _said: set = set()

@@ -468,11 +468,9 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
     ++reg.bundles;
   }
   if (debug >= 1)
-    std::fputs(fmt::format("[scorch] kernel bundle {}: {} kernels ({} new) for target '{}' ({}), loaded through {} "
-                           "in {:.3f} s\n",
-                           path, b.kernels.size(), added, b.target, fmt::join(b.isa, " "), how, seconds)
-                   .c_str(),
-               stderr);
+    log_message(20, "bundle",
+                fmt::format("kernel bundle {}: {} kernels ({} new) for target '{}' ({}), loaded through {} in {:.3f} s",
+                            path, b.kernels.size(), added, b.target, fmt::join(b.isa, " "), how, seconds));
   return static_cast<int>(b.kernels.size());
 }
 

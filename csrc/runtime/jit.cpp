@@ -315,14 +315,14 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
   k->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (settings.debug >= 1) {
-    std::string msg = fmt::format("[scorch] kernel {}\n  index notation: {}\n  spec: {}\n  schedule: {}\n", key,
+    std::string msg = fmt::format("kernel {}\n  index notation: {}\n  spec: {}\n  schedule: {}\n", key,
                                   k->statement, k->spec, k->schedule);
     for (const auto& r : k->reasons) msg += "    - " + r + "\n";
     for (const auto& c : log) msg += "  cache: " + c + "\n";
     msg += fmt::format("  {} in {:.3f} s; source: {}\n", k->compiled ? "compiled" : "loaded from cache", k->seconds,
                        k->source_path);
     msg += "  loop IR:\n" + loops::print(l.kernel.body, 2);
-    std::fputs(msg.c_str(), stderr);
+    log_message(20, "kernel", msg);
   }
   return k;
 }

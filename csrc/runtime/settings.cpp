@@ -1,6 +1,8 @@
 #include "runtime/settings.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -115,6 +117,22 @@ int64_t thread_grain() {
                                                 "a call must touch per thread it starts (default 2048)", v));
     return std::stoll(v);
   });
+}
+
+namespace {
+std::atomic<LogSink> g_log_sink{nullptr};
+}  // namespace
+
+void set_log_sink(LogSink sink) { g_log_sink.store(sink); }
+
+void log_message(int level, const char* name, const std::string& text) {
+  if (LogSink sink = g_log_sink.load()) {
+    sink(level, name, text);
+    return;
+  }
+  std::string line = "[scorch] " + text;
+  if (line.empty() || line.back() != '\n') line += '\n';
+  std::fputs(line.c_str(), stderr);
 }
 
 }  // namespace scorch

@@ -37,4 +37,12 @@ bool measure_regions();
 // a ValueError naming the variable.
 int64_t thread_grain();
 
+// Messages for the `scorch` logger: `name` is its child ("kernel", "bundle"), `level` one of Python
+// logging's (10 DEBUG, 20 INFO, 30 WARNING). Without a sink, as in a C++ program, they go to stderr prefixed
+// "[scorch] ". The Python package installs a sink that queues them for `logging`. A sink must not block
+// and must not throw: it is called from compile workers and inside the kernel cache's critical sections.
+using LogSink = void (*)(int level, const char* name, const std::string& text);
+void set_log_sink(LogSink sink);
+void log_message(int level, const char* name, const std::string& text);
+
 }  // namespace scorch

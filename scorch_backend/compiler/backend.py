@@ -251,6 +251,7 @@ def precompile_regions(regions, training: bool, started: float | None = None) ->
             progress.update(i + len(chunk))
     finally:
         progress.close()
+        _log.drain()  # what the runtime said of each kernel
     logger.debug("%d kernel(s) compiled or loaded in %.2f s", len(specs), time.perf_counter() - t)
     return specs
 

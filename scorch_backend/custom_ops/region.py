@@ -398,6 +398,7 @@ def _log_path(text: str, path: str, densities_, operands) -> None:
     if not _log.once(_logger, (text, path), "%s runs %s%s", p.title, how,
                      f" (densities of its compressed operands: {densities})" if densities else ""):
         _logger.debug("%s: %s, densities %s", p.title, path, densities)
+    _log.drain()  # the kernels this path loaded, from the C++ runtime
 
 
 def note_kernel(user: str, eq: str, args, out_format="dense") -> None:

@@ -382,7 +382,10 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
         _explain(equation, f"{'dense ATen' if dense else 'sparse kernel'} ({why})", None if dense else plan)
     if dense:
         return _run_dense(equation, ops_, plan, dtype)
-    return _run(plan, ops_, dtype, idx)
+    out = _run(plan, ops_, dtype, idx)
+    if _debug_level() >= 1:
+        log.drain()
+    return out
 
 
 def _all_finite(ops_) -> bool:
@@ -491,6 +494,7 @@ def _explain(equation: str, why: str, plan: dict | None) -> None:
         msg += "\n" + _plan_lines(f"einsum {equation}: {plan['statement']}", plan)
     if not log.once(_log, (equation, why, plan["spec"] if plan else ""), msg):
         _log.debug(msg)
+    log.drain()  # the kernel's own lines (compiled or loaded), from the C++ runtime
 
 
 def _debug(what: str, plan: dict) -> None:

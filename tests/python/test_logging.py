@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+import scorch_backend as sb
 from scorch_backend.compiler import backend
 from scorch_backend import config, log
 
@@ -273,3 +274,17 @@ def test_backend_compile_shows_kernel_progress_on_a_terminal(monkeypatch):
     text = term.getvalue()
     assert specs == reports[0].kernels and len(specs) == 1  # the three layers share one forward kernel
     assert f"[scorch] kernels compiled {len(specs)}/{len(specs)}" in text and text.endswith("\r"), repr(text)
+
+
+def test_runtime_messages_reach_the_kernel_logger(monkeypatch, caplog):
+    # The C++ runtime's line for a kernel it loads goes to `scorch.kernel` through logging, not to stderr.
+    monkeypatch.setenv("SCORCH_DEBUG", "1")
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    x = torch.tensor([[0.0, 2.0, 0.0], [1.5, 0.0, 0.0], [0.0, 0.0, 3.0]], dtype=torch.float64)
+    A = sb.sparse(x, "dcsc", index_dtype=torch.int64)  # a spec no other test loads: this process loads it here
+    with caplog.at_level(logging.INFO, logger="scorch"):
+        out = sb.einsum("ij,ij->", A, A)
+    assert torch.allclose(out, (x * x).sum())
+    lines = [r for r in caplog.records if r.name == "scorch.kernel" and "index notation:" in r.getMessage()]
+    assert lines, [r.getMessage()[:80] for r in caplog.records]
+    assert "loop IR:" in lines[0].getMessage() and lines[0].levelno == logging.INFO
