@@ -19,6 +19,9 @@ struct LoweredKernel {
   bool sparse_output = false;
   // Dense output: every element is stored exactly once and never read, so the caller need not zero it.
   bool overwrites_output = false;
+  // Sparse output written by the kernel as the output format's own buffers (lower/assemble.h's protocol), not
+  // as a stream of coordinates.
+  bool assembled_output = false;
 };
 
 // Argument layout shared by lowering and the runtime: for each operand, its index buffers (in

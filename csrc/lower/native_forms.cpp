@@ -1,5 +1,6 @@
 #include "lower/native_forms.h"
 
+#include "lower/assemble.h"
 #include "lower/blocked.h"
 
 namespace scorch {
@@ -8,6 +9,8 @@ std::optional<LoweredKernel> lower_native_form(const KernelSpec& spec, const Sch
                                                const VectorShape& machine) {
   // A blocked operand in a form the block kernels cover is walked block by block (blocked.h).
   if (auto m = match_blocked(spec.stmt, spec.operands, spec.output)) return lower_blocked(spec, schedule, *m, machine);
+  // A CSR result of a product or a sum of CSR operands is assembled by the kernel (assemble.h).
+  if (auto m = match_assembled(spec)) return lower_assembled(spec, schedule, *m, machine);
   return std::nullopt;
 }
 

@@ -1,8 +1,11 @@
 #include "lower/plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "common/error.h"
 #include "ir/parser.h"
@@ -140,6 +143,108 @@ std::string bounded_levels(const std::string& text, const std::vector<int64_t>& 
   return out;
 }
 
+// Converting an operand re-sorts its entries: about log2(nnz) steps per entry, plus writing it, plus what a
+// conversion costs whatever its size (a call, new buffers: microseconds, i.e. thousands of loop steps).
+constexpr double kConversionOverhead = 1e4;
+double conversion_cost(int64_t nnz) {
+  const double n = std::max(1.0, static_cast<double>(nnz));
+  return kConversionOverhead + n * (4 + std::log2(n + 1));
+}
+
+// Loop orders tried exhaustively up to this many index variables (6! = 720 orders, each a few microseconds).
+constexpr int kMaxCostedVars = 6;
+
+void choose_by_cost(const ir::Statement& st, const std::vector<OperandDesc>& ops, const std::vector<const ir::Expr*>& acc,
+                    Plan& plan, KernelSpec& spec, int native_operand, const std::string& out_format) {
+  const int nv = st.num_vars();
+  if (nv < 2 || nv > kMaxCostedVars) return;
+  std::vector<int64_t> nnz;
+  for (const auto& o : ops) nnz.push_back(o.nnz);
+  std::vector<bool> sparse_operand;
+  for (const auto& s : spec.operands) sparse_operand.push_back(!s.strided() && !s.format->all_dense());
+  const bool sparse_out = out_format.empty() ? !st.out_vars.empty() && sparse_value(st.rhs, sparse_operand, st.out_vars)
+                                             : out_format != "strided" && out_format != "dense";
+  // Operands that may be converted: level formats accessed once (one access fixes the storage order wanted).
+  std::vector<const ir::Expr*> only(ops.size(), nullptr);
+  std::vector<int> uses(ops.size(), 0);
+  for (const ir::Expr* a : acc) {
+    ++uses[a->tensor];
+    only[a->tensor] = a;
+  }
+  auto cost_of = [&](const KernelSpec& s, std::vector<int>& order) {
+    order = choose_loop_order(s, order_constraints(s));
+    if (order.empty()) return std::numeric_limits<double>::infinity();
+    return estimate_nest_cost(s, order, plan.var_sizes, nnz, sparse_out);
+  };
+  std::vector<int> base_order;
+  const double base = cost_of(spec, base_order);
+  double best = base;
+  KernelSpec best_spec = spec;
+  std::vector<int> best_order = base_order, best_changed;
+  double best_conversions = 0;
+  std::vector<int> perm(nv);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::set<std::string> seen;
+  do {
+    KernelSpec trial = spec;
+    std::vector<int> changed;
+    double conversions = 0;
+    for (size_t t = 0; t < ops.size(); ++t) {
+      if (spec.operands[t].strided() || uses[t] != 1 || static_cast<int>(t) == native_operand) continue;
+      const Format& f = *spec.operands[t].format;
+      const ir::Expr* a = only[t];
+      const auto lv = ordered_level_vars(f, a->vars);
+      auto at = [&](int v) { return std::find(perm.begin(), perm.end(), v) - perm.begin(); };
+      bool fits = true;
+      for (size_t l = 1; l < lv.size(); ++l) fits &= at(lv[l - 1]) <= at(lv[l]);
+      if (fits) continue;
+      bool whole = true;
+      for (const auto& l : f.levels()) whole &= l.expr.part == LevelExpr::Part::whole;
+      if (!whole) continue;
+      std::vector<int> dims(a->vars.size());
+      std::iota(dims.begin(), dims.end(), 0);
+      std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) { return at(a->vars[x]) < at(a->vars[y]); });
+      std::string text;
+      for (size_t l = 0; l < f.levels().size(); ++l) text += (l ? "," : "") + level_text(f.levels()[l], dims[l]);
+      trial.operands[t].format = Format::parse(text, f.ndim());
+      changed.push_back(static_cast<int>(t));
+      conversions += conversion_cost(nnz[t]);
+    }
+    if (changed.empty() || !seen.insert(trial.str()).second) continue;
+    std::vector<int> order;
+    const double c = cost_of(trial, order) + conversions;
+    if (c < best) {
+      best = c;
+      best_spec = trial;
+      best_order = order;
+      best_changed = changed;
+      best_conversions = conversions;
+    }
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  auto order_text = [&](const std::vector<int>& order) {
+    std::string o;
+    for (int v : order) o += (o.empty() ? "" : " ") + st.var_names[v];
+    return o;
+  };
+  if (best_changed.empty() || !(2 * best < base)) {
+    if (!base_order.empty())
+      plan.reasons.push_back(fmt::format("loop order {} kept: estimated cost {:.3g}; no conversion makes it less than "
+                                         "half",
+                                         order_text(base_order), base));
+    return;
+  }
+  std::string what;
+  for (int t : best_changed) {
+    what += fmt::format("{}{} converted from {} to {}", what.empty() ? "" : "; ", st.tensor_names[t],
+                        spec.operands[t].format->short_name(), best_spec.operands[t].format->short_name());
+    plan.convert[t] = best_spec.operands[t].format->str();
+  }
+  plan.reasons.push_back(fmt::format(
+      "{}: loop order {} costs an estimated {:.3g} (conversions {:.3g} of it) against {:.3g} for {} as given",
+      what, order_text(best_order), best, best_conversions, base, order_text(base_order)));
+  spec = best_spec;
+}
+
 }  // namespace
 
 Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, const std::string& out_format, bool f64,
@@ -254,6 +359,13 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
       }
     }
   }
+
+  // Loop orders and conversions chosen by cost: a loop order that the operands' storage orders allow may
+  // still be far from the cheapest (A·Bᵀ on two CSR operands takes order i k j: an inner product of two rows
+  // for every output coordinate). Every loop order is tried with the operands it needs converted, and the
+  // cheapest by estimate_nest_cost plus the conversions' cost is taken when it costs under half the plan so
+  // far (small differences are within the estimate's error and not worth a conversion).
+  choose_by_cost(st, ops, acc, plan, spec, blocked ? blocked->sparse : -1, out_format);
 
   // The output.
   const int out_rank = static_cast<int>(st.out_vars.size());

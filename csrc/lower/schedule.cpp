@@ -1,8 +1,10 @@
 #include "lower/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/error.h"
+#include "lower/assemble.h"
 
 namespace scorch {
 
@@ -179,6 +181,10 @@ Schedule make_schedule(const KernelSpec& spec) {
     s.reasons.push_back("no loops");
     return s;
   }
+  // A native form that writes the sparse output itself (lower/assemble.h) has no streams to join.
+  const bool assembled = !spec.output.strided() && match_assembled(spec).has_value();
+  if (assembled)
+    s.reasons.back() = "sparse output assembled in the kernel as CSR (a native form, lower/assemble.h)";
   const int outer = s.order[0];
   const bool outer_is_output = std::find(st.out_vars.begin(), st.out_vars.end(), outer) != st.out_vars.end();
   s.parallel = true;
@@ -190,9 +196,99 @@ Schedule make_schedule(const KernelSpec& spec) {
   } else {
     s.reasons.push_back(fmt::format("outer loop {} split among threads{}", st.var_names[outer],
                                     spec.output.strided() ? " (each writes its own output entries)"
+                                    : assembled           ? " (each writes its own rows of the output)"
                                                           : " (per-thread output streams, joined in order)"));
   }
   return s;
+}
+
+double estimate_nest_cost(const KernelSpec& spec, const std::vector<int>& order, const std::vector<int64_t>& var_sizes,
+                          const std::vector<int64_t>& nnz, bool sparse_output) {
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  auto extent = [&](int v) { return std::max(1.0, static_cast<double>(var_sizes.at(v))); };
+  // Each level-format access as the variables of its levels, whether each is iterated, and the mean length
+  // of a segment of each (positions of the level over positions of its parent).
+  struct Walk {
+    std::vector<int> vars;
+    std::vector<bool> iterated;
+    std::vector<double> length;
+    size_t next = 0;
+  };
+  std::vector<Walk> walks;
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided()) continue;
+    Walk w;
+    const double stored = std::max(1.0, static_cast<double>(nnz.at(a->tensor)));
+    double parents = 1;
+    const auto& levels = s.format->levels();
+    for (size_t l = 0; l < levels.size(); ++l) {
+      const Level& lvl = levels[l];
+      const int v = a->vars[lvl.expr.dim];
+      double ext = extent(v);
+      if (lvl.expr.part == LevelExpr::Part::outer) ext = std::max(1.0, std::floor(ext / std::max<int64_t>(lvl.expr.block, 1)));
+      if (lvl.expr.part == LevelExpr::Part::inner) ext = static_cast<double>(std::max<int64_t>(lvl.expr.block, 1));
+      const bool it = lvl.kind->walk() != LevelWalk::locate;
+      const double positions = !it ? parents * ext : l + 1 == levels.size() ? stored : std::min(stored, parents * ext);
+      w.vars.push_back(v);
+      w.iterated.push_back(it);
+      w.length.push_back(positions / std::max(parents, 1.0));
+      parents = positions;
+    }
+    walks.push_back(std::move(w));
+  }
+  const bool product = is_product(spec.stmt.rhs);
+  double count = 1, cost = 0;
+  for (int v : order) {
+    const double n = extent(v);
+    std::vector<double> lengths;
+    for (auto& w : walks) {
+      bool iterated = false;
+      double len = 1;
+      // Every level of the access at this variable (a blocked dimension has two) is walked here.
+      while (w.next < w.vars.size() && w.vars[w.next] == v) {
+        if (w.iterated[w.next]) {
+          iterated = true;
+          len *= w.length[w.next];
+        }
+        ++w.next;
+      }
+      if (iterated) lengths.push_back(len);
+    }
+    double visits = 0, passed = 0;
+    if (lengths.empty()) {
+      visits = passed = n;
+    } else if (product) {
+      passed = n;
+      for (double l : lengths) {
+        visits += l;
+        passed *= std::min(1.0, l / n);
+      }
+    } else {
+      for (double l : lengths) visits += l;
+      passed = std::min(n, visits);
+    }
+    cost += count * visits;
+    count *= passed;
+  }
+  cost += count;
+  if (spec.output.strided() && !sparse_output && !order.empty() &&
+      !std::count(spec.stmt.out_vars.begin(), spec.stmt.out_vars.end(), order[0])) {
+    // An outer reduction over a dense output: each thread sums into a copy of the output, added up after.
+    double numel = 1;
+    for (int v : spec.stmt.out_vars) numel *= extent(v);
+    cost += numel;
+  }
+  if (sparse_output) {
+    // Coordinates collected out of storage order are sorted afterwards: about log2 of their number per entry.
+    const auto out_vars = output_storage_vars(spec);
+    const size_t m = out_vars.size();
+    bool in_order = m <= order.size();
+    for (size_t d = 0; in_order && d + 1 < m; ++d) in_order = order[d] == out_vars[d];
+    if (!in_order) cost += 4 * count * std::log2(count + 2);
+  }
+  return cost;
 }
 
 std::string Schedule::str(const ir::Statement& st) const {

@@ -39,6 +39,18 @@ std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std
 
 Schedule make_schedule(const KernelSpec& spec);
 
+// Estimated work of the loop nest `order` for operands of these index sizes and stored values (nnz: one per
+// operand, numel for a strided one), in loop iterations. Each level is modelled by its mean segment length
+// (its positions over its parent's); a loop over a variable visits the whole extent when no operand iterates
+// a level there, else the entries of the iterated segments (their sum: a merge walks them all), and passes on
+// as many coordinates as the product keeps (an intersection: the extent times each segment's fill) or the sum
+// covers (a union). The nest's cost is the sum over depths of the loop's visits times how often it is entered,
+// plus the innermost statements; a sparse output reached out of its storage order adds the sort of its
+// coordinates, an outer reduction into a dense output the sum of the threads' copies. Used by the planner
+// to compare loop orders and the conversions that make them possible.
+double estimate_nest_cost(const KernelSpec& spec, const std::vector<int>& order, const std::vector<int64_t>& var_sizes,
+                          const std::vector<int64_t>& nnz, bool sparse_output);
+
 // The operand whose pattern a sparse output has by construction (the statement is a product with it, the
 // output has its format and indices), or -1.
 int sampling_operand(const KernelSpec& spec);

@@ -346,6 +346,7 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
   k.loop_ir = loops::print(l.kernel.body);
   k.sparse_output = l.kernel.sparse_output;
   k.overwrites_output = l.kernel.overwrites_output;
+  k.assembled_output = l.kernel.assembled_output;
   k.sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
   k.sampled_operand = l.schedule.output == OutputMode::sampled ? l.schedule.sampled_tensor : -1;
   k.input_pointers = input_pointer_count(l.spec);

@@ -30,6 +30,7 @@ struct CompiledKernel {
   bool sparse_output = false;
   bool sorted_output = false;   // sparse output arrives sorted in storage order, without repeats
   bool overwrites_output = false;  // dense output: every element stored once, never read (need not be zeroed)
+  bool assembled_output = false;   // sparse output returned as the format's own buffers (lower/assemble.h)
   int sampled_operand = -1;     // >= 0: the sparse output has this operand's pattern; the caller passes a
                                 // zeroed values array of its size as out_dense and reuses its index buffers
   int input_pointers = 0;

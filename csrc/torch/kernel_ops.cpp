@@ -290,6 +290,26 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
       return std::make_tuple(dense, buffers);
     }
     const int64_t nnz = args.out_nnz;
+    if (e.kernel->assembled_output) {
+      // The kernel wrote the output format's buffers itself (lower/assemble.h): they become the result's
+      // tensors as they are, freed by the kernel library's free function when the last tensor goes.
+      SCORCH_CHECK(args.out_coords != nullptr,
+                   "the result of '{}' has {} stored entries, more than {} index buffers can address: use int64 "
+                   "indices (index_dtype=torch.int64)",
+                   spec.stmt.str(), nnz, c10::toString(it));
+      const auto free_fn = e.kernel->free_fn;
+      auto take = [&](void* p, int64_t n, at::ScalarType type) {
+        return at::from_blob(p, {n}, [free_fn](void* q) { free_fn(q); }, at::TensorOptions().dtype(type));
+      };
+      void** bufs = reinterpret_cast<void**>(args.out_coords);
+      // Rows of the output's dense levels (csr_like: one dense level, then the compressed one).
+      const auto& lv = spec.output.format->levels();
+      const int64_t rows = out_shape[lv.front().expr.dim];
+      std::vector<at::Tensor> buffers{take(bufs[0], rows + 1, it), take(bufs[1], nnz, it)};
+      at::Tensor values = take(args.out_vals, nnz, vt);
+      free_fn(args.out_coords);
+      return std::make_tuple(values, buffers);
+    }
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
     at::Tensor pos, crd;
     const bool fast = e.kernel->sorted_output &&

@@ -219,6 +219,7 @@ py::dict kernel_info(const std::string& spec) {
   d["compiled"] = k->compiled;
   d["target"] = k->target;
   d["overwrites_output"] = k->overwrites_output;
+  d["assembled_output"] = k->assembled_output;
   return d;
 }
 
