@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "lower/lower.h"
+#include "lower/passes.h"
 
 namespace scorch {
 
@@ -90,69 +91,15 @@ Stmts unpack_arguments(const KernelSpec& spec) {
 }
 
 Stmts thread_frame(const KernelSpec& spec, const Schedule& sched, const Stmts& nest, bool parallel) {
-  // Sparse outputs come back through per-thread streams, except a sampled one, written in place.
-  const bool sparse_output = !spec.output.strided() && sched.output != OutputMode::sampled;
-  // bad: this thread met an index value out of range (kernel_abi.h); reported after the region.
-  Stmts region{line("const int tid = omp_get_thread_num();"), line("const int nt = omp_get_num_threads();"),
-               line("(void)tid; (void)nt;"), line("int bad = 0;")};
-  if (sparse_output) region.push_back(line("Stream& st = streams[tid];"));
-  if (spec.output.strided() && sched.private_output) {
-    region.push_back(line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
-    region.push_back(line("priv[tid] = o;"));
-    region.push_back(line("if (tid != 0 && !o) { args->status = SCORCH_STATUS_NO_MEMORY; }  // out itself is null when empty"));
-    region.push_back(line("else {"));
-  } else if (spec.output.strided()) {
-    region.push_back(line("val_t* __restrict o = out;"));
-    region.push_back(line("{"));
-  } else {
-    region.push_back(line("{"));
-  }
-  if (sched.output == OutputMode::workspace) {
-    const std::string n = fmt::format("N{}", sched.workspace_var);
-    region.push_back(line(fmt::format("val_t* ws_val = (val_t*)calloc({0} ? {0} : 1, sizeof(val_t));", n)));
-    region.push_back(line(fmt::format("unsigned char* ws_flag = (unsigned char*)calloc({0} ? {0} : 1, 1);", n)));
-    region.push_back(line(fmt::format("int64_t* ws_list = (int64_t*)malloc(({0} ? {0} : 1) * sizeof(int64_t));", n)));
-    region.push_back(line("int64_t ws_n = 0;"));
-    region.push_back(line("if (!ws_val || !ws_flag || !ws_list) { args->status = SCORCH_STATUS_NO_MEMORY; } else {"));
-    region.insert(region.end(), nest.begin(), nest.end());
-    region.push_back(line("}"));
-    region.push_back(line("free(ws_val); free(ws_flag); free(ws_list);"));
-  } else {
-    region.insert(region.end(), nest.begin(), nest.end());
-  }
-  region.push_back(line("}"));
-  region.push_back(line("if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);"));
-
-  Stmts b{line(fmt::format("int nthreads = {};", parallel ? "args->num_threads > 0 ? args->num_threads : 1" : "1"))};
-  if (sched.output == OutputMode::sampled)
-    b.push_back(line("val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size"));
-  if (sched.private_output && parallel)
-    b.push_back(line("if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big"));
-  if (sparse_output) {
-    b.push_back(line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
-    b.push_back(line("if (!streams) return SCORCH_STATUS_NO_MEMORY;"));
-  }
-  if (sched.private_output) {
-    b.push_back(line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
-    b.push_back(line("if (!priv) return SCORCH_STATUS_NO_MEMORY;"));
-  }
-  b.push_back(line("int bad_index = 0;"));
-  b.push_back(loops::parallel("nthreads", region));
-  if (sched.private_output) {
-    b.push_back(loops::for_range("t", "1", "nthreads",
-                                 {line("if (!priv[t]) continue;"),
-                                  loops::for_range("q", "0", "out_numel", {line("out[q] += priv[t][q];")}),
-                                  line("free(priv[t]);")}));
-    b.push_back(line("free(priv);"));
-  }
-  if (sparse_output) {
-    b.push_back(line(fmt::format("if (!join_streams(streams, nthreads, {}, args)) args->status = SCORCH_STATUS_NO_MEMORY;", spec.stmt.out_vars.size())));
-    b.push_back(line("free(streams);"));
-  }
-  // A bad index outranks a failed allocation: it is the caller's to report, with the buffer at fault.
-  b.push_back(line("if (bad_index) args->status = SCORCH_STATUS_BAD_INDEX;"));
-  b.push_back(line("return args->status;"));
-  return b;
+  // The two passes that build the frame of every general kernel (pass_output.cpp, pass_parallel.cpp).
+  passes::KernelIR k;
+  k.spec = &spec;
+  k.sched = &sched;
+  k.nest = nest;
+  k.parallel = parallel;
+  passes::output_assembly(k);
+  passes::parallelize(k);
+  return k.body;
 }
 
 }  // namespace scorch

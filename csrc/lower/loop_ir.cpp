@@ -164,6 +164,14 @@ std::shared_ptr<const N> Mutator::mutate_children(const std::shared_ptr<const N>
   return copy;
 }
 
+// Instantiated for every kind, for subclasses in other files.
+#define SCORCH_INSTANTIATE(k)                                 \
+  template void Visitor::visit_children<k>(const k&);          \
+  template std::shared_ptr<const k> Mutator::mutate_children<k>(const std::shared_ptr<const k>&);
+SCORCH_LOOP_EXPR_NODES(SCORCH_INSTANTIATE)
+SCORCH_LOOP_STMT_NODES(SCORCH_INSTANTIATE)
+#undef SCORCH_INSTANTIATE
+
 #define SCORCH_MUTATE_EXPR_DEFAULT(k) \
   ExprPtr Mutator::mutate_##k(const std::shared_ptr<const k>& n) { return mutate_children(n); }
 #define SCORCH_MUTATE_STMT_DEFAULT(k) \

@@ -221,17 +221,20 @@ struct If : Stmt {
 };
 // for (int64_t var = begin; cond; var += step) body. A null begin declares nothing (the variable exists).
 // `simd` asks the C++ compiler to vectorize; `reduction` names a scalar summed across iterations.
+// `unit_stride` (not printed): every load indexed by var reads consecutive elements as var steps, and
+// nothing else in the body depends on var; the vectorisation pass may then load vectors along it.
 struct For : Stmt {
   std::string var;
   ExprPtr begin, cond;
   int64_t step = 1;
   bool simd = false;
   std::string reduction;
+  bool unit_stride = false;
   Stmts body;
   For() : Stmt(StmtKind::For) {}
   template <class S, class F> static void fields(S& s, F&& f) {
     f("var", s.var); f("begin", s.begin); f("cond", s.cond); f("step", s.step); f("simd", s.simd);
-    f("reduction", s.reduction); f("body", s.body);
+    f("reduction", s.reduction); f("unit_stride", s.unit_stride); f("body", s.body);
   }
 };
 struct While : Stmt {

@@ -1,7 +1,7 @@
 #include "lower/lower.h"
 
-#include "lower/native_forms.h"
 #include "lower/lowerer.h"
+#include "lower/pipeline.h"
 
 namespace scorch {
 namespace lowering {
@@ -277,27 +277,14 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
                       std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
     const std::string red = all_iters.empty() && lattice.size() == 1 ? innermost_accumulator(d) : "";
     if (!red.empty()) {
-      // A pure reduction. Along contiguous operands: four vector accumulators (independent chains), then
-      // the scalar remainder; otherwise a loop the pragma lets the compiler vectorize.
+      // A pure reduction.
       if (red == "acc") out.push_back(any_if_nonempty(lo, hi));
-      const States at = advance_dense(d, e, states);
-      if (!split && machine_.vector_bytes > 0 && contiguous_along(e, v) && all_dense_here(e, states, v)) {
-        const int w = vector_width();
-        Stmts sums;
-        for (int q = 0; q < 4; ++q)
-          sums.push_back(loops::assign(V(fmt::format("r{}", q)), vector_value(e, at, v, "rb", q * w), AssignOp::add));
-        Stmts vec{loops::decl("vec_t", {"r0", "r1", "r2", "r3"}, loops::Exprs(4, loops::init_list({}))),
-                  loops::decl("int64_t", "rb", I(0)),
-                  loops::for_step("rb", nullptr, loops::le(loops::add(V("rb"), I(4 * w)), hi), 4 * w, sums),
-                  loops::decl("const vec_t", "rs", loops::add(loops::paren(loops::add(V("r0"), V("r1"))),
-                                                              loops::paren(loops::add(V("r2"), V("r3"))))),
-                  loops::for_range("l", I(0), I(w), {loops::assign(V(red), loops::load(V("rs"), V("l")), AssignOp::add)})};
-        out.push_back(loops::block(vec));
-        out.push_back(loops::for_range(iv, loops::mul(loops::paren(loops::div(hi, I(4 * w))), I(4 * w)), hi,
-                                       rebuild_without_any(d, e, states, v)));
-        return out;
-      }
-      out.push_back(loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red));
+      // Along contiguous operands the loop is marked unit-stride: the vectorisation pass (pass_vectorize.cpp)
+      // sums it in vector accumulators. Otherwise the pragma lets the C++ compiler vectorize it.
+      auto loop = std::make_shared<loops::For>(
+          static_cast<const loops::For&>(*loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red)));
+      loop->unit_stride = !split && contiguous_along(e, v) && all_dense_here(e, states, v);
+      out.push_back(loop);
       return out;
     }
     out.push_back(loops::for_range(iv, lo, hi, body, simd));
@@ -424,13 +411,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
 }  // namespace lowering
 
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
-  // Forms with a lowering of their own (native_forms.h: BSR, ...) first.
-  if (auto k = lower_native_form(spec, schedule, machine)) return std::move(*k);
-  return lower_general(spec, schedule, machine);
+  passes::KernelIR k = run_pipeline(spec, schedule, machine);
+  return std::move(k.facts);
 }
 
 LoweredKernel lower_general(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine) {
-  return lowering::Lowerer(spec, schedule, machine).run();
+  passes::KernelIR k = run_pipeline(spec, schedule, machine, nullptr, false);
+  return std::move(k.facts);
 }
 
 }  // namespace scorch

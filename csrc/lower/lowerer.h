@@ -11,6 +11,7 @@
 #include "lower/kernel_frame.h"
 #include "lower/lower.h"
 #include "lower/merge_lattice.h"
+#include "lower/passes.h"
 
 namespace scorch::lowering {
 
@@ -87,24 +88,19 @@ class Lowerer {
     }
   }
 
-  LoweredKernel run() {
-    LoweredKernel out;
+  // The loop nest of one thread and what lowering learnt about it, into the pipeline's kernel (the
+  // iteration pass; the frame around the nest is the later passes').
+  void run(passes::KernelIR& k) {
+    LoweredKernel& out = k.facts;
     out.sparse_output = !spec_.output.strided();
-    Stmts& b = out.body;
-    b = unpack_arguments(spec_);
-
-    // The loop nest, inside the thread region.
     States states;
     for (const auto& [id, a] : access_) states[id] = State{};
     current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
-    Stmts nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
-
+    k.nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
     if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
     out.overwrites_output = !out.sparse_output && assigned_output_ && !added_output_;
-    Stmts frame = thread_frame(spec_, sched_, nest, parallel_);
-    b.insert(b.end(), frame.begin(), frame.end());
+    k.parallel = parallel_;
     out.reasons = reasons_;
-    return out;
   }
 
  private:

@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "lower/kernel_spec.h"
 #include "lower/lower.h"
+#include "lower/pipeline.h"
 #include "lower/schedule.h"
 #include "runtime/bundle.h"
 #include "runtime/fileio.h"
@@ -329,10 +330,22 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
 
 }  // namespace
 
+static std::string loop_ir_dump_dir() {  // SCORCH_DUMP_DIR, else dumps/ in the kernel cache
+  if (const char* d = std::getenv("SCORCH_DUMP_DIR"); d && *d) return std::string(d) + "/loop_ir";
+  return kernel_cache_dir() + "/dumps/loop_ir";
+}
+
 Lowered lower_spec(const std::string& text, int vector_bytes, int tile_vectors) {
   Lowered l{KernelSpec::parse(text), {}, {}, {}};
+  // The pipeline: the schedule, the lowering passes (lower/pipeline.h), the C++ source. Under
+  // SCORCH_DEBUG=2 the IR after each pass goes to <dump dir>/<hash of spec and vector shape>.<NN>-<pass>.txt.
   l.schedule = make_schedule(l.spec);
-  l.kernel = lower(l.spec, l.schedule, VectorShape{vector_bytes, tile_vectors});
+  const VectorShape machine{vector_bytes, tile_vectors};
+  PassDump dump;
+  if (debug_level() >= 2)
+    dump = dump_to_folder(loop_ir_dump_dir(),
+                          content_hash(fmt::format("{}\n{} {}", text, vector_bytes, tile_vectors)).substr(0, 16), text);
+  l.kernel = run_pipeline(l.spec, l.schedule, machine, dump).facts;
   l.source = emit_cpp(l.spec, l.kernel, vector_bytes);
   return l;
 }

@@ -40,57 +40,57 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    const int64_t lo = balanced_bound(t0_pos1, NPb, tid, nt);
-    const int64_t hi = balanced_bound(t0_pos1, NPb, tid + 1, nt);
-    for (int64_t po = lo; po < hi; ++po) {
-      int64_t kb = t0_pos1[po], kbe = t0_pos1[po + 1]; segment(kb, kbe, t0_crd1_n, bad);
-      coords_in_range(t0_crd1, kb, kbe, NQb, bad);
-      for (int64_t rr = 0; rr < 4; rr += 4) {
-      int64_t jo = 0;
-      for (; jo + 2 <= N1; jo += 2) {
-      val_t a0_0 = 0, a0_1 = 0, a1_0 = 0, a1_1 = 0, a2_0 = 0, a2_1 = 0, a3_0 = 0, a3_1 = 0;
-      for (int64_t bq = kb; bq < kbe; ++bq) {
-        const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-        const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
-        #pragma GCC unroll 32
-        for (int64_t c = 0; c < 4; ++c) {
-          val_t d0 = *(dr + c * t1_st0), d1 = *(dr + c * t1_st0 + 1);
-          { const val_t s = blk[0 + c]; a0_0 += s * d0; a0_1 += s * d1; }
-          { const val_t s = blk[4 + c]; a1_0 += s * d0; a1_1 += s * d1; }
-          { const val_t s = blk[8 + c]; a2_0 += s * d0; a2_1 += s * d1; }
-          { const val_t s = blk[12 + c]; a3_0 += s * d0; a3_1 += s * d1; }
+      const int64_t lo = balanced_bound(t0_pos1, NPb, tid, nt);
+      const int64_t hi = balanced_bound(t0_pos1, NPb, tid + 1, nt);
+      for (int64_t po = lo; po < hi; ++po) {
+        int64_t kb = t0_pos1[po], kbe = t0_pos1[po + 1]; segment(kb, kbe, t0_crd1_n, bad);
+        coords_in_range(t0_crd1, kb, kbe, NQb, bad);
+        for (int64_t rr = 0; rr < 4; rr += 4) {
+        int64_t jo = 0;
+        for (; jo + 2 <= N1; jo += 2) {
+        val_t a0_0 = 0, a0_1 = 0, a1_0 = 0, a1_1 = 0, a2_0 = 0, a2_1 = 0, a3_0 = 0, a3_1 = 0;
+        for (int64_t bq = kb; bq < kbe; ++bq) {
+          const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
+          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          #pragma GCC unroll 32
+          for (int64_t c = 0; c < 4; ++c) {
+            val_t d0 = *(dr + c * t1_st0), d1 = *(dr + c * t1_st0 + 1);
+            { const val_t s = blk[0 + c]; a0_0 += s * d0; a0_1 += s * d1; }
+            { const val_t s = blk[4 + c]; a1_0 += s * d0; a1_1 += s * d1; }
+            { const val_t s = blk[8 + c]; a2_0 += s * d0; a2_1 += s * d1; }
+            { const val_t s = blk[12 + c]; a3_0 += s * d0; a3_1 += s * d1; }
+          }
+        }
+        o[(po * 4 + rr + 0) * os0 + (jo + 0) * os1] = a0_0;
+        o[(po * 4 + rr + 0) * os0 + (jo + 1) * os1] = a0_1;
+        o[(po * 4 + rr + 1) * os0 + (jo + 0) * os1] = a1_0;
+        o[(po * 4 + rr + 1) * os0 + (jo + 1) * os1] = a1_1;
+        o[(po * 4 + rr + 2) * os0 + (jo + 0) * os1] = a2_0;
+        o[(po * 4 + rr + 2) * os0 + (jo + 1) * os1] = a2_1;
+        o[(po * 4 + rr + 3) * os0 + (jo + 0) * os1] = a3_0;
+        o[(po * 4 + rr + 3) * os0 + (jo + 1) * os1] = a3_1;
+        }
+        for (; jo < N1; ++jo) {
+        val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0;
+        for (int64_t bq = kb; bq < kbe; ++bq) {
+          const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
+          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          #pragma GCC unroll 32
+          for (int64_t c = 0; c < 4; ++c) {
+            val_t d0 = *(dr + c * t1_st0);
+            { const val_t s = blk[0 + c]; a0_0 += s * d0; }
+            { const val_t s = blk[4 + c]; a1_0 += s * d0; }
+            { const val_t s = blk[8 + c]; a2_0 += s * d0; }
+            { const val_t s = blk[12 + c]; a3_0 += s * d0; }
+          }
+        }
+        o[(po * 4 + rr + 0) * os0 + (jo + 0) * os1] = a0_0;
+        o[(po * 4 + rr + 1) * os0 + (jo + 0) * os1] = a1_0;
+        o[(po * 4 + rr + 2) * os0 + (jo + 0) * os1] = a2_0;
+        o[(po * 4 + rr + 3) * os0 + (jo + 0) * os1] = a3_0;
+        }
         }
       }
-      o[(po * 4 + rr + 0) * os0 + (jo + 0) * os1] = a0_0;
-      o[(po * 4 + rr + 0) * os0 + (jo + 1) * os1] = a0_1;
-      o[(po * 4 + rr + 1) * os0 + (jo + 0) * os1] = a1_0;
-      o[(po * 4 + rr + 1) * os0 + (jo + 1) * os1] = a1_1;
-      o[(po * 4 + rr + 2) * os0 + (jo + 0) * os1] = a2_0;
-      o[(po * 4 + rr + 2) * os0 + (jo + 1) * os1] = a2_1;
-      o[(po * 4 + rr + 3) * os0 + (jo + 0) * os1] = a3_0;
-      o[(po * 4 + rr + 3) * os0 + (jo + 1) * os1] = a3_1;
-      }
-      for (; jo < N1; ++jo) {
-      val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0;
-      for (int64_t bq = kb; bq < kbe; ++bq) {
-        const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-        const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
-        #pragma GCC unroll 32
-        for (int64_t c = 0; c < 4; ++c) {
-          val_t d0 = *(dr + c * t1_st0);
-          { const val_t s = blk[0 + c]; a0_0 += s * d0; }
-          { const val_t s = blk[4 + c]; a1_0 += s * d0; }
-          { const val_t s = blk[8 + c]; a2_0 += s * d0; }
-          { const val_t s = blk[12 + c]; a3_0 += s * d0; }
-        }
-      }
-      o[(po * 4 + rr + 0) * os0 + (jo + 0) * os1] = a0_0;
-      o[(po * 4 + rr + 1) * os0 + (jo + 0) * os1] = a1_0;
-      o[(po * 4 + rr + 2) * os0 + (jo + 0) * os1] = a2_0;
-      o[(po * 4 + rr + 3) * os0 + (jo + 0) * os1] = a3_0;
-      }
-      }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -25,15 +25,16 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));
     priv[tid] = o;
-    if (tid != 0 && !o) { args->status = SCORCH_STATUS_NO_MEMORY; }  // out itself is null when empty
-    else {
-    const int64_t lo0 = (int64_t)((__int128)N0 * tid / nt);
-    const int64_t hi0 = (int64_t)((__int128)N0 * (tid + 1) / nt);
-    for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-      {
-        o[0] += (t0_data[i0 * t0_st0] * t1_data[i0 * t1_st0]);
+    if (tid != 0 && !o) {
+      args->status = SCORCH_STATUS_NO_MEMORY;
+    } else {
+      const int64_t lo0 = (int64_t)((__int128)N0 * tid / nt);
+      const int64_t hi0 = (int64_t)((__int128)N0 * (tid + 1) / nt);
+      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+        {
+          o[0] += (t0_data[i0 * t0_st0] * t1_data[i0 * t1_st0]);
+        }
       }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

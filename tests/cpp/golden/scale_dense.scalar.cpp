@@ -21,14 +21,14 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    const int64_t lo0 = (int64_t)((__int128)N0 * tid / nt);
-    const int64_t hi0 = (int64_t)((__int128)N0 * (tid + 1) / nt);
-    #pragma omp simd
-    for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-      {
-        o[i0 * os0] += (t0_data[i0 * t0_st0] * ((val_t)7.0));
+      const int64_t lo0 = (int64_t)((__int128)N0 * tid / nt);
+      const int64_t hi0 = (int64_t)((__int128)N0 * (tid + 1) / nt);
+      #pragma omp simd
+      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+        {
+          o[i0 * os0] += (t0_data[i0 * t0_st0] * ((val_t)7.0));
+        }
       }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

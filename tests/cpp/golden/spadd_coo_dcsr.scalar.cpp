@@ -32,63 +32,63 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     Stream& st = streams[tid];
     {
-    int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
-    for (int64_t i0 = 0; i0 < N0; ++i0) {
-      const bool m1l0 = k1l0 < ke1l0 && t1_crd0[k1l0] == i0;
-      int64_t kn1l0 = k1l0; if (m1l0) { kn1l0 = k1l0 + 1; while (kn1l0 < ke1l0 && t1_crd0[kn1l0] == i0) ++kn1l0; }
-      if (m1l0) {
-        int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        int64_t k1l1 = k1l0, ke1l1 = kn1l0;
-        while (k0l1 < ke0l1 && k1l1 < ke1l1) {
-          const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
-          const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-          const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
-          if (c0l1 == i1 && c1l1 == i1) {
-            val_t acc = 0; bool any = false;
-            acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
-            if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-          } else if (c0l1 == i1) {
+      int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
+      for (int64_t i0 = 0; i0 < N0; ++i0) {
+        const bool m1l0 = k1l0 < ke1l0 && t1_crd0[k1l0] == i0;
+        int64_t kn1l0 = k1l0; if (m1l0) { kn1l0 = k1l0 + 1; while (kn1l0 < ke1l0 && t1_crd0[kn1l0] == i0) ++kn1l0; }
+        if (m1l0) {
+          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          int64_t k1l1 = k1l0, ke1l1 = kn1l0;
+          while (k0l1 < ke0l1 && k1l1 < ke1l1) {
+            const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
+            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+            const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
+            if (c0l1 == i1 && c1l1 == i1) {
+              val_t acc = 0; bool any = false;
+              acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
+              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+            } else if (c0l1 == i1) {
+              val_t acc = 0; bool any = false;
+              acc += t0_vals[k0l1]; any = true;
+              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+            } else if (c1l1 == i1) {
+              val_t acc = 0; bool any = false;
+              acc += t1_vals[k1l1]; any = true;
+              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+            }
+            if (c0l1 == i1) k0l1 = k0l1 + 1;
+            if (c1l1 == i1) k1l1 = k1l1 + 1;
+          }
+          coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i1 = t0_crd1[k0l1];
             val_t acc = 0; bool any = false;
             acc += t0_vals[k0l1]; any = true;
             if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-          } else if (c1l1 == i1) {
+          }
+          coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
+          for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
+            const int64_t k1l1 = p1l1;
+            const int64_t i1 = t1_crd1[k1l1];
             val_t acc = 0; bool any = false;
             acc += t1_vals[k1l1]; any = true;
             if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
           }
-          if (c0l1 == i1) k0l1 = k0l1 + 1;
-          if (c1l1 == i1) k1l1 = k1l1 + 1;
+        } else {
+          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i1 = t0_crd1[k0l1];
+            val_t acc = 0; bool any = false;
+            acc += t0_vals[k0l1]; any = true;
+            if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+          }
         }
-        coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i1 = t0_crd1[k0l1];
-          val_t acc = 0; bool any = false;
-          acc += t0_vals[k0l1]; any = true;
-          if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-        }
-        coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
-        for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
-          const int64_t k1l1 = p1l1;
-          const int64_t i1 = t1_crd1[k1l1];
-          val_t acc = 0; bool any = false;
-          acc += t1_vals[k1l1]; any = true;
-          if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-        }
-      } else {
-        int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i1 = t0_crd1[k0l1];
-          val_t acc = 0; bool any = false;
-          acc += t0_vals[k0l1]; any = true;
-          if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-        }
+        if (m1l0) k1l0 = kn1l0;
       }
-      if (m1l0) k1l0 = kn1l0;
-    }
-    bad |= k1l0 != ke1l0;
+      bad |= k1l0 != ke1l0;
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -30,21 +30,22 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));
     priv[tid] = o;
-    if (tid != 0 && !o) { args->status = SCORCH_STATUS_NO_MEMORY; }  // out itself is null when empty
-    else {
-    const int64_t lo1 = balanced_bound(t0_pos1, N1, tid, nt);
-    int64_t hi1 = balanced_bound(t0_pos1, N1, tid + 1, nt);
-    if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) hi1 = lo1;
-    for (int64_t i1 = lo1; i1 < hi1; ++i1) {
-      {
-        int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i0 = t0_crd1[k0l1];
-          o[i0 * os0] += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
+    if (tid != 0 && !o) {
+      args->status = SCORCH_STATUS_NO_MEMORY;
+    } else {
+      const int64_t lo1 = balanced_bound(t0_pos1, N1, tid, nt);
+      int64_t hi1 = balanced_bound(t0_pos1, N1, tid + 1, nt);
+      if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) hi1 = lo1;
+      for (int64_t i1 = lo1; i1 < hi1; ++i1) {
+        {
+          int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i0 = t0_crd1[k0l1];
+            o[i0 * os0] += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
+          }
         }
       }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

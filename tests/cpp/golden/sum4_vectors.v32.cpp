@@ -38,35 +38,35 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     Stream& st = streams[tid];
     {
-    int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
-    int64_t k2l0 = t2_pos0[0], ke2l0 = t2_pos0[1]; segment(k2l0, ke2l0, t2_crd0_n, bad);
-    int64_t k3l0 = t3_pos0[0], ke3l0 = t3_pos0[1]; segment(k3l0, ke3l0, t3_crd0_n, bad);
-    while (k0l0 < ke0l0 || k1l0 < ke1l0 || k2l0 < ke2l0 || k3l0 < ke3l0) {
-      const int64_t c0l0 = k0l0 < ke0l0 ? in_range(t0_crd0[k0l0], N0, bad) : N0;
-      const int64_t c1l0 = k1l0 < ke1l0 ? in_range(t1_crd0[k1l0], N0, bad) : N0;
-      const int64_t c2l0 = k2l0 < ke2l0 ? in_range(t2_crd0[k2l0], N0, bad) : N0;
-      const int64_t c3l0 = k3l0 < ke3l0 ? in_range(t3_crd0[k3l0], N0, bad) : N0;
-      int64_t i0 = N0;
-      i0 = c0l0 < i0 ? c0l0 : i0;
-      i0 = c1l0 < i0 ? c1l0 : i0;
-      i0 = c2l0 < i0 ? c2l0 : i0;
-      i0 = c3l0 < i0 ? c3l0 : i0;
-      const bool m0l0 = c0l0 == i0;
-      const bool m1l0 = c1l0 == i0;
-      const bool m2l0 = c2l0 == i0;
-      const bool m3l0 = c3l0 == i0;
-      int64_t kn3l0 = k3l0 + m3l0; if (m3l0) { while (kn3l0 < ke3l0 && t3_crd0[kn3l0] == t3_crd0[k3l0]) ++kn3l0; }
-      val_t acc = 0; bool any = false;
-      if (m0l0 || m1l0 || m2l0 || m3l0) {
-        acc += (((((m0l0) ? t0_vals[k0l0] : (val_t)0) + ((m1l0) ? t1_vals[k1l0] : (val_t)0)) + ((m2l0) ? t2_vals[k2l0] : (val_t)0)) + ((m3l0) ? t3_vals[k3l0] : (val_t)0)); any = true;
+      int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
+      int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
+      int64_t k2l0 = t2_pos0[0], ke2l0 = t2_pos0[1]; segment(k2l0, ke2l0, t2_crd0_n, bad);
+      int64_t k3l0 = t3_pos0[0], ke3l0 = t3_pos0[1]; segment(k3l0, ke3l0, t3_crd0_n, bad);
+      while (k0l0 < ke0l0 || k1l0 < ke1l0 || k2l0 < ke2l0 || k3l0 < ke3l0) {
+        const int64_t c0l0 = k0l0 < ke0l0 ? in_range(t0_crd0[k0l0], N0, bad) : N0;
+        const int64_t c1l0 = k1l0 < ke1l0 ? in_range(t1_crd0[k1l0], N0, bad) : N0;
+        const int64_t c2l0 = k2l0 < ke2l0 ? in_range(t2_crd0[k2l0], N0, bad) : N0;
+        const int64_t c3l0 = k3l0 < ke3l0 ? in_range(t3_crd0[k3l0], N0, bad) : N0;
+        int64_t i0 = N0;
+        i0 = c0l0 < i0 ? c0l0 : i0;
+        i0 = c1l0 < i0 ? c1l0 : i0;
+        i0 = c2l0 < i0 ? c2l0 : i0;
+        i0 = c3l0 < i0 ? c3l0 : i0;
+        const bool m0l0 = c0l0 == i0;
+        const bool m1l0 = c1l0 == i0;
+        const bool m2l0 = c2l0 == i0;
+        const bool m3l0 = c3l0 == i0;
+        int64_t kn3l0 = k3l0 + m3l0; if (m3l0) { while (kn3l0 < ke3l0 && t3_crd0[kn3l0] == t3_crd0[k3l0]) ++kn3l0; }
+        val_t acc = 0; bool any = false;
+        if (m0l0 || m1l0 || m2l0 || m3l0) {
+          acc += (((((m0l0) ? t0_vals[k0l0] : (val_t)0) + ((m1l0) ? t1_vals[k1l0] : (val_t)0)) + ((m2l0) ? t2_vals[k2l0] : (val_t)0)) + ((m3l0) ? t3_vals[k3l0] : (val_t)0)); any = true;
+        }
+        if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
+        k0l0 = (k0l0 + m0l0);
+        k1l0 = (k1l0 + m1l0);
+        k2l0 = (k2l0 + m2l0);
+        k3l0 = kn3l0;
       }
-      if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
-      k0l0 = (k0l0 + m0l0);
-      k1l0 = (k1l0 + m1l0);
-      k2l0 = (k2l0 + m2l0);
-      k3l0 = kn3l0;
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -47,129 +47,129 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    int64_t k3l0 = t3_pos0[0], ke3l0 = t3_pos0[1]; segment(k3l0, ke3l0, t3_crd0_n, bad);
-    for (int64_t i0 = 0; i0 < N0; ++i0) {
-      const bool m3l0 = k3l0 < ke3l0 && t3_crd0[k3l0] == i0;
-      int64_t kn3l0 = k3l0; if (m3l0) { kn3l0 = k3l0 + 1; while (kn3l0 < ke3l0 && t3_crd0[kn3l0] == i0) ++kn3l0; }
-      if (m3l0) {
-        int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
-        int64_t k3l1 = k3l0, ke3l1 = kn3l0;
-        int64_t k4l1 = t4_pos1[(0 * N0 + i0)], ke4l1 = t4_pos1[(0 * N0 + i0) + 1]; segment(k4l1, ke4l1, t4_crd1_n, bad);
-        while (k0l1 < ke0l1 || k1l1 < ke1l1 || k3l1 < ke3l1 || k4l1 < ke4l1) {
-          const int64_t c0l1 = k0l1 < ke0l1 ? in_range(t0_crd1[k0l1], N1, bad) : N1;
-          const int64_t c1l1 = k1l1 < ke1l1 ? in_range(t1_crd1[k1l1], N1, bad) : N1;
-          const int64_t c3l1 = k3l1 < ke3l1 ? in_range(t3_crd1[k3l1], N1, bad) : N1;
-          const int64_t c4l1 = k4l1 < ke4l1 ? in_range(t4_crd1[k4l1], N1, bad) : N1;
-          int64_t i1 = N1;
-          i1 = c0l1 < i1 ? c0l1 : i1;
-          i1 = c1l1 < i1 ? c1l1 : i1;
-          i1 = c3l1 < i1 ? c3l1 : i1;
-          i1 = c4l1 < i1 ? c4l1 : i1;
-          const bool m0l1 = c0l1 == i1;
-          const bool m1l1 = c1l1 == i1;
-          const bool m3l1 = c3l1 == i1;
-          const bool m4l1 = c4l1 == i1;
-          if (m0l1 || m1l1 || m3l1 || m4l1) {
-            o[i0 * os0 + i1 * os1] += (((((m0l1) ? t0_vals[k0l1] : (val_t)0) + ((m1l1) ? (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) : (val_t)0)) + ((m3l1) ? t3_vals[k3l1] : (val_t)0)) + ((m4l1) ? t4_vals[k4l1] : (val_t)0));
+      int64_t k3l0 = t3_pos0[0], ke3l0 = t3_pos0[1]; segment(k3l0, ke3l0, t3_crd0_n, bad);
+      for (int64_t i0 = 0; i0 < N0; ++i0) {
+        const bool m3l0 = k3l0 < ke3l0 && t3_crd0[k3l0] == i0;
+        int64_t kn3l0 = k3l0; if (m3l0) { kn3l0 = k3l0 + 1; while (kn3l0 < ke3l0 && t3_crd0[kn3l0] == i0) ++kn3l0; }
+        if (m3l0) {
+          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
+          int64_t k3l1 = k3l0, ke3l1 = kn3l0;
+          int64_t k4l1 = t4_pos1[(0 * N0 + i0)], ke4l1 = t4_pos1[(0 * N0 + i0) + 1]; segment(k4l1, ke4l1, t4_crd1_n, bad);
+          while (k0l1 < ke0l1 || k1l1 < ke1l1 || k3l1 < ke3l1 || k4l1 < ke4l1) {
+            const int64_t c0l1 = k0l1 < ke0l1 ? in_range(t0_crd1[k0l1], N1, bad) : N1;
+            const int64_t c1l1 = k1l1 < ke1l1 ? in_range(t1_crd1[k1l1], N1, bad) : N1;
+            const int64_t c3l1 = k3l1 < ke3l1 ? in_range(t3_crd1[k3l1], N1, bad) : N1;
+            const int64_t c4l1 = k4l1 < ke4l1 ? in_range(t4_crd1[k4l1], N1, bad) : N1;
+            int64_t i1 = N1;
+            i1 = c0l1 < i1 ? c0l1 : i1;
+            i1 = c1l1 < i1 ? c1l1 : i1;
+            i1 = c3l1 < i1 ? c3l1 : i1;
+            i1 = c4l1 < i1 ? c4l1 : i1;
+            const bool m0l1 = c0l1 == i1;
+            const bool m1l1 = c1l1 == i1;
+            const bool m3l1 = c3l1 == i1;
+            const bool m4l1 = c4l1 == i1;
+            if (m0l1 || m1l1 || m3l1 || m4l1) {
+              o[i0 * os0 + i1 * os1] += (((((m0l1) ? t0_vals[k0l1] : (val_t)0) + ((m1l1) ? (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) : (val_t)0)) + ((m3l1) ? t3_vals[k3l1] : (val_t)0)) + ((m4l1) ? t4_vals[k4l1] : (val_t)0));
+            }
+            k0l1 = (k0l1 + m0l1);
+            k1l1 = (k1l1 + m1l1);
+            k3l1 = (k3l1 + m3l1);
+            k4l1 = (k4l1 + m4l1);
           }
-          k0l1 = (k0l1 + m0l1);
-          k1l1 = (k1l1 + m1l1);
-          k3l1 = (k3l1 + m3l1);
-          k4l1 = (k4l1 + m4l1);
-        }
-      } else {
-        int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
-        int64_t k4l1 = t4_pos1[(0 * N0 + i0)], ke4l1 = t4_pos1[(0 * N0 + i0) + 1]; segment(k4l1, ke4l1, t4_crd1_n, bad);
-        while (k0l1 < ke0l1 && k1l1 < ke1l1 && k4l1 < ke4l1) {
-          const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
-          const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-          const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
-          const int64_t i1 = std::min<int64_t>(std::min<int64_t>(c0l1, c1l1), c4l1);
-          if (c0l1 == i1 && c1l1 == i1 && c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += ((t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1])) + t4_vals[k4l1]);
-          } else if (c0l1 == i1 && c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + t4_vals[k4l1]);
-          } else if (c1l1 == i1 && c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += ((t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) + t4_vals[k4l1]);
-          } else if (c0l1 == i1 && c1l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]));
-          } else if (c0l1 == i1) {
+        } else {
+          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
+          int64_t k4l1 = t4_pos1[(0 * N0 + i0)], ke4l1 = t4_pos1[(0 * N0 + i0) + 1]; segment(k4l1, ke4l1, t4_crd1_n, bad);
+          while (k0l1 < ke0l1 && k1l1 < ke1l1 && k4l1 < ke4l1) {
+            const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
+            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+            const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
+            const int64_t i1 = std::min<int64_t>(std::min<int64_t>(c0l1, c1l1), c4l1);
+            if (c0l1 == i1 && c1l1 == i1 && c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += ((t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1])) + t4_vals[k4l1]);
+            } else if (c0l1 == i1 && c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + t4_vals[k4l1]);
+            } else if (c1l1 == i1 && c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += ((t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) + t4_vals[k4l1]);
+            } else if (c0l1 == i1 && c1l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]));
+            } else if (c0l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
+            } else if (c1l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
+            } else if (c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
+            }
+            if (c0l1 == i1) k0l1 = k0l1 + 1;
+            if (c1l1 == i1) k1l1 = k1l1 + 1;
+            if (c4l1 == i1) k4l1 = k4l1 + 1;
+          }
+          while (k0l1 < ke0l1 && k4l1 < ke4l1) {
+            const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
+            const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
+            const int64_t i1 = std::min<int64_t>(c0l1, c4l1);
+            if (c0l1 == i1 && c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + t4_vals[k4l1]);
+            } else if (c0l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
+            } else if (c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
+            }
+            if (c0l1 == i1) k0l1 = k0l1 + 1;
+            if (c4l1 == i1) k4l1 = k4l1 + 1;
+          }
+          while (k1l1 < ke1l1 && k4l1 < ke4l1) {
+            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+            const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
+            const int64_t i1 = std::min<int64_t>(c1l1, c4l1);
+            if (c1l1 == i1 && c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += ((t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) + t4_vals[k4l1]);
+            } else if (c1l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
+            } else if (c4l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
+            }
+            if (c1l1 == i1) k1l1 = k1l1 + 1;
+            if (c4l1 == i1) k4l1 = k4l1 + 1;
+          }
+          while (k0l1 < ke0l1 && k1l1 < ke1l1) {
+            const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
+            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+            const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
+            if (c0l1 == i1 && c1l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]));
+            } else if (c0l1 == i1) {
+              o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
+            } else if (c1l1 == i1) {
+              o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
+            }
+            if (c0l1 == i1) k0l1 = k0l1 + 1;
+            if (c1l1 == i1) k1l1 = k1l1 + 1;
+          }
+          coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i1 = t0_crd1[k0l1];
             o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
-          } else if (c1l1 == i1) {
+          }
+          coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
+          for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
+            const int64_t k1l1 = p1l1;
+            const int64_t i1 = t1_crd1[k1l1];
             o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
-          } else if (c4l1 == i1) {
+          }
+          coords_in_range(t4_crd1, k4l1, ke4l1, N1, bad);
+          for (int64_t p4l1 = k4l1; p4l1 < ke4l1; ++p4l1) {
+            const int64_t k4l1 = p4l1;
+            const int64_t i1 = t4_crd1[k4l1];
             o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
           }
-          if (c0l1 == i1) k0l1 = k0l1 + 1;
-          if (c1l1 == i1) k1l1 = k1l1 + 1;
-          if (c4l1 == i1) k4l1 = k4l1 + 1;
         }
-        while (k0l1 < ke0l1 && k4l1 < ke4l1) {
-          const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
-          const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
-          const int64_t i1 = std::min<int64_t>(c0l1, c4l1);
-          if (c0l1 == i1 && c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + t4_vals[k4l1]);
-          } else if (c0l1 == i1) {
-            o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
-          } else if (c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
-          }
-          if (c0l1 == i1) k0l1 = k0l1 + 1;
-          if (c4l1 == i1) k4l1 = k4l1 + 1;
-        }
-        while (k1l1 < ke1l1 && k4l1 < ke4l1) {
-          const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-          const int64_t c4l1 = in_range(t4_crd1[k4l1], N1, bad);
-          const int64_t i1 = std::min<int64_t>(c1l1, c4l1);
-          if (c1l1 == i1 && c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += ((t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]) + t4_vals[k4l1]);
-          } else if (c1l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
-          } else if (c4l1 == i1) {
-            o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
-          }
-          if (c1l1 == i1) k1l1 = k1l1 + 1;
-          if (c4l1 == i1) k4l1 = k4l1 + 1;
-        }
-        while (k0l1 < ke0l1 && k1l1 < ke1l1) {
-          const int64_t c0l1 = in_range(t0_crd1[k0l1], N1, bad);
-          const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-          const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
-          if (c0l1 == i1 && c1l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]));
-          } else if (c0l1 == i1) {
-            o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
-          } else if (c1l1 == i1) {
-            o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
-          }
-          if (c0l1 == i1) k0l1 = k0l1 + 1;
-          if (c1l1 == i1) k1l1 = k1l1 + 1;
-        }
-        coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i1 = t0_crd1[k0l1];
-          o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
-        }
-        coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
-        for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
-          const int64_t k1l1 = p1l1;
-          const int64_t i1 = t1_crd1[k1l1];
-          o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
-        }
-        coords_in_range(t4_crd1, k4l1, ke4l1, N1, bad);
-        for (int64_t p4l1 = k4l1; p4l1 < ke4l1; ++p4l1) {
-          const int64_t k4l1 = p4l1;
-          const int64_t i1 = t4_crd1[k4l1];
-          o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
-        }
+        if (m3l0) k3l0 = kn3l0;
       }
-      if (m3l0) k3l0 = kn3l0;
-    }
-    bad |= k3l0 != ke3l0;
+      bad |= k3l0 != ke3l0;
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

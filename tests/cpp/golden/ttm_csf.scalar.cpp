@@ -40,49 +40,49 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    {
-      const int64_t span = ke0l0 - k0l0;
-      const int64_t b0 = k0l0;
-      k0l0 = b0 + (int64_t)((__int128)span * tid / nt);
-      ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt);
-    }
-    coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
-    for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
-      const int64_t k0l0 = p0l0;
-      const int64_t i0 = t0_crd0[k0l0];
-      int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-      coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
-      for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-        const int64_t k0l1 = p0l1;
-        const int64_t i1 = t0_crd1[k0l1];
-        for (int64_t jt = 0; jt < (N2 - 0 + 15) / 16; ++jt) {
-          const int64_t jo = 0 + jt * 16;
-          const int64_t jn = std::min<int64_t>(16, N2 - jo);
-          val_t tacc[16] = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-            const int64_t k0l2 = p0l2;
-            const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-            if (jn == 16) {
-              #pragma omp simd
-              for (int64_t jj = 0; jj < 16; ++jj) {
-                const int64_t i2 = jo + jj;
-                tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
-              }
-            } else {
-              for (int64_t jj = 0; jj < jn; ++jj) {
-                const int64_t i2 = jo + jj;
-                tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+      int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
+      {
+        const int64_t span = ke0l0 - k0l0;
+        const int64_t b0 = k0l0;
+        k0l0 = b0 + (int64_t)((__int128)span * tid / nt);
+        ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt);
+      }
+      coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
+      for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
+        const int64_t k0l0 = p0l0;
+        const int64_t i0 = t0_crd0[k0l0];
+        int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+        coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
+        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+          const int64_t k0l1 = p0l1;
+          const int64_t i1 = t0_crd1[k0l1];
+          for (int64_t jt = 0; jt < (N2 - 0 + 15) / 16; ++jt) {
+            const int64_t jo = 0 + jt * 16;
+            const int64_t jn = std::min<int64_t>(16, N2 - jo);
+            val_t tacc[16] = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+              const int64_t k0l2 = p0l2;
+              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+              if (jn == 16) {
+                #pragma omp simd
+                for (int64_t jj = 0; jj < 16; ++jj) {
+                  const int64_t i2 = jo + jj;
+                  tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+                }
+              } else {
+                for (int64_t jj = 0; jj < jn; ++jj) {
+                  const int64_t i2 = jo + jj;
+                  tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+                }
               }
             }
-          }
-          for (int64_t jj = 0; jj < jn; ++jj) {
-            o[i0 * os0 + i1 * os1 + (jo + jj) * os2] += tacc[jj];
+            for (int64_t jj = 0; jj < jn; ++jj) {
+              o[i0 * os0 + i1 * os1 + (jo + jj) * os2] += tacc[jj];
+            }
           }
         }
       }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -40,238 +40,238 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    {
-      const int64_t span = ke0l0 - k0l0;
-      const int64_t b0 = k0l0;
-      k0l0 = b0 + (int64_t)((__int128)span * tid / nt);
-      ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt);
-    }
-    coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
-    for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
-      const int64_t k0l0 = p0l0;
-      const int64_t i0 = t0_crd0[k0l0];
-      int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-      coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
-      for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-        const int64_t k0l1 = p0l1;
-        const int64_t i1 = t0_crd1[k0l1];
-        for (int64_t jo = 0; jo + 64 <= N2; jo += 64) {
-          vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
-          if (pf_on) {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              if (pf_on) {
-                const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
-                if ((uint64_t)pfc < (uint64_t)N3) {
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 32);
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 48);
+      int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
+      {
+        const int64_t span = ke0l0 - k0l0;
+        const int64_t b0 = k0l0;
+        k0l0 = b0 + (int64_t)((__int128)span * tid / nt);
+        ke0l0 = b0 + (int64_t)((__int128)span * (tid + 1) / nt);
+      }
+      coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
+      for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
+        const int64_t k0l0 = p0l0;
+        const int64_t i0 = t0_crd0[k0l0];
+        int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+        coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
+        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+          const int64_t k0l1 = p0l1;
+          const int64_t i1 = t0_crd1[k0l1];
+          for (int64_t jo = 0; jo + 64 <= N2; jo += 64) {
+            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
+            if (pf_on) {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                if (pf_on) {
+                  const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
+                  if ((uint64_t)pfc < (uint64_t)N3) {
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 32);
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 48);
+                  }
                 }
-              }
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-              va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-              va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-              va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
-              va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
-              va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
-              va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
-            }
-          } else {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-              va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-              va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-              va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
-              va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
-              va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
-              va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
-            }
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 16 + l) * os2] += va2[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 24 + l) * os2] += va3[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 32 + l) * os2] += va4[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 40 + l) * os2] += va5[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 48 + l) * os2] += va6[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 56 + l) * os2] += va7[l];
-          }
-        }
-        int64_t jdone = (N2 / 64) * 64;
-        if (jdone + 32 <= N2) {
-          const int64_t jo = jdone;
-          jdone += 32;
-          vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
-          if (pf_on) {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              if (pf_on) {
-                const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
-                if ((uint64_t)pfc < (uint64_t)N3) {
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
-                }
-              }
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-              va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-              va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-            }
-          } else {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-              va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-              va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-            }
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 16 + l) * os2] += va2[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 24 + l) * os2] += va3[l];
-          }
-        }
-        if (jdone + 16 <= N2) {
-          const int64_t jo = jdone;
-          jdone += 16;
-          vec_t va0 = {}, va1 = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
-          if (pf_on) {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              if (pf_on) {
-                const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
-                if ((uint64_t)pfc < (uint64_t)N3) {
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                }
-              }
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-            }
-          } else {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-              va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-            }
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
-          }
-        }
-        if (jdone + 8 <= N2) {
-          const int64_t jo = jdone;
-          jdone += 8;
-          vec_t va0 = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
-          if (pf_on) {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              if (pf_on) {
-                const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
-                if ((uint64_t)pfc < (uint64_t)N3) {
-                  __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                }
-              }
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-            }
-          } else {
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-            }
-          }
-          #pragma omp simd
-          for (int64_t l = 0; l < 8; ++l) {
-            o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
-          }
-        }
-        for (int64_t jt = 0; jt < (N2 - (N2 / 8) * 8 + 63) / 64; ++jt) {
-          const int64_t jo = (N2 / 8) * 8 + jt * 64;
-          const int64_t jn = std::min<int64_t>(64, N2 - jo);
-          val_t tacc[64] = {};
-          int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-          for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-            const int64_t k0l2 = p0l2;
-            const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-            if (jn == 64) {
-              #pragma omp simd
-              for (int64_t jj = 0; jj < 64; ++jj) {
-                const int64_t i2 = jo + jj;
-                tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+                va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
+                va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
+                va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
+                va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
               }
             } else {
-              for (int64_t jj = 0; jj < jn; ++jj) {
-                const int64_t i2 = jo + jj;
-                tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+                va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
+                va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
+                va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
+                va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
               }
             }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 16 + l) * os2] += va2[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 24 + l) * os2] += va3[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 32 + l) * os2] += va4[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 40 + l) * os2] += va5[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 48 + l) * os2] += va6[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 56 + l) * os2] += va7[l];
+            }
           }
-          for (int64_t jj = 0; jj < jn; ++jj) {
-            o[i0 * os0 + i1 * os1 + (jo + jj) * os2] += tacc[jj];
+          int64_t jdone = (N2 / 64) * 64;
+          if (jdone + 32 <= N2) {
+            const int64_t jo = jdone;
+            jdone += 32;
+            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
+            if (pf_on) {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                if (pf_on) {
+                  const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
+                  if ((uint64_t)pfc < (uint64_t)N3) {
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
+                  }
+                }
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+              }
+            } else {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+              }
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 16 + l) * os2] += va2[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 24 + l) * os2] += va3[l];
+            }
+          }
+          if (jdone + 16 <= N2) {
+            const int64_t jo = jdone;
+            jdone += 16;
+            vec_t va0 = {}, va1 = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
+            if (pf_on) {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                if (pf_on) {
+                  const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
+                  if ((uint64_t)pfc < (uint64_t)N3) {
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                  }
+                }
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+              }
+            } else {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+              }
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 8 + l) * os2] += va1[l];
+            }
+          }
+          if (jdone + 8 <= N2) {
+            const int64_t jo = jdone;
+            jdone += 8;
+            vec_t va0 = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
+            if (pf_on) {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                if (pf_on) {
+                  const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
+                  if ((uint64_t)pfc < (uint64_t)N3) {
+                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                  }
+                }
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+              }
+            } else {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+              }
+            }
+            #pragma omp simd
+            for (int64_t l = 0; l < 8; ++l) {
+              o[i0 * os0 + i1 * os1 + (jo + 0 + l) * os2] += va0[l];
+            }
+          }
+          for (int64_t jt = 0; jt < (N2 - (N2 / 8) * 8 + 63) / 64; ++jt) {
+            const int64_t jo = (N2 / 8) * 8 + jt * 64;
+            const int64_t jn = std::min<int64_t>(64, N2 - jo);
+            val_t tacc[64] = {};
+            int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
+            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+              const int64_t k0l2 = p0l2;
+              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+              if (jn == 64) {
+                #pragma omp simd
+                for (int64_t jj = 0; jj < 64; ++jj) {
+                  const int64_t i2 = jo + jj;
+                  tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+                }
+              } else {
+                for (int64_t jj = 0; jj < jn; ++jj) {
+                  const int64_t i2 = jo + jj;
+                  tacc[jj] += (t0_vals[k0l2] * t1_data[i3 * t1_st0 + i2 * t1_st1]);
+                }
+              }
+            }
+            for (int64_t jj = 0; jj < jn; ++jj) {
+              o[i0 * os0 + i1 * os1 + (jo + jj) * os2] += tacc[jj];
+            }
           }
         }
       }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

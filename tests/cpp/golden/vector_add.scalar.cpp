@@ -28,44 +28,44 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     Stream& st = streams[tid];
     {
-    int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
-    while (k0l0 < ke0l0 && k1l0 < ke1l0) {
-      const int64_t c0l0 = in_range(t0_crd0[k0l0], N0, bad);
-      const int64_t c1l0 = in_range(t1_crd0[k1l0], N0, bad);
-      const int64_t i0 = std::min<int64_t>(c0l0, c1l0);
-      if (c0l0 == i0 && c1l0 == i0) {
-        val_t acc = 0; bool any = false;
-        acc += (t0_vals[k0l0] + t1_vals[k1l0]); any = true;
-        if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
-      } else if (c0l0 == i0) {
+      int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
+      int64_t k1l0 = t1_pos0[0], ke1l0 = t1_pos0[1]; segment(k1l0, ke1l0, t1_crd0_n, bad);
+      while (k0l0 < ke0l0 && k1l0 < ke1l0) {
+        const int64_t c0l0 = in_range(t0_crd0[k0l0], N0, bad);
+        const int64_t c1l0 = in_range(t1_crd0[k1l0], N0, bad);
+        const int64_t i0 = std::min<int64_t>(c0l0, c1l0);
+        if (c0l0 == i0 && c1l0 == i0) {
+          val_t acc = 0; bool any = false;
+          acc += (t0_vals[k0l0] + t1_vals[k1l0]); any = true;
+          if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
+        } else if (c0l0 == i0) {
+          val_t acc = 0; bool any = false;
+          acc += t0_vals[k0l0]; any = true;
+          if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
+        } else if (c1l0 == i0) {
+          val_t acc = 0; bool any = false;
+          acc += t1_vals[k1l0]; any = true;
+          if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
+        }
+        if (c0l0 == i0) k0l0 = k0l0 + 1;
+        if (c1l0 == i0) k1l0 = k1l0 + 1;
+      }
+      coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
+      for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
+        const int64_t k0l0 = p0l0;
+        const int64_t i0 = t0_crd0[k0l0];
         val_t acc = 0; bool any = false;
         acc += t0_vals[k0l0]; any = true;
         if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
-      } else if (c1l0 == i0) {
+      }
+      coords_in_range(t1_crd0, k1l0, ke1l0, N0, bad);
+      for (int64_t p1l0 = k1l0; p1l0 < ke1l0; ++p1l0) {
+        const int64_t k1l0 = p1l0;
+        const int64_t i0 = t1_crd0[k1l0];
         val_t acc = 0; bool any = false;
         acc += t1_vals[k1l0]; any = true;
         if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
       }
-      if (c0l0 == i0) k0l0 = k0l0 + 1;
-      if (c1l0 == i0) k1l0 = k1l0 + 1;
-    }
-    coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
-    for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
-      const int64_t k0l0 = p0l0;
-      const int64_t i0 = t0_crd0[k0l0];
-      val_t acc = 0; bool any = false;
-      acc += t0_vals[k0l0]; any = true;
-      if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
-    }
-    coords_in_range(t1_crd0, k1l0, ke1l0, N0, bad);
-    for (int64_t p1l0 = k1l0; p1l0 < ke1l0; ++p1l0) {
-      const int64_t k1l0 = p1l0;
-      const int64_t i0 = t1_crd0[k1l0];
-      val_t acc = 0; bool any = false;
-      acc += t1_vals[k1l0]; any = true;
-      if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
-    }
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

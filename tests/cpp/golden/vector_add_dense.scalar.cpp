@@ -26,17 +26,17 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-    int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
-    for (int64_t i0 = 0; i0 < N0; ++i0) {
-      const bool m0l0 = k0l0 < ke0l0 && t0_crd0[k0l0] == i0;
-      if (m0l0) {
-        o[i0 * os0] += (t0_vals[k0l0] + t1_data[i0 * t1_st0]);
-      } else {
-        o[i0 * os0] += t1_data[i0 * t1_st0];
+      int64_t k0l0 = t0_pos0[0], ke0l0 = t0_pos0[1]; segment(k0l0, ke0l0, t0_crd0_n, bad);
+      for (int64_t i0 = 0; i0 < N0; ++i0) {
+        const bool m0l0 = k0l0 < ke0l0 && t0_crd0[k0l0] == i0;
+        if (m0l0) {
+          o[i0 * os0] += (t0_vals[k0l0] + t1_data[i0 * t1_st0]);
+        } else {
+          o[i0 * os0] += t1_data[i0 * t1_st0];
+        }
+        if (m0l0) k0l0 = k0l0 + 1;
       }
-      if (m0l0) k0l0 = k0l0 + 1;
-    }
-    bad |= k0l0 != ke0l0;
+      bad |= k0l0 != ke0l0;
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }
