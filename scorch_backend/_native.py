@@ -19,13 +19,3 @@ ops = torch.ops.scorch
 def ops_library_path() -> str:
     """Path of libscorch_ops.so, for C++ programs that run TorchScript models calling Scorch ops."""
     return _OPS_LIB
-
-
-@torch.library.register_fake("scorch::to_dense")
-def _to_dense_fake(buffers, values, size, format):
-    return values.new_empty(size)
-
-
-@torch.library.register_fake("scorch::validate")
-def _validate_fake(buffers, values, size, format):
-    return None

@@ -1,5 +1,6 @@
 // Torch operators of the format layer: pack coordinates into level buffers, validate buffers, unpack them to
 // coordinates and densify. Registered in TORCH_LIBRARY(scorch) so Python, TorchScript and C++ share them.
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <ATen/ATen.h>
@@ -120,6 +121,85 @@ at::Tensor to_dense_op(at::TensorList buffers, const at::Tensor& values, c10::In
   return dense.index_put_(index, values, /*accumulate=*/true);
 }
 
+// --- to_dense below and above autograd ----------------------------------------------------------------------
+// Densifying is differentiable in the values: the gradient of each stored value is the dense gradient at its
+// coordinates (a zero a dense level pads is a value too, and gets its gradient the same way). Registered
+// here, in C++, so TorchScript and C++ programs differentiate it as Python does.
+
+at::Tensor to_dense_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+                                   c10::string_view format) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::to_dense", "").typed<
+      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return h.call(buffers, values, size, format);
+}
+
+at::Tensor unpack_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+                                 c10::string_view format) {
+  static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::unpack", "").typed<
+      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return h.call(buffers, values, size, format);
+}
+
+class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList buffers, const at::Tensor& values,
+                            const std::vector<int64_t>& size, const std::string& format) {
+    ctx->saved_data["size"] = size;
+    ctx->saved_data["format"] = format;
+    std::vector<at::Tensor> saved(buffers.begin(), buffers.end());
+    saved.push_back(values);
+    ctx->save_for_backward(saved);
+    return to_dense_below_autograd(buffers, values, size, format);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor values = saved.back();
+    saved.pop_back();
+    const std::vector<int64_t> size = ctx->saved_data["size"].toIntVector();
+    const std::string format = ctx->saved_data["format"].toStringRef();
+    torch::autograd::variable_list out(saved.size());  // no gradient for the index buffers
+    const at::Tensor& g = grads[0];
+    at::Tensor gv;
+    if (g.defined()) {
+      if (size.empty()) {
+        gv = g.reshape({1});
+      } else {
+        const at::Tensor coords = unpack_below_autograd(saved, values, size, format);
+        c10::List<std::optional<at::Tensor>> index;
+        for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
+        gv = g.index(index);
+      }
+      gv = gv.to(values.scalar_type());
+    }
+    out.push_back(gv);
+    out.push_back(at::Tensor());  // size
+    out.push_back(at::Tensor());  // format
+    return out;
+  }
+};
+
+at::Tensor to_dense_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+                             c10::string_view format) {
+  if (!(at::GradMode::is_enabled() && values.requires_grad())) return to_dense_below_autograd(buffers, values, size, format);
+  return ToDenseFunction::apply(buffers, values, size.vec(), std::string(format));
+}
+
+// --- shapes for fake tensors (torch.compile, export) ------------------------------------------------------------
+at::Tensor to_dense_meta(at::TensorList, const at::Tensor& values, c10::IntArrayRef size, c10::string_view) {
+  return at::empty(size, values.options());
+}
+
+void validate_meta(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view) {}
+
+at::Tensor unpack_meta(at::TensorList, const at::Tensor& values, c10::IntArrayRef size, c10::string_view) {
+  return at::empty_symint({c10::SymInt(static_cast<int64_t>(size.size())), values.sym_size(0)},
+                         values.options().dtype(at::kLong));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(scorch, m) {
@@ -135,5 +215,13 @@ TORCH_LIBRARY_IMPL(scorch, CPU, m) {
   m.impl("unpack", unpack_op);
   m.impl("to_dense", to_dense_op);
 }
+
+TORCH_LIBRARY_IMPL(scorch, Meta, m) {
+  m.impl("to_dense", to_dense_meta);
+  m.impl("validate", validate_meta);
+  m.impl("unpack", unpack_meta);
+}
+
+TORCH_LIBRARY_IMPL(scorch, Autograd, m) { m.impl("to_dense", to_dense_autograd); }
 
 }  // namespace scorch::torch_glue

@@ -87,8 +87,3 @@ def _kernel_fake(spec, inputs, sizes, num_threads):
 def _pack_fake(indices, values, size, format, index_dtype):
     buffers, count = _fake_buffers(Format(format, len(size)), list(size), index_dtype, values.device)
     return buffers, values.new_empty(count)
-
-
-@torch.library.register_fake("scorch::unpack")
-def _unpack_fake(buffers, values, size, format):
-    return torch.empty(len(size), values.shape[0], dtype=torch.int64, device=values.device)
