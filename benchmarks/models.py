@@ -345,7 +345,7 @@ def targets_for(row: dict) -> list[dict]:
     if kind == "gcn":
         add(f"{row['model']}: Scorch >= 2x the faster torch.sparse layout",
             s.get("speedup_vs_torch_sparse") if s else None, 2.0)
-    elif kind == "moe":
+    elif kind in ("moe", "moe16"):
         n = row["info"].get("n_experts", 1)
         add(f"MoE ({n} experts): Scorch >= 0.5 x n_experts = {0.5 * n:g}x dense Inductor",
             s.get("speedup_vs_inductor") if s else None, 0.5 * n)

@@ -40,7 +40,10 @@ from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
 
 DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
-                   "measure_inputs": True}
+                   "measure_inputs": True, "chains": "inference"}
+# "chains": where products joined by elementwise ops run as one chain region (passes/partition.py): "inference"
+# (graphs compiled without grad), "always", or "never". A chain's gradient runs the chain again under autograd,
+# which costs more than the separate regions' own gradient programs; so training graphs keep them separate.
 
 
 @dataclass
@@ -71,6 +74,8 @@ def _options(options) -> dict:
         opts.update(options)
     if opts["fallback"] not in ("inductor", "eager"):
         raise ValueError(f"option 'fallback' must be 'inductor' or 'eager', got {opts['fallback']!r}")
+    if opts["chains"] not in ("inference", "always", "never"):
+        raise ValueError(f"option 'chains' must be 'inference', 'always' or 'never', got {opts['chains']!r}")
     t = opts["sparse_threshold"]
     if t is None:
         opts["sparse_threshold"] = cost_model.crossover_density()
@@ -128,7 +133,10 @@ def _graph_and_table(title: str, gm: fx.GraphModule, attrs: dict, measured: dict
 def _region_lines(regions, decisions) -> list[str]:
     lines = []
     for r in regions:
-        what = r.fused.program.equation if r.fused is not None else "masked attention"
+        if r.chain is not None:
+            what = "chain " + " -> ".join(f.program.equation for f in r.chain.steps)
+        else:
+            what = r.fused.program.equation if r.fused is not None else "masked attention"
         kinds = f" [{', '.join(o.kind for o in r.fused.program.operands)}]" if r.fused is not None else ""
         lines.append(f"{r.title}: {what}{kinds}, estimated speedup {r.estimated_speedup:.2f}x; "
                      f"ops: {'; '.join(r.ops)}")
@@ -138,9 +146,10 @@ def _region_lines(regions, decisions) -> list[str]:
 
 
 def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None, *,
-              attention: bool = True) -> GraphReport:
+              attention: bool = True, chains: bool = True) -> GraphReport:
     """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
-    `attention` False leaves masked attention to the model's own code."""
+    `attention` False leaves masked attention to the model's own code; `chains` False keeps every product a
+    region of its own (TorchScript: the chain op is Python)."""
     threshold = float(opts["sparse_threshold"])
     before = str(gm.graph)
     if dump:
@@ -162,11 +171,13 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     if dump:
         dump.write("propagate", _graph_and_table("after propagate", gm, attrs, measured))
     # Dynamo compiles separately with and without grad mode: this graph is for training if grad is on now.
-    regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), torch.is_grad_enabled())
+    training = torch.is_grad_enabled()
+    chains = chains and (opts["chains"] == "always" or (opts["chains"] == "inference" and not training))
+    regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, chains)
     if not attention:
-        regions = [r for r in regions if r.fused is not None]
+        regions = [r for r in regions if r.attention is None]
     if dump:
-        programs = [f"{r.name}: {r.program_text}" for r in regions if r.fused is not None]
+        programs = [f"{r.name}: {r.program_text}" for r in regions if r.attention is None]
         dump.write("partition", _graph_and_table("after partition (and fuse)", gm, attrs, measured)
                    + "\n## regions and decisions\n" + "\n".join(_region_lines(regions, decisions))
                    + "\n\n## region programs\n" + "\n".join(programs))
@@ -191,6 +202,8 @@ def _hint(n) -> int:
 def _region_kernels(r, training: bool) -> list[str]:
     """The specs of the kernels a region will run on its sparse path: its own, and in training the gradient
     programs that keep a compressed operand."""
+    if r.chain is not None:
+        return []  # grouped dense products: no kernel
     if r.fused is None:
         q, k, v, _, _ = r.attention
         shapes = [tuple(_hint(d) for d in example(t).shape) for t in (q, k, v)]

@@ -422,7 +422,7 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, hints))
     with torch.no_grad():
-        result = transform(gm, hints, opts)
+        result = transform(gm, hints, opts, chains=False)
     report.left_dense = [f"{d.node} = {d.op}: {d.reason}" for d in result.decisions]
     new_attrs: dict = {}
     _pack(gm, kinds, real, new_attrs, report)
@@ -430,7 +430,7 @@ def rewrite(model: torch.nn.Module, example_inputs, *, options: dict | None = No
     for node, kind in kinds.items():
         if kind[0] == "unused":
             gm.graph.erase_node(node)
-    report.regions += [f"{r.name} (masked attention)" for r in result.regions if r.fused is None]
+    report.regions += [f"{r.name} (masked attention)" for r in result.regions if r.attention is not None]
     new = _build(gm, kinds, model, example_inputs, new_attrs)
     _fix_output(new, eager_out)
     new.scorch_report = report

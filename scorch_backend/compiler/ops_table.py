@@ -16,6 +16,8 @@ know about that op:
   index               fuse: its index form, the op as einsum factors and letters (`index(fuser, node, view)`)
   grad                partition: does the gradient reaching the op's input keep the sparsity of the op's own
                       gradient (`grad(node, view) -> bool`; used to estimate gradient densities in training)
+  between             partition: an elementwise op with f(0) = 0 that may sit between two steps of a chain
+                      region (custom_ops/region.py runs it on the grouped intermediate)
   zero_grad           fuse: does the op zero its input's gradient wherever its result is zero (ReLU), so a
                       consumer's gradient with respect to its result is needed only at its nonzeros
 
@@ -115,6 +117,7 @@ class OpSpec:
     on_result: bool = False
     index: Callable | None = None  # (fuser, node, view) -> Term
     grad: bool | Callable = False  # (node, view) -> bool
+    between: bool = False
     zero_grad: bool | Callable = False  # (node, view) -> bool
 
     def can_fuse(self, node, view) -> bool:
@@ -612,12 +615,12 @@ _op("aten.sub", ["input|self", "other"], [operator.sub, torch.sub], ["sub"], rul
 
 # elementwise with f(0) = 0
 _op("aten.neg", X, [operator.neg, torch.neg], ["neg"], rule=_rule_zero_preserving, fusible=True, on_result=True,
-    index=_index_neg, grad=True)
+    index=_index_neg, grad=True, between=True)
 _op("aten.relu", X, [torch.relu, F.relu], ["relu"], inplace_flag=True, rule=_rule_zero_preserving,
-    zero_grad=True)
-_op("aten.gelu", X, [F.gelu], rule=_rule_zero_preserving)
-_op("aten.tanh", X, [torch.tanh], ["tanh"], rule=_rule_zero_preserving)
-_op("aten.abs", X, [torch.abs], ["abs"], rule=_rule_zero_preserving)
+    zero_grad=True, between=True)
+_op("aten.gelu", X, [F.gelu], rule=_rule_zero_preserving, between=True)
+_op("aten.tanh", X, [torch.tanh], ["tanh"], rule=_rule_zero_preserving, between=True)
+_op("aten.abs", X, [torch.abs], ["abs"], rule=_rule_zero_preserving, between=True)
 _op("aten.clone", X, [], ["contiguous", "clone"], rule=_rule_zero_preserving, fusible=True, index=_index_same,
     grad=True)
 _op("aten._to_copy", X, [], ["to", "float", "double", "type"], rule=_rule_zero_preserving, fusible=_fusible_cast,

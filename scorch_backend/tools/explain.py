@@ -116,6 +116,39 @@ def _attention_report(r, g, runs, repeat: int, patterns: dict) -> RegionReport:
     return rep
 
 
+def _chain_report(r, g, runs, repeat: int) -> RegionReport:
+    """A chain region: its steps, the values it reads, and its grouped run timed against the steps run as
+    dense einsums one after the other."""
+    ch = r.chain
+    kinds = {}
+    for f in ch.steps:
+        for o, leaf in zip(f.program.operands, f.leaves):
+            kinds.setdefault(leaf.name, o.kind)
+    ops_desc = []
+    for leaf in ch.leaves:
+        attr = g.attrs.get(leaf.name)
+        shape = tuple(leaf.meta["example_value"].shape) if "example_value" in leaf.meta else ()
+        ops_desc.append({"input": leaf.name, "kind": kinds.get(leaf.name, "dense"), "shape": shape,
+                         "attr": attr.describe() if attr is not None else "dense"})
+    steps = []
+    for st, f in zip(ch.program.steps, ch.steps):
+        steps.append(f.program.equation + "".join(f" -> {op.split('.', 1)[1]}" for op in st.then))
+    rep = RegionReport(r.name, r.ops, "chain: " + " => ".join(steps), ops_desc, ["grouped"] * len(ch.leaves),
+                       "grouped by the sparse factor of its first step: every step runs on the gathered rows of "
+                       "each group; intermediates are kept per group, never as dense tensors",
+                       f"{len(steps)} products in one call", [], r.estimated_speedup, label=r.label)
+    operands = runs.get(r.program_text)
+    if operands is None:
+        rep.reasons = ["the region did not run with these inputs"]
+        return rep
+    rep.path = "grouped"
+    sparse_s = _time(lambda: _region.run_chain(r.program_text, operands), repeat)
+    dense_s = _time(lambda: _region.run_chain_dense(r.program_text, operands), repeat)
+    rep.sparse_ms, rep.dense_ms = sparse_s * 1e3, dense_s * 1e3
+    rep.measured_speedup = dense_s / sparse_s if sparse_s > 0 else None
+    return rep
+
+
 def _gradient_notes(prog, leaves) -> list:
     """How a region's gradient programs use sparsity beyond its forward operands (training graphs)."""
     notes = []
@@ -153,6 +186,9 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
         out.left_dense += [(d.op, d.reason) for d in g.decisions]
         out.dense_ops += g.dense_ops
         for r in g.regions:
+            if r.chain is not None:
+                out.regions.append(_chain_report(r, g, runs, repeat))
+                continue
             if r.fused is None:
                 out.regions.append(_attention_report(r, g, runs, repeat, patterns))
                 continue

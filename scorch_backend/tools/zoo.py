@@ -450,6 +450,14 @@ def moe(size: str = "test", *, d: int | None = None, h: int | None = None, n: in
                 {"d": d, "h": h, "n_experts": n, "batch": batch})
 
 
+def moe16(size: str = "test", *, n: int = 16, **kw) -> Case:
+    """`moe` with 16 experts (test and bench sizes otherwise the same): twice the experts, the same work per
+    token, so the dense formulation wastes 15 of 16 expert products."""
+    c = moe(size, n=n, **kw)
+    c.name = "moe16"
+    return c
+
+
 # ----------------------------------------------------------------------------------------------------------
 # block-sparse (BigBird-style) attention
 
@@ -667,6 +675,7 @@ CASES: dict[str, Callable[..., Case]] = {
     "pruned_mlp": pruned_mlp,
     "gcn": gcn,
     "moe": moe,
+    "moe16": moe16,
     "block_sparse_attention": block_sparse_attention,
     "sparse_autoencoder": sparse_autoencoder,
     "relu_mlp_dense": relu_mlp_dense,

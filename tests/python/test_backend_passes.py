@@ -176,9 +176,9 @@ def test_propagate_sum_of_different_supports_is_dense():
 
 # --- partition and fuse -----------------------------------------------------------------------------------
 
-def regions_of(model, *inputs, threshold=THRESHOLD):
+def regions_of(model, *inputs, threshold=THRESHOLD, chains=None):
     gm, ex, attrs = attrs_of(model, *inputs, threshold=threshold)
-    return partition(gm, attrs, threshold, frozen=False)
+    return partition(gm, attrs, threshold, frozen=False, chains=chains)
 
 
 def test_partition_pruned_mlp_two_regions_router_left_dense():
@@ -207,7 +207,8 @@ def test_partition_leaves_regions_too_small_to_pay_dense(monkeypatch):
 
 
 def test_fuse_moe_dispatch_expert_and_combine():
-    regions, decisions = regions_of(MoE(), torch.randn(10, 8))
+    """Each product on its own (chains are joined after this; tests/python/test_chains.py)."""
+    regions, decisions = regions_of(MoE(), torch.randn(10, 8), chains=False)
     assert [r.fused.program.equation for r in regions] == ["ab,ad,bdc->abc", "abd,bdc,ab->abc", "acb,ac,ac->ab"]
     kinds = [[o.kind for o in r.fused.program.operands] for r in regions]
     assert kinds == [["sparse", "dense", "dense"], ["dense", "dense", "pattern"], ["dense", "sparse", "dense"]]
@@ -263,7 +264,8 @@ def test_rewrite_replaces_regions_and_keeps_values(make, inputs):
     expected = gm(*ex)
     report = transform(gm, ex, _options(None))
     calls = [n for n in gm.graph.nodes
-             if n.target in (torch.ops.scorch.region.default, torch.ops.scorch.masked_attention.default)]
+             if n.target in (torch.ops.scorch.region.default, torch.ops.scorch.masked_attention.default,
+                             torch.ops.scorch.chain.default)]
     assert len(calls) == len(report.regions) >= 1
     assert not any(n.target in (torch.functional.einsum, torch.matmul) for n in gm.graph.nodes
                    if any(n.name == m.name for r in report.regions for m in r.members))
@@ -339,6 +341,8 @@ def test_backend_is_an_entry_point_and_checks_options():
         _options({"fallback": "tvm"})
     with pytest.raises(ValueError, match="sparse_threshold"):
         _options({"sparse_threshold": 2})
+    with pytest.raises(ValueError, match="chains"):
+        _options({"chains": "sometimes"})
     assert _options(None)["sparse_threshold"] == pytest.approx(sb.cost_model.crossover_density())
 
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ...custom_ops.region import Operand, Program
+from ...custom_ops.region import ChainProgram, ChainStep, Operand, Program, parse_chain
 from ..attrs import DENSE
 from ..ops_table import OPS, FuseError, Term, linear_bias
 from .graph import example, op_of, shape_of
 
-__all__ = ["Fused", "FuseError", "Fuser", "fuse", "zero_grad_outside"]
+__all__ = ["Chained", "Fused", "FuseError", "Fuser", "chain_of", "fuse", "zero_grad_outside"]
 
 _CHARS = string.ascii_letters
 
@@ -245,3 +245,41 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     program = Program(tuple(operands), out, term.coef, frozen, name, label,
                       sparse_grad_out=sparse_grad_out and len(out) >= 2)
     return Fused(program, leaves, unit_dims, bias, density, squeeze, per_operand)
+
+
+@dataclass
+class Chained:
+    """A chain region: its program (custom_ops/region.py: ChainProgram), the graph values it reads, in operand
+    order, and the products it joins."""
+    program: ChainProgram
+    leaves: list
+    steps: list  # Fused, one per step
+
+
+def chain_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
+    """The chain of the products `steps` (each a Fused, ending at the node roots[k]), where step k + 1 reads
+    step k's result through the elementwise ops `betweens[k]`. Raises FuseError when it cannot run as a chain
+    (custom_ops/region.py says why)."""
+    leaves: list = []
+    chain_steps = []
+    for j, f in enumerate(steps):
+        if f.bias is not None or f.unit_dims or any(f.squeeze):
+            raise FuseError("a step with a bias or broadcast dimensions")
+        # the value by which this step reads the one before: the last elementwise op, or the product itself
+        carried = (betweens[j - 1][-1] if betweens[j - 1] else roots[j - 1]) if j > 0 else None
+        inputs = []
+        for leaf in f.leaves:
+            if leaf is carried:
+                inputs.append(-j)  # step j - 1, as -(k + 1)
+                continue
+            if leaf not in leaves:
+                leaves.append(leaf)
+            inputs.append(leaves.index(leaf))
+        then = tuple(op_of(b).name for b in betweens[j]) if j < len(betweens) else ()
+        chain_steps.append(ChainStep(f.program.text(), tuple(inputs), then))
+    program = ChainProgram(tuple(chain_steps), name)
+    try:
+        parse_chain(program.text())
+    except ValueError as e:
+        raise FuseError(str(e)) from None
+    return Chained(program, leaves, list(steps))

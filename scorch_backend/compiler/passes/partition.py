@@ -35,11 +35,11 @@ from ... import config
 from .. import region_cost
 from ... import log as _log
 from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias
-from .fuse import Fused, FuseError, fuse
+from .fuse import Chained, Fused, FuseError, chain_of, fuse
 from .graph import describe, example, mutated_values, op_of, shape_of, source_label
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity
 class Region:
     name: str
     root: fx.Node
@@ -49,6 +49,7 @@ class Region:
     ops: list = field(default_factory=list)  # readable forms of the members
     attention: tuple | None = None  # (q, k, v, mask, scale) of a masked-attention region
     label: str = ""  # where it comes from: "fc1 (Linear): linear" (graph.source_label)
+    chain: Chained | None = None  # a chain of products (fused is then None)
 
     @property
     def title(self) -> str:
@@ -56,7 +57,14 @@ class Region:
 
     @property
     def program_text(self) -> str:
+        if self.chain is not None:
+            return self.chain.program.text()
         return self.fused.program.text() if self.fused is not None else ""
+
+    @property
+    def kind(self) -> str:
+        """"product" (one einsum), "chain" (products joined by elementwise ops) or "attention"."""
+        return "chain" if self.chain is not None else "attention" if self.attention is not None else "product"
 
 
 def _single_user(n) -> bool:
@@ -241,9 +249,14 @@ def grad_density(node: fx.Node, attrs: dict, depth: int = 0) -> float:
 _logger = _log.get("passes.partition")
 
 
-def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False):
-    """(regions, decisions): regions to rewrite, and why each other contraction stays dense."""
-    regions, decisions = _partition(gm, attrs, threshold, frozen, training)
+def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False,
+              chains: bool | None = None):
+    """(regions, decisions): regions to rewrite, and why each other contraction stays dense. `chains` False
+    keeps every product a region of its own; None (the backend's default) joins chains in inference graphs
+    only (a chain's gradient recomputes its forward pass; see _chains)."""
+    if chains is None:
+        chains = not training
+    regions, decisions = _partition(gm, attrs, threshold, frozen, training, chains)
     if _logger.isEnabledFor(10):
         for r in regions:
             _logger.debug("%s: %d op(s), estimated speedup %.2fx", r.title, len(r.members), r.estimated_speedup)
@@ -252,8 +265,8 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
     return regions, decisions
 
 
-def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool):
-    regions, decisions = [], []
+def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool, chains: bool):
+    regions, decisions, spares = [], [], []
     taken = set(mutated_values(gm))  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
@@ -304,10 +317,87 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
                                       f"left dense: density {fused.density:.3g} >= threshold {threshold:.3g}"))
             continue
         est = region_cost.calls_speedup(_dense_fmas(fused), _call_densities(fused, training, dg))
+        region = Region(name, root, ordered, fused, est, [describe(m) for m in ordered], label=label)
         if est < 1.0 and config.dispatch_mode() != "sparse":
             decisions.append(Decision(node.name, describe(node),
                                       f"left dense: too small to pay for a call (estimated speedup {est:.2f}x)"))
+            spares.append((region, decisions[-1]))  # may still join a chain, where it adds no call of its own
             continue
-        regions.append(Region(name, root, ordered, fused, est, [describe(m) for m in ordered], label=label))
+        regions.append(region)
         taken.update(m.name for m in members)
+    if chains:
+        regions = _chains(regions, spares, decisions, taken, order)
     return regions, decisions
+
+
+def _between_ops(leaf: fx.Node, roots: dict):
+    """(the region whose root `leaf` is, or reaches through elementwise ops with f(0) = 0 each used once,
+    those ops top-down), or None."""
+    between = []
+    n = leaf
+    while n not in roots:
+        view = op_of(n)
+        spec = OPS.get(view.name)
+        if spec is None or not spec.between or len(view.args) != 1 or view.kwargs or len(n.users) != 1 \
+                or not isinstance(view.args[0], fx.Node):
+            return None
+        between.insert(0, n)
+        n = view.args[0]
+    return (roots[n], between) if len(n.users) == 1 else None
+
+
+def _chains(regions: list, spares: list, decisions: list, taken: set, order: dict) -> list:
+    """Join regions into chains: a product whose result, through elementwise ops with f(0) = 0, is read once
+    by a later product, when both run grouped by the same sparse 2-D factor (one-hot dispatch -> activation
+    -> expert -> combine). The intermediates then never exist as dense tensors (custom_ops/region.py: chains).
+    A product left dense only for being too small to pay for a call of its own may end a chain."""
+    spare_of = {r.root: (r, d) for r, d in spares
+                if not any(m.name in taken for m in r.members) and r.fused.bias is None}
+    candidates = [r for r in regions if r.fused is not None] + [r for r, _ in spare_of.values()]
+    roots = {r.root: r for r in candidates if r.fused.bias is None and not r.fused.unit_dims}
+    link: dict = {}  # region -> (the next region, the elementwise ops between)
+    has_pred: set = set()
+    for r in sorted(candidates, key=lambda r: order[r.root]):
+        for k, leaf in enumerate(r.fused.leaves):
+            found = _between_ops(leaf, roots)
+            if found is None:
+                continue
+            src, between = found
+            if src is r or src in link or r in has_pred or r.fused.leaves.count(leaf) != 1 or r.fused.squeeze[k]:
+                continue
+            link[src] = (r, between)
+            has_pred.add(r)
+    out, used = [], set()
+    for r in sorted(candidates, key=lambda r: order[r.root]):
+        if r in has_pred or r not in link:
+            continue
+        seq, betweens = [r], []
+        while seq[-1] in link:
+            nxt, between = link[seq[-1]]
+            seq.append(nxt)
+            betweens.append(between)
+        while len(seq) >= 2:  # the longest prefix that runs as a chain
+            try:
+                chained = chain_of([x.fused for x in seq], [x.root for x in seq], betweens[:len(seq) - 1], seq[0].name)
+            except FuseError:
+                seq.pop()
+                continue
+            break
+        if len(seq) < 2 or all(x.root in spare_of for x in seq):
+            continue
+        members = sorted({m for x in seq for m in x.members} | {b for bs in betweens[:len(seq) - 1] for b in bs},
+                         key=order.get)
+        root = seq[-1].root
+        label = source_label(root, members)
+        est = min(x.estimated_speedup for x in seq if x.root not in spare_of)
+        name = next(x.name for x in seq if x.root not in spare_of)
+        chained.program = type(chained.program)(chained.program.steps, name, label)
+        out.append(Region(name, root, members, None, est, [describe(m) for m in members], label=label,
+                          chain=chained))
+        used.update(seq)
+        for x in seq:
+            if x.root in spare_of:
+                decisions.remove(spare_of[x.root][1])
+                taken.update(m.name for m in x.members)
+    kept = [r for r in regions if r not in used] + out
+    return sorted(kept, key=lambda r: order[r.root])

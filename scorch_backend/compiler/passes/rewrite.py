@@ -29,6 +29,12 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
     for r in regions:
         root = r.root
         f = r.fused
+        if r.chain is not None:  # products joined by elementwise ops, one op call
+            leaves = [replaced.get(n, n) for n in r.chain.leaves]
+            with graph.inserting_before(root):
+                out = graph.call_function(torch.ops.scorch.chain.default, (r.program_text, leaves))
+            _replace(graph, r, out, replaced)
+            continue
         if f is None:  # masked attention
             q, k, v, mask, scale = r.attention
             with graph.inserting_before(root):

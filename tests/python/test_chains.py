@@ -1,0 +1,185 @@
+"""Chain regions (issue 13): products joined by elementwise ops, run grouped by one sparse 2-D factor as one
+call of `scorch::chain`, their intermediates never made dense. Each fusion: the graph before, the graph
+expected after; the op against the steps run densely; gradients against eager (check_model); explain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import scorch_backend as sb
+from scorch_backend.compiler.backend import _options, transform
+from scorch_backend.custom_ops import region as R
+from scorch_backend.tools import zoo
+from model_check import check_model
+from test_backend_passes import MoE, capture, regions_of
+
+CHAIN = torch.ops.scorch.chain.default
+
+
+@pytest.fixture(autouse=True)
+def _kernel_path_partitions(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")  # small models: regions even where they would not pay
+
+
+def _calls(gm) -> list:
+    """The rewritten graph as (what each call does, the names it reads): a structural form to compare."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            reads = [a.name for a in n.args if isinstance(a, torch.fx.Node)]
+            for a in n.args:
+                if isinstance(a, (list, tuple)):
+                    reads += [x.name for x in a if isinstance(x, torch.fx.Node)]
+            out.append((str(target), reads))
+    return out
+
+
+def test_moe_graph_before_and_after_one_chain():
+    gm, ex = capture(MoE(), torch.randn(10, 8))
+    before = _calls(gm)
+    assert [t for t, _ in before] == ["linear", "argmax", "one_hot", "to", "softmax", "mul", "unsqueeze",
+                                      "unsqueeze", "mul", "einsum", "relu", "einsum", "einsum"]
+    with torch.no_grad():
+        expected = gm(*ex)
+        report = transform(gm, ex, _options(None))
+        got = gm(*ex)
+    # After: the router stays (dense), the dispatch, ReLU, expert and combine are one chain call.
+    assert _calls(gm) == [
+        ("linear", ["l_x_", "l_self_modules_router_parameters_weight_", "l_self_modules_router_parameters_bias_"]),
+        ("argmax", ["logits"]), ("one_hot", ["argmax"]), ("to", ["one_hot"]), ("softmax", ["logits"]),
+        ("chain.default", ["mask", "l_x_", "l_self_parameters_w1_", "l_self_parameters_w2_", "one_hot", "softmax"]),
+    ]
+    (r,) = report.regions
+    assert r.kind == "chain" and r.chain.program.name == "region0"
+    steps = r.chain.program.steps
+    assert [R.parse_program(st.program).equation for st in steps] == ["ab,ad,bdc->abc", "abd,bdc,ab->abc",
+                                                                      "acb,ac,ac->ab"]
+    assert [st.inputs for st in steps] == [(0, 1, 2), (-1, 3, 4), (-2, 0, 5)]  # each step reads the one before
+    assert [st.then for st in steps] == [("aten.relu",), (), ()]
+    assert {m.name for m in r.members} == {"gates", "unsqueeze", "unsqueeze_1", "xe", "einsum", "hid", "y", "einsum_2"}
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+class EscapingHidden(MoE):
+    """The activation is returned too: it must exist whole, so the products stay separate regions."""
+
+    def forward(self, x):
+        logits = self.router(x)
+        mask = F.one_hot(logits.argmax(-1), self.n).to(x.dtype)
+        xe = mask.unsqueeze(-1) * x.unsqueeze(1)
+        hid = torch.relu(torch.einsum("bnd,ndh->bnh", xe, self.w1))
+        return torch.einsum("bnh,nhd->bnd", hid, self.w2), hid
+
+
+class SigmoidBetween(MoE):
+    """sigmoid(0) != 0: the hidden values are not zero outside the dispatch, no chain (and no pattern)."""
+
+    def forward(self, x):
+        logits = self.router(x)
+        mask = F.one_hot(logits.argmax(-1), self.n).to(x.dtype)
+        xe = mask.unsqueeze(-1) * x.unsqueeze(1)
+        hid = torch.sigmoid(torch.einsum("bnd,ndh->bnh", xe, self.w1))
+        return torch.einsum("bnh,nhd->bnd", hid, self.w2)
+
+
+class TanhGelu(MoE):
+    """gelu(approximate="tanh") keeps zeros, but the chain applies ops without arguments: not chained."""
+
+    def forward(self, x):
+        logits = self.router(x)
+        mask = F.one_hot(logits.argmax(-1), self.n).to(x.dtype)
+        xe = mask.unsqueeze(-1) * x.unsqueeze(1)
+        hid = F.gelu(torch.einsum("bnd,ndh->bnh", xe, self.w1), approximate="tanh")
+        return torch.einsum("bnh,nhd->bnd", hid * mask.unsqueeze(-1), self.w2)
+
+
+@pytest.mark.parametrize("model", [EscapingHidden, SigmoidBetween, TanhGelu])
+def test_no_chain_where_the_structure_does_not_carry(model):
+    regions, _ = regions_of(model(), torch.randn(10, 8))
+    assert regions and all(r.kind == "product" for r in regions)
+
+
+def test_chains_off_in_training_by_default_and_on_request():
+    regions, _ = regions_of(MoE(), torch.randn(10, 8))
+    assert [r.kind for r in regions] == ["chain"]
+    gm, ex = capture(MoE(), torch.randn(10, 8))
+    with torch.enable_grad():
+        assert all(r.kind == "product" for r in transform(gm, ex, _options(None)).regions)
+    gm, ex = capture(MoE(), torch.randn(10, 8))
+    with torch.enable_grad():
+        assert [r.kind for r in transform(gm, ex, _options({"chains": "always"})).regions] == ["chain"]
+    gm, ex = capture(MoE(), torch.randn(10, 8))
+    with torch.no_grad():
+        assert all(r.kind == "product" for r in transform(gm, ex, _options({"chains": "never"})).regions)
+
+
+# --- the op --------------------------------------------------------------------------------------------------
+
+def _moe_chain(n=3, skewed=False, gates_kind="sparse", b=24, d=5, h=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    experts = torch.randint(0, n, (b,), generator=g)
+    if skewed:
+        experts[: b - 3] = 0  # one group holds nearly every row: each group runs on its own
+    mask = F.one_hot(experts, n).double()
+    soft = torch.rand(b, n, dtype=torch.float64, generator=g)
+    x = torch.randn(b, d, dtype=torch.float64, generator=g)
+    w1 = torch.randn(n, d, h, dtype=torch.float64, generator=g)
+    w2 = torch.randn(n, h, d, dtype=torch.float64, generator=g)
+    P = R.Program
+    O = R.Operand
+    steps = (R.ChainStep(P((O("pq", gates_kind), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.relu",)),
+             R.ChainStep(P((O("abh"), O("bhd"), O("ab", "pattern")), "abd").text(), (-1, 3, 0)),
+             R.ChainStep(P((O("xyz"), O("xy", "sparse"), O("xy")), "xz", coef=0.5).text(), (-2, 0, 4)))
+    return R.ChainProgram(steps, "c").text(), [mask, x, w1, w2, soft]
+
+
+@pytest.mark.parametrize("skewed", [False, True])  # padded blocks, one block per group
+@pytest.mark.parametrize("gates_kind", ["sparse", "pattern"])
+def test_chain_op_matches_the_steps_run_densely_with_gradients(skewed, gates_kind):
+    text, ops = _moe_chain(skewed=skewed, gates_kind=gates_kind)
+    want = R.run_chain_dense(text, ops)
+    torch.testing.assert_close(torch.ops.scorch.chain(text, ops), want)
+    x, w1, w2, soft = (t.clone().requires_grad_() for t in ops[1:])
+    assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.chain(text, [ops[0], *a]), (x, w1, w2, soft))
+
+
+def test_chain_op_passes_opcheck_and_rejects_bad_programs():
+    text, ops = _moe_chain()
+    torch.library.opcheck(CHAIN, (text, [ops[0]] + [t.clone().requires_grad_() for t in ops[1:]]))
+    step = R.ChainStep(R.Program((R.Operand("pd"), R.Operand("dh")), "ph").text(), (1, 2))
+    with pytest.raises(ValueError, match="no sparse 2-D factor"):
+        torch.ops.scorch.chain(R.ChainProgram((step,)).text(), ops)
+    first = R.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "pqh").text(),
+                        (0, 1, 2), ("aten.sigmoid",))
+    with pytest.raises(ValueError, match="not supported"):
+        torch.ops.scorch.chain(R.ChainProgram((first,)).text(), ops)
+    last_drops_q = R.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "ph").text(),
+                               (0, 1, 2))
+    reads = R.ChainStep(R.Program((R.Operand("ah"), R.Operand("bhd")), "abd").text(), (-1, 3))
+    with pytest.raises(ValueError, match="must keep the group letters"):
+        torch.ops.scorch.chain(R.ChainProgram((last_drops_q, reads)).text(), ops)
+
+
+# --- gradients of whole models against eager, and explain ----------------------------------------------------
+
+def test_moe_chain_gradients_match_eager():
+    torch.manual_seed(0)
+    check_model(MoE(), (torch.randn(10, 8),), options={"chains": "always"})
+    check_model(MoE(), (torch.randn(10, 8),), train=False)
+
+
+@pytest.mark.parametrize("name", ["moe", "moe16"])
+def test_zoo_moe_runs_as_one_chain(name):
+    case = zoo.make(name)
+    check_model(case, options={"chains": "always"})
+    rep = sb.explain(case.model, *case.inputs, repeat=2)
+    (r,) = rep.regions
+    assert r.equation == "chain: ab,ad,bdc->abc -> relu => abd,bdc,ab->abc => acb,ac,ac->ab"
+    assert r.path == "grouped" and r.measured_speedup is not None and r.measured_speedup > 0
+    ops = "; ".join(r.ops)
+    assert ops.count("einsum(") == 3 and "relu(einsum)" in ops and "mul(mask, softmax)" in ops
+    assert "chain:" in str(rep) and "3 products in one call" in str(rep)
