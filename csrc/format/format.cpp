@@ -83,7 +83,7 @@ std::string Format::str() const {
 
 std::string Format::short_name() const {
   const std::string me = str();
-  for (const char* name : {"dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf"}) {
+  for (const char* name : {"dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf", "bitmap"}) {
     try {
       if (preset(name, ndim_).str() == me) return name;
     } catch (const Error&) {
@@ -93,6 +93,15 @@ std::string Format::short_name() const {
       levels_[1].expr.part == LevelExpr::Part::outer) {
     const int64_t b[2] = {levels_[0].expr.block, levels_[1].expr.block};
     if (preset("bsr", 2, b).str() == me) return fmt::format("bsr({},{})", b[0], b[1]);
+  }
+  if (!levels_.empty()) {
+    if (const auto [n, m] = levels_.back().kind->structured_groups(); m > 0) {
+      const int64_t nm[2] = {n, m};
+      try {
+        if (preset("nm", ndim_, nm).str() == me) return fmt::format("nm({},{})", n, m);
+      } catch (const Error&) {
+      }
+    }
   }
   return me;
 }
@@ -172,8 +181,17 @@ Format Format::preset(const std::string& name, int ndim, std::span<const int64_t
     using P = LevelExpr::Part;
     ls = {Level{make_dense_level({}), {0, P::outer, block[0]}}, Level{make_compressed_level({}), {1, P::outer, block[1]}},
           Level{make_dense_level({}), {0, P::inner, block[0]}}, Level{make_dense_level({}), {1, P::inner, block[1]}}};
+  } else if (name == "nm") {  // n of every m consecutive coordinates of the last dimension, rows dense
+    SCORCH_CHECK(ndim >= 1 && block.size() == 2, "format 'nm' needs n and m, e.g. 'nm(2,4)'");
+    for (int d = 0; d + 1 < ndim; ++d) ls.push_back(level("dense", d));
+    ls.push_back(Level{make_level_kind("nm", {}, block), LevelExpr{ndim - 1}});
+  } else if (name == "bitmap") {  // a bit per coordinate of the last dimension, rows dense
+    SCORCH_CHECK(ndim >= 1, "format 'bitmap' needs at least 1 dimension");
+    for (int d = 0; d + 1 < ndim; ++d) ls.push_back(level("dense", d));
+    ls.push_back(level("bitmap", ndim - 1));
   } else {
-    SCORCH_CHECK(false, "unknown format preset '{}'; known: dense, csr, csc, coo, dcsr, dcsc, csf, bsr(bh,bw)", name);
+    SCORCH_CHECK(false, "unknown format preset '{}'; known: dense, csr, csc, coo, dcsr, dcsc, csf, bsr(bh,bw), "
+                 "nm(n,m), bitmap", name);
   }
   return Format(ndim, std::move(ls));
 }
@@ -220,16 +238,28 @@ Format Format::parse(const std::string& text, int ndim) {
   // A preset name, optionally with arguments: "csr", "bsr(2,3)".
   {
     const std::string name = p.ident();
-    static const char* presets[] = {"dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf", "bsr"};
+    static const char* presets[] = {"dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf", "bsr", "bitmap"};
     bool is_preset = false;
     for (auto* q : presets) is_preset |= name == q;
     if (is_preset && p.done()) return preset(name, ndim);
     if (!is_preset && p.done()) {
       p.rewind(0);
       p.skip();
-      p.fail(fmt::format("unknown format '{}'; presets are dense, csr, csc, coo, dcsr, dcsc, csf, bsr(bh,bw), or "
+      p.fail(fmt::format("unknown format '{}'; presets are dense, csr, csc, coo, dcsr, dcsc, csf, bsr(bh,bw), "
+                         "nm(n,m), bitmap, or "
                          "give levels such as 'dense(0),compressed(1)'",
                          name));
+    }
+    if (name == "nm" && p.eat('(')) {  // the preset nm(n,m); nm[n:m](d) is the level kind
+      std::vector<int64_t> b{p.integer()};
+      p.expect(',');
+      b.push_back(p.integer());
+      p.expect(')');
+      if (!p.done()) {
+        p.rewind(0);
+        p.fail("the preset nm(n,m) stands alone; for levels write e.g. 'dense(0),nm[2:4](1)'");
+      }
+      return preset(name, ndim, b);
     }
     if (name == "bsr") {
       p.expect('(');
@@ -251,7 +281,15 @@ Format Format::parse(const std::string& text, int ndim) {
       p.fail(fmt::format("unknown level kind '{}'", kind));
     }
     LevelProperties props;
-    if (p.eat('[')) {
+    std::vector<int64_t> params;
+    if (const int np = level_kind_parameter_count(kind); np > 0) {  // kind[a:b], e.g. nm[2:4]
+      p.expect('[');
+      for (int i = 0; i < np; ++i) {
+        if (i) p.expect(':');
+        params.push_back(p.integer());
+      }
+      p.expect(']');
+    } else if (p.eat('[')) {
       do {
         const size_t at = p.at();
         const std::string prop = p.ident();
@@ -282,7 +320,13 @@ Format Format::parse(const std::string& text, int ndim) {
     }
     if (e.part != LevelExpr::Part::whole && e.block < 1) p.fail("block size must be positive");
     p.expect(')');
-    auto k = make_level_kind(kind, props);
+    LevelKindPtr k;
+    try {
+      k = make_level_kind(kind, props, params);
+    } catch (const Error& e) {
+      p.rewind(start);
+      p.fail(e.what());
+    }
     if (!k->supports(props)) {
       p.rewind(start);
       p.fail(fmt::format("level kind '{}' cannot be non-unique or unordered", kind));

@@ -96,6 +96,11 @@ class LevelKind {
   // iterate: the number of positions of the level for `parents` parent positions, read from its buffers, for
   // callers that pass no buffer lengths.
   virtual std::string implied_positions(const LevelBufferName&, const std::string& parents) const { return parents; }
+  // Structured groups (n:m): coordinates come in groups of `m`, each group stores exactly `n` of them (fewer in
+  // a last, shorter group), position = parent * per_parent + group * n + rank in the group, and the stored
+  // coordinates of each group are the set bits of an m-bit field in a buffer named "mask" (mask_fields()).
+  // {0, 0} for every other kind. Native kernels (lower/nm.h) ask this, not the kind's name.
+  virtual std::pair<int, int> structured_groups() const { return {0, 0}; }
 
   const LevelProperties& properties() const { return props_; }
 
@@ -116,5 +121,22 @@ bool has_level_kind(const std::string& name);
 LevelKindPtr make_dense_level(LevelProperties props);
 LevelKindPtr make_compressed_level(LevelProperties props);
 LevelKindPtr make_singleton_level(LevelProperties props);
+LevelKindPtr make_bitmap_level(LevelProperties props);
+
+// Kinds with integer parameters, written kind[a:b] in format text (n:m structured sparsity: nm[2:4]); their
+// name() is that whole text, so a format's canonical text parses back to it.
+using ParamLevelFactory = std::function<LevelKindPtr(LevelProperties, std::span<const int64_t>)>;
+// The number of parameters kind `name` takes (0 for a kind without any, or an unknown name).
+int level_kind_parameter_count(const std::string& name);
+LevelKindPtr make_level_kind(const std::string& name, LevelProperties props, std::span<const int64_t> params);
+LevelKindPtr make_nm_level(LevelProperties props, std::span<const int64_t> params);
+
+// Bit fields of masks kept in index buffers (n:m and bitmap levels): each buffer entry holds 32 bits (its low
+// 32 bits, so int32 and int64 buffers hold the same words); a row of `fields` fields of `width` bits each takes
+// ceil(fields / (32 / width)) words, fields never straddle words.
+inline int64_t mask_words(int64_t fields, int width) {
+  const int64_t per = 32 / width;
+  return (fields + per - 1) / per;
+}
 
 }  // namespace scorch

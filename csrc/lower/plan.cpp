@@ -11,6 +11,7 @@
 #include "ir/parser.h"
 #include "lower/blocked.h"
 #include "lower/kernel_spec.h"
+#include "lower/nm.h"
 #include "lower/schedule.h"
 
 namespace scorch {
@@ -278,6 +279,15 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
     if (blocked)
       plan.reasons.push_back(fmt::format("{} ({}) walked natively, block by block: no conversion",
                                          st.tensor_names[blocked->sparse], as_given[blocked->sparse].format->short_name()));
+    // An n:m operand the n:m kernels run (nm.h) keeps its format too.
+    if (!blocked && (out_format.empty() || out_format == "strided" || out_format == "dense")) {
+      if (auto nm = match_nm(st, as_given, Storage{})) {
+        blocked = BlockedMatch{};
+        blocked->sparse = nm->sparse;
+        plan.reasons.push_back(fmt::format("{} ({}) walked natively, group by group: no conversion",
+                                           st.tensor_names[nm->sparse], as_given[nm->sparse].format->short_name()));
+      }
+    }
   }
   for (size_t t = 0; t < ops.size(); ++t) {
     Storage s;

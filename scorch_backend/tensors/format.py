@@ -11,8 +11,8 @@ from typing import Sequence, Union
 
 from .. import _C
 
-PRESETS = ("dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf", "bsr")
-LEVEL_KINDS = ("dense", "compressed", "singleton")
+PRESETS = ("dense", "csr", "csc", "coo", "dcsr", "dcsc", "csf", "bsr", "nm", "bitmap")
+LEVEL_KINDS = ("dense", "compressed", "singleton", "bitmap", "nm")
 
 
 @lru_cache(maxsize=1024)
@@ -61,6 +61,12 @@ class Format:
     @property
     def last_level_dense(self) -> bool:
         return bool(self.levels) and self.levels[-1]["kind"] == "dense"
+
+    @property
+    def pads_zeros(self) -> bool:
+        """Whether stored values may hold zeros the format itself pads: a dense last level (blocks), or an n:m
+        level (groups with fewer than n nonzeros store zeros to keep n per group)."""
+        return self.last_level_dense or any(lv["kind"].startswith("nm[") for lv in self.levels)
 
     def permute_dims(self, perm: Sequence[int]) -> "Format":
         """The format of the tensor whose dimension d is this tensor's dimension perm[d] (same buffers)."""

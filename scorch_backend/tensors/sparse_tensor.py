@@ -570,10 +570,11 @@ def _from_dense(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
 
 
 def _coordinates_and_values(x: SparseTensor, drop_padding: bool = True):
-    """Coordinates and values of x. Zeros stored only because a dense level pads them are dropped."""
+    """Coordinates and values of x. Zeros stored only because the format pads them (a dense level, n:m groups)
+    are dropped."""
     coords = x.coordinates()
     values = x.stored_values
-    if drop_padding and x.format.last_level_dense:
+    if drop_padding and x.format.pads_zeros:
         keep = values != 0
         coords, values = coords[:, keep], values[keep]
     return coords, values

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 
@@ -164,12 +165,12 @@ TEST(Pack, RandomRoundTrips) {
   }
 }
 
-// A toy level kind: a per-parent bitmap of present coordinates plus a running count. It keeps buffers
+// A toy level kind (the built-in bitmap kind is format/bitmap_level.cpp): a per-parent bitmap of present coordinates plus a running count. It keeps buffers
 // ("pos", "mask") that no built-in kind has, and the generic machinery must handle it unchanged.
 class BitmapLevel final : public LevelKind {
  public:
   using LevelKind::LevelKind;
-  std::string name() const override { return "bitmap"; }
+  std::string name() const override { return "toy_bitmap"; }
   std::vector<std::string> buffer_names() const override { return {"pos", "mask"}; }
   bool supports(LevelProperties p) const override { return p.ordered && p.unique; }
 
@@ -210,12 +211,140 @@ class BitmapLevel final : public LevelKind {
   }
 };
 
+// n:m and bitmap level kinds: text, packing with padding, round trips, and broken buffers.
+TEST(StructuredLevels, TextAndPresets) {
+  const int64_t nm[2] = {2, 4};
+  EXPECT_EQ(Format::preset("nm", 2, nm).str(), "dense(0),nm[2:4](1)");
+  EXPECT_EQ(Format::parse("nm(2,4)", 2).str(), "dense(0),nm[2:4](1)");
+  EXPECT_EQ(Format::parse("dense(0),nm[2:4](1)", 2).short_name(), "nm(2,4)");
+  EXPECT_EQ(Format::parse("dense(1),nm[1:4](0)", 2).short_name(), "dense(1),nm[1:4](0)");
+  EXPECT_EQ(Format::parse("nm(4,8)", 3).str(), "dense(0),dense(1),nm[4:8](2)");
+  EXPECT_EQ(Format::parse("bitmap", 2).str(), "dense(0),bitmap(1)");
+  EXPECT_EQ(Format::parse("dense(0),bitmap(1)", 2).short_name(), "bitmap");
+  EXPECT_EQ(Format::parse("bitmap(1),nm[2:4](0)", 2).str(), "bitmap(1),nm[2:4](0)");
+  EXPECT_EQ(Format::parse("dense(0),nm[2:4](1)", 2).buffer_names(), (std::vector<std::string>{"mask1"}));
+  EXPECT_EQ(Format::parse("bitmap", 2).buffer_names(), (std::vector<std::string>{"pos1", "mask1"}));
+  expect_error([] { Format::parse("dense(0),nm(1)", 2); }, "expected '['");
+  expect_error([] { Format::parse("dense(0),nm[3:2](1)", 2); }, "1 <= n <= m <= 32");
+  expect_error([] { Format::parse("dense(0),nm[0:4](1)", 2); }, "1 <= n <= m <= 32");
+  expect_error([] { Format::parse("dense(0),nm[2:33](1)", 2); }, "1 <= n <= m <= 32");
+  expect_error([] { Format::parse("dense(0),nm[2,4](1)", 2); }, "expected ':'");
+  expect_error([] { Format::parse("dense(0),bitmap[nonunique](1)", 2); }, "cannot be non-unique");
+  expect_error([] { Format::parse("nm(2)", 2); }, "expected ','");
+}
+
+TEST(StructuredLevels, NmPacksWithPaddingAndValidates) {
+  const Format f = Format::parse("nm(2,4)", 2);
+  // Row 0: 1 . 2 . | . 3 . . | 5      row 1: empty but for (1,4), (1,5)
+  const int64_t shape[2] = {2, 9};
+  const std::vector<int64_t> coords = {0, 0, 0, 0, 1, 1, /*cols*/ 0, 2, 5, 8, 4, 5};
+  Packed p = pack(f, shape, coords, 6);
+  // Five stored positions per row: 2 + 2 + min(2, 1).
+  EXPECT_EQ(p.value_count, 10);
+  ASSERT_EQ(p.buffers.size(), 1u);
+  // Row 0: 0b0101 | (0b0011 << 4) | (1 << 8); row 1: 0b0011 | (0b0011 << 4) | (1 << 8).
+  EXPECT_EQ(p.buffers[0], (std::vector<int64_t>{5 | 3 << 4 | 1 << 8, 3 | 3 << 4 | 1 << 8}));
+  EXPECT_EQ(p.value_pos, (std::vector<int64_t>{0, 1, 3, 4, 7, 8}));
+  validate(f, shape, spans(p.buffers), p.value_count);
+  const auto back = unpack(f, shape, spans(p.buffers), p.value_count);
+  EXPECT_EQ(back, (std::vector<int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1, /*cols*/ 0, 2, 4, 5, 8, 0, 1, 4, 5, 8}));
+  using V = std::vector<std::vector<int64_t>>;
+  // Three coordinates in one group of an n:m = 2:4 level cannot be packed.
+  expect_error([&] { pack(f, shape, std::vector<int64_t>{0, 0, 0, 0, 1, 2}, 3); }, "not 2:4 sparse");
+  expect_error([&] { validate(f, shape, spans(V{{7 | 3 << 4 | 1 << 8, 0}}), 10); }, "marks 3 coordinates");
+  expect_error([&] { validate(f, shape, spans(V{{5 | 3 << 4 | 2 << 8, 0}}), 10); }, "past the end");
+  expect_error([&] { validate(f, shape, spans(V{{5 | 3 << 4 | 1 << 8 | 1 << 12, 0}}), 10); }, "past the last group");
+  expect_error([&] { validate(f, shape, spans(V{{5 | 3 << 4 | 1 << 8}}), 10); }, "mask has 1 entries, expected 2");
+  expect_error([&] { validate(f, shape, spans(V{{int64_t{1} << 40, 0}}), 10); }, "does not fit in 32 bits");
+  expect_error([&] { validate(f, shape, spans(V{{5 | 3 << 4 | 1 << 8, 3 | 3 << 4 | 1 << 8}}), 9); }, "values has 9");
+  // m = 3: ten 3-bit fields to a word, bits 30 and 31 unused.
+  const Format f3 = Format::parse("dense(0),nm[1:3](1)", 2);
+  const int64_t shape3[2] = {1, 33};
+  int64_t ones = 0;
+  for (int g = 0; g < 10; ++g) ones |= int64_t{1} << (3 * g);
+  validate(f3, shape3, spans(V{{ones, 1}}), 11);
+  expect_error([&] { validate(f3, shape3, spans(V{{ones | int64_t{1} << 30, 1}}), 11); }, "past the last group");
+}
+
+TEST(StructuredLevels, BitmapPacksAndValidates) {
+  const Format f = Format::parse("bitmap", 2);
+  const int64_t shape[2] = {2, 40};
+  const std::vector<int64_t> coords = {1, 0, 0, 1, /*cols*/ 39, 3, 0, 0};
+  Packed p = pack(f, shape, coords, 4);
+  EXPECT_EQ(p.buffers[0], (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(p.buffers[1], (std::vector<int64_t>{9, 0, 1, 1 << 7}));
+  EXPECT_EQ(p.value_pos, (std::vector<int64_t>{3, 1, 0, 2}));
+  const auto back = unpack(f, shape, spans(p.buffers), p.value_count);
+  EXPECT_EQ(back, (std::vector<int64_t>{0, 0, 1, 1, /*cols*/ 0, 3, 0, 39}));
+  using V = std::vector<std::vector<int64_t>>;
+  expect_error([&] { validate(f, shape, spans(V{{0, 3, 4}, {9, 0, 1, 1 << 7}}), 4); }, "but its mask marks 2");
+  expect_error([&] { validate(f, shape, spans(V{{0, 2, 4}, {9, 0, 1, 1 << 8}}), 4); }, "past the level's size 40");
+  expect_error([&] { validate(f, shape, spans(V{{0, 2, 4}, {9, 0, 1}}), 4); }, "mask has 3 entries");
+  expect_error([&] { validate(f, shape, spans(V{{1, 2, 4}, {9, 0, 1, 1 << 7}}), 4); }, "pos[0] must be 0");
+  // Bit 31 set: the word is negative in an int32 buffer and still means coordinate 31.
+  const int64_t shape32[2] = {1, 32};
+  Packed q = pack(f, shape32, std::vector<int64_t>{0, 31}, 1);
+  EXPECT_EQ(q.buffers[1], (std::vector<int64_t>{INT32_MIN}));
+  EXPECT_EQ(unpack(f, shape32, spans(q.buffers), 1), (std::vector<int64_t>{0, 31}));
+}
+
+// Random round trips of n:m (2:4, 4:8, 1:4, 3:5 over odd sizes) and bitmap, alone and mixed with other kinds.
+TEST(StructuredLevels, RandomRoundTrips) {
+  std::mt19937_64 rng(11);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> cases = {
+      {"nm(2,4)", {5, 13}}, {"nm(4,8)", {3, 17}}, {"nm(1,4)", {4, 4}}, {"dense(0),nm[3:5](1)", {2, 11}},
+      {"nm(2,4)", {0, 8}},  {"nm(2,4)", {3, 0}},  {"nm(2,4)", {1, 1}}, {"bitmap", {6, 70}}, {"bitmap", {1, 1}},
+      {"bitmap", {0, 3}},   {"bitmap(1),nm[2:4](0)", {9, 5}}, {"dense(1),nm[1:4](0)", {7, 3}},
+      {"compressed(0),bitmap(1)", {5, 33}}, {"nm(2,4)", {2, 3, 10}}};
+  for (const auto& [text, shape] : cases) {
+    const int nd = static_cast<int>(shape.size());
+    const Format f = Format::parse(text, nd);
+    const auto& last = f.levels().back();
+    const auto [gn, gm] = last.kind->structured_groups();
+    int64_t numel = 1;
+    for (auto s : shape) numel *= s;
+    std::set<std::vector<int64_t>> picked;
+    // Random tuples; for n:m keep at most n per group of the n:m dimension (under fixed other coordinates).
+    std::map<std::vector<int64_t>, int> per_group;
+    for (int64_t t = 0; t < numel; ++t) {
+      std::vector<int64_t> c(nd);
+      int64_t r = t;
+      for (int d = nd; d-- > 0;) {
+        c[d] = r % shape[d];
+        r /= shape[d];
+      }
+      if (rng() % 3 == 0) continue;
+      if (gm > 0) {
+        auto key = c;
+        key[last.expr.dim] /= gm;
+        if (per_group[key] >= gn) continue;
+        ++per_group[key];
+      }
+      picked.insert(c);
+    }
+    const int64_t nnz = static_cast<int64_t>(picked.size());
+    std::vector<int64_t> coords(static_cast<size_t>(nd * nnz));
+    int64_t k = 0;
+    for (const auto& c : picked) {
+      for (int d = 0; d < nd; ++d) coords[d * nnz + k] = c[d];
+      ++k;
+    }
+    Packed p = pack(f, shape, coords, nnz);
+    validate(f, shape, spans(p.buffers), p.value_count);
+    const auto back = unpack(f, shape, spans(p.buffers), p.value_count);
+    // Every input tuple comes back at its value position; other positions are padding.
+    for (int64_t t = 0; t < nnz; ++t)
+      for (int d = 0; d < nd; ++d) EXPECT_EQ(back[d * p.value_count + p.value_pos[t]], coords[d * nnz + t]) << text;
+    if (gm == 0) EXPECT_EQ(p.value_count, nnz) << text;
+  }
+}
+
 TEST(LevelInterface, ToyLevelKindWorksThroughTheGenericMachinery) {
-  if (!has_level_kind("bitmap"))
-    register_level_kind("bitmap", [](LevelProperties p) { return std::make_shared<BitmapLevel>(p); });
-  expect_error([] { register_level_kind("bitmap", nullptr); }, "already registered");
-  const Format f = Format::parse("dense(0),bitmap(1)", 2);
-  EXPECT_EQ(f.str(), "dense(0),bitmap(1)");
+  if (!has_level_kind("toy_bitmap"))
+    register_level_kind("toy_bitmap", [](LevelProperties p) { return std::make_shared<BitmapLevel>(p); });
+  expect_error([] { register_level_kind("toy_bitmap", nullptr); }, "already registered");
+  const Format f = Format::parse("dense(0),toy_bitmap(1)", 2);
+  EXPECT_EQ(f.str(), "dense(0),toy_bitmap(1)");
   EXPECT_EQ(f.buffer_names(), (std::vector<std::string>{"pos1", "mask1"}));
   const int64_t shape[2] = {3, 4};
   const std::vector<int64_t> coords = {2, 0, 0, 2, 1, 3, 0, 1};  // (2,1) (0,3) (0,0) (2,1)
@@ -228,7 +357,7 @@ TEST(LevelInterface, ToyLevelKindWorksThroughTheGenericMachinery) {
   broken[1][1] = 1;
   expect_error([&] { validate(f, shape, spans(broken), p.value_count); }, "pos disagrees with mask");
   // Composes with built-in levels in any position, including above a compressed level.
-  const Format g = Format::parse("bitmap(1),compressed(0)", 2);
+  const Format g = Format::parse("toy_bitmap(1),compressed(0)", 2);
   Packed q = pack(g, shape, coords, 4);
   validate(g, shape, spans(q.buffers), q.value_count);
   EXPECT_EQ(unpack(g, shape, spans(q.buffers), q.value_count), (std::vector<int64_t>{0, 2, 0, /*cols*/ 0, 1, 3}));

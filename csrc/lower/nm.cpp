@@ -1,0 +1,251 @@
+// Native kernels over n:m levels (nm.h). The loop nest of the spmm form:
+//
+//   each thread takes an equal share of the rows [lo, hi) (every row stores the same number of values)
+//   check the masks of its rows: each group marks exactly its number of stored coordinates, nothing past
+//     the end (a bad mask sets the thread's bad flag and nothing is computed)
+//   for each tile of V vectors of the dense operand's free index k (then one-vector tiles, then scalars)
+//     for each chunk of mask words (their dense rows, one tile wide, fill half of L1)
+//       for each row p of the share
+//         V vector accumulators (zero in the first chunk, else the output so far)
+//         for each mask word of the chunk (32 / m groups), unrolled over its groups and their n entries:
+//           c = lowest set bit of the group's field (then cleared); one broadcast value times the V vectors
+//           of dense row g * m + c
+//         (last chunk: the groups after the last full word, a short last group, one by one)
+//         store the accumulators
+//
+// No index is loaded per value: a 32-bit word of the mask gives the coordinates of 32 / m groups by bit
+// operations. The chunking keeps the dense rows a chunk touches in L1 while every row of the share walks
+// them. V comes from the target's register tile (VectorShape::tile_vectors accumulators, vector_bytes wide);
+// the chunk from the L1 size the kernel reads where it runs. The linear form transposes the dense operand once
+// (in parallel) so that its free index is contiguous, runs the same nest into a transposed result and
+// transposes that into the output (as the blocked kernels do, blocked.cpp).
+#include "lower/nm.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "lower/kernel_frame.h"
+
+namespace scorch {
+
+using loops::line;
+using loops::Stmts;
+
+bool nm_levels(const Format& f, int& n, int& m, int& row_dim) {
+  using P = LevelExpr::Part;
+  const auto& ls = f.levels();
+  if (f.ndim() != 2 || ls.size() != 2) return false;
+  // Asked of the level kinds: the rows located, the columns in structured groups.
+  if (ls[0].kind->walk() != LevelWalk::locate || ls[0].expr.part != P::whole || ls[1].expr.part != P::whole) return false;
+  const auto [gn, gm] = ls[1].kind->structured_groups();
+  if (gm <= 0 || gn <= 0 || gn > gm || gm > 32) return false;
+  n = gn;
+  m = gm;
+  row_dim = ls[0].expr.dim;
+  return ls[1].expr.dim == 1 - row_dim;
+}
+
+std::optional<NmMatch> match_nm(const ir::Statement& st, const std::vector<Storage>& operands, const Storage& output) {
+  if (!output.strided() || st.rhs->kind != ir::ExprKind::mul) return std::nullopt;
+  const auto& a = st.rhs->a;
+  const auto& b = st.rhs->b;
+  if (a->kind != ir::ExprKind::access || b->kind != ir::ExprKind::access || a->tensor == b->tensor) return std::nullopt;
+  if (a->vars.size() != 2 || b->vars.size() != 2 || st.out_vars.size() != 2) return std::nullopt;
+  const ir::Expr* sp = nullptr;
+  const ir::Expr* dn = nullptr;
+  for (const ir::Expr* x : {a.get(), b.get()}) (operands[x->tensor].strided() ? dn : sp) = x;
+  if (!sp || !dn) return std::nullopt;
+  NmMatch m;
+  int row_dim = 0;
+  if (!nm_levels(*operands[sp->tensor].format, m.n, m.m, row_dim)) return std::nullopt;
+  m.sparse = sp->tensor;
+  m.dense = dn->tensor;
+  m.p = sp->vars[row_dim];
+  m.q = sp->vars[1 - row_dim];
+  if (m.p == m.q) return std::nullopt;
+  const auto& o = st.out_vars;
+  if (dn->vars[0] == m.q && o[0] == m.p && dn->vars[1] == o[1]) {
+    m.form = NmMatch::Form::spmm;
+    m.k = o[1];
+  } else if (dn->vars[1] == m.q && o[1] == m.p && dn->vars[0] == o[0]) {
+    m.form = NmMatch::Form::linear;
+    m.k = o[0];
+  } else {
+    return std::nullopt;
+  }
+  if (m.k == m.p || m.k == m.q) return std::nullopt;
+  return m;
+}
+
+LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMatch& m, const VectorShape& machine) {
+  LoweredKernel out;
+  out.overwrites_output = true;  // every output element is stored (no read of the output before it is)
+  out.body = unpack_arguments(spec);
+  Stmts& b = out.body;
+  const int A = m.sparse, D = m.dense;
+  const bool linear = m.form == NmMatch::Form::linear;
+  const int elem = spec.f64 ? 8 : 4;
+  const bool vec = machine.vector_bytes > 0 && machine.tile_vectors > 0;
+  const int w = vec ? machine.vector_bytes / elem : 1;
+  const int nv = vec ? machine.tile_vectors : 8;  // accumulators of one row
+  const int gpw = 32 / m.m;
+  // Argument numbers of A's mask and values (kernel_frame's order: per operand, its buffers then values).
+  int arg = 0;
+  for (int t = 0; t < A; ++t) arg += spec.operands[t].strided() ? 1 : spec.operands[t].format->buffer_count() + 1;
+  const int mask_arg = arg, vals_arg = arg + 1;
+
+  b.push_back(line(fmt::format("// n:m kernel ({}): {}:{} groups, {} per mask word; 1 row x {} vectors of {} lanes per "
+                               "register tile", linear ? "linear" : "spmm", m.n, m.m, gpw, nv, w)));
+  b.push_back(line(fmt::format("const int64_t NR = N{}, NC = N{}, NK = N{};", m.p, m.q, m.k)));
+  b.push_back(line(fmt::format("constexpr int64_t NMn = {}, NMm = {}, GPW = {};", m.n, m.m, gpw)));
+  b.push_back(line(fmt::format("constexpr uint32_t FM = {};", m.m == 32 ? "0xffffffffu" : fmt::format("{}u", (1u << m.m) - 1))));
+  b.push_back(line("const int64_t G = (NC + NMm - 1) / NMm, GF = NC / NMm, S = NMn * GF + std::min<int64_t>(NMn, NC % NMm);"));
+  b.push_back(line("const int64_t W = (G + GPW - 1) / GPW, FW = GF / GPW;"));
+  // The lengths the caller checked (check_lengths); a direct call that gives lengths is held to them too.
+  b.push_back(line(fmt::format("if (args->lengths && (args->lengths[{}] != NR * W || args->lengths[{}] != NR * S)) "
+                               "return SCORCH_STATUS_BAD_INDEX;", mask_arg, vals_arg)));
+  b.push_back(line(fmt::format("const idx_t* __restrict nm_mask = t{}_mask1; const val_t* __restrict nm_vals = t{}_vals;", A, A)));
+  b.push_back(line("static const int64_t l1_bytes = [] { long v = sysconf(_SC_LEVEL1_DCACHE_SIZE); return v > 0 ? (int64_t)v : (int64_t)32768; }();"));
+  const std::string DB = linear ? "Dt" : fmt::format("t{}_data", D);
+  const std::string LD = linear ? "NK" : fmt::format("t{}_st0", D);
+  auto orow = [&](const std::string& p) {
+    return linear ? fmt::format("Ot + ({}) * NK", p) : fmt::format("o + ({}) * os0", p);
+  };
+
+  // One tile pass: `vectors` accumulators of `lanes` each.
+  auto pass = [&](int vectors, bool vector_code) {
+    const std::string vt = vector_code ? "vec_t" : "val_t";
+    const int lanes = vector_code ? w : 1;
+    const int tile = vectors * lanes;
+    auto load = [&](const std::string& at) { return vector_code ? "vload(" + at + ")" : "*(" + at + ")"; };
+    auto fmas = [&](const std::string& dr) {
+      std::string s;
+      for (int v = 0; v < vectors; ++v) s += fmt::format(" a{} += s * {};", v, load(v ? fmt::format("{} + {}", dr, v * lanes) : dr));
+      return s;
+    };
+    Stmts body;
+    body.push_back(line(fmt::format("for (; jo + {0} <= NK; jo += {0}) {{", tile)));
+    // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1.
+    body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_bytes / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
+    body.push_back(line("for (int64_t w0 = 0; w0 == 0 || w0 < FW; w0 += KCW) {"));
+    body.push_back(line("const int64_t w1 = std::min<int64_t>(FW, w0 + KCW);"));
+    body.push_back(line("for (int64_t p = lo; p < hi; ++p) {"));
+    body.push_back(line("const val_t* __restrict vp = nm_vals + p * S; const idx_t* __restrict mp = nm_mask + p * W;"));
+    body.push_back(line(fmt::format("val_t* __restrict orow = {} + jo;", orow("p"))));
+    std::string decl = vt + " ";
+    for (int v = 0; v < vectors; ++v)
+      decl += fmt::format("{}a{} = w0 == 0 ? {} : {}", v ? ", " : "", v, vector_code ? "vec_t{}" : "val_t(0)",
+                          load(v ? fmt::format("orow + {}", v * lanes) : "orow"));
+    body.push_back(line(decl + ";"));
+    body.push_back(line("for (int64_t wi = w0; wi < w1; ++wi) {"));
+    body.push_back(line("const uint32_t mw = (uint32_t)mp[wi];"));
+    body.push_back(line(fmt::format("const val_t* __restrict dw = {} + wi * (GPW * NMm) * {} + jo;", DB, LD)));
+    body.push_back(line("const val_t* __restrict vw = vp + wi * (GPW * NMn);"));
+    body.push_back(line("#pragma GCC unroll 32"));
+    body.push_back(line("for (int gi = 0; gi < GPW; ++gi) {"));
+    body.push_back(line("uint32_t f = (mw >> (gi * NMm)) & FM;"));
+    body.push_back(line("#pragma GCC unroll 32"));
+    body.push_back(line("for (int j = 0; j < NMn; ++j) {"));
+    body.push_back(line("const int c = __builtin_ctz(f); f &= f - 1;"));
+    body.push_back(line("const val_t s = vw[gi * NMn + j];"));
+    body.push_back(line(fmt::format("const val_t* __restrict dr = dw + (gi * NMm + c) * {};", LD)));
+    body.push_back(line(fmas("dr").substr(1)));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    // The groups after the last full word (a partial word, a short last group), in the last chunk.
+    body.push_back(line("if (w1 >= FW) {"));
+    body.push_back(line("for (int64_t g = FW * GPW; g < G; ++g) {"));
+    body.push_back(line("uint32_t f = ((uint32_t)mp[g / GPW] >> ((g % GPW) * NMm)) & FM;"));
+    body.push_back(line("const int64_t cnt = std::min<int64_t>(NMn, NC - g * NMm);"));
+    body.push_back(line("for (int64_t j = 0; j < cnt; ++j) {"));
+    body.push_back(line("const int c = __builtin_ctz(f); f &= f - 1;"));
+    body.push_back(line("const val_t s = vp[g * NMn + j];"));
+    body.push_back(line(fmt::format("const val_t* __restrict dr = {} + (g * NMm + c) * {} + jo;", DB, LD)));
+    body.push_back(line(fmas("dr").substr(1)));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    std::string store;
+    for (int v = 0; v < vectors; ++v)
+      store += vector_code ? fmt::format(" memcpy(orow + {}, &a{}, sizeof(vec_t));", v * lanes, v)
+                           : fmt::format(" orow[{}] = a{};", v, v);
+    body.push_back(line(store.substr(1)));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    body.push_back(line("}"));
+    return body;
+  };
+
+  Stmts nest;
+  nest.push_back(line("const int64_t lo = (int64_t)((__int128)NR * tid / nt), hi = (int64_t)((__int128)NR * (tid + 1) / nt);"));
+  // The masks of this share, checked once: exactly min(n, group length) coordinates per group, no bit past
+  // the last coordinate or group. The loops below then decode them unchecked.
+  nest.push_back(line("int masks_ok = 1;"));
+  nest.push_back(line("for (int64_t p = lo; p < hi; ++p) {"));
+  nest.push_back(line("for (int64_t wi = 0; wi < W; ++wi) {"));
+  nest.push_back(line("const uint32_t mw = (uint32_t)nm_mask[p * W + wi];"));
+  if (gpw * m.m < 32) nest.push_back(line(fmt::format("masks_ok &= (mw >> {}) == 0;", gpw * m.m)));
+  nest.push_back(line("for (int gi = 0; gi < GPW; ++gi) {"));
+  nest.push_back(line("const int64_t g = wi * GPW + gi;"));
+  nest.push_back(line("const uint32_t f = (mw >> (gi * NMm)) & FM;"));
+  nest.push_back(line("const int64_t len = g < G ? std::min<int64_t>(NMm, NC - g * NMm) : 0;"));
+  nest.push_back(line("masks_ok &= __builtin_popcount(f) == std::min<int64_t>(NMn, len) && (len >= 32 || (f >> len) == 0);"));
+  nest.push_back(line("}"));
+  nest.push_back(line("}"));
+  nest.push_back(line("}"));
+  nest.push_back(line("if (!masks_ok) bad = 1;"));
+  nest.push_back(line("else {"));
+  nest.push_back(line("int64_t jo = 0;"));
+  for (const auto& s : pass(nv, vec)) nest.push_back(s);
+  if (vec && nv > 1)
+    for (const auto& s : pass(1, true)) nest.push_back(s);
+  if (nv * w > 1)
+    for (const auto& s : pass(1, false)) nest.push_back(s);
+  nest.push_back(line("}"));
+
+  Schedule s = sched;
+  s.private_output = false;  // p is an output index: threads write disjoint rows
+  Stmts frame = thread_frame(spec, s, nest, true);
+  if (linear) {
+    // dst[r * C + c] = src[c * S + r] for r < R, c < C, in 16 x 16 tiles, each thread a share of the rows.
+    auto transpose = [](const std::string& dst, const std::string& src, const std::string& rows,
+                        const std::string& cols, const std::string& src_stride) {
+      Stmts tr{line("const int tid = omp_get_thread_num(), nt = omp_get_num_threads();"),
+               line(fmt::format("const int64_t R = {}, C = {}, SS = {};", rows, cols, src_stride)),
+               line(fmt::format("val_t* __restrict dst = {}; const val_t* __restrict src = {};", dst, src)),
+               line("const int64_t nrt = (R + 15) / 16;"),
+               line("for (int64_t rt = nrt * tid / nt; rt < nrt * (tid + 1) / nt; ++rt)"),
+               line("  for (int64_t ct = 0; ct < C; ct += 16) {"),
+               line("    const int64_t re = std::min<int64_t>(R, rt * 16 + 16), ce = std::min<int64_t>(C, ct + 16);"),
+               line("    for (int64_t r = rt * 16; r < re; ++r)"),
+               line("      for (int64_t c = ct; c < ce; ++c) dst[r * C + c] = src[c * SS + r];"),
+               line("  }")};
+      return loops::parallel("nthreads", tr);
+    };
+    // Dt: the dense operand with k contiguous; Ot: the result by rows of A. Scratch kept by the calling thread
+    // from call to call (fresh pages per call cost as much as the transposes), dropped past 64 MB.
+    Stmts pre{
+        line("static thread_local struct NmScratch { val_t* p = nullptr; size_t n = 0; ~NmScratch() { free(p); } } scratch;"),
+        line("const size_t scratch_need = (size_t)(NC * NK + NR * NK) + 1;"),
+        line("if (scratch.n < scratch_need) { free(scratch.p); scratch.p = (val_t*)malloc(scratch_need * sizeof(val_t)); "
+             "scratch.n = scratch.p ? scratch_need : 0; }"),
+        line("if (!scratch.p) return SCORCH_STATUS_NO_MEMORY;"),
+        line("val_t* __restrict Dt = scratch.p;"),
+        line("val_t* __restrict Ot = scratch.p + NC * NK;"),
+        transpose("Dt", fmt::format("t{}_data", D), "NC", "NK", fmt::format("t{}_st0", D))};
+    frame.insert(frame.begin() + 1, pre.begin(), pre.end());
+    frame.insert(frame.end() - 2, transpose("out", "Ot", "NK", "NR", "NK"));
+    frame.insert(frame.end() - 1,
+                 line("if (scratch.n * sizeof(val_t) > ((size_t)64 << 20)) { free(scratch.p); scratch.p = nullptr; scratch.n = 0; }"));
+  }
+  b.insert(b.end(), frame.begin(), frame.end());
+  out.reasons.push_back(fmt::format(
+      "operand t{} walked natively as {}:{} groups: the mask's bits give each group's coordinates, 1 row x {} vectors "
+      "of the dense operand's {} in registers{}",
+      A, m.n, m.m, nv, linear ? "rows (transposed once)" : "columns", vec ? "" : " (scalar target)"));
+  out.reasons.push_back("rows split equally among threads; the dense rows of a chunk of groups stay in L1 while the rows walk them");
+  return out;
+}
+
+}  // namespace scorch
