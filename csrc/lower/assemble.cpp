@@ -215,6 +215,7 @@ if (!ok) hi = lo;
 Chunk& ch = chunks[tid];
 val_t* wv = nullptr;         // dense workspace: a value and a bit per output column (allocated at first use)
 uint64_t* wb = nullptr;
+uint64_t* ws = nullptr;
 idx_t* hk = nullptr;         // hash table: keys (-1: empty) and values, hcap slots (grown as needed)
 val_t* hv = nullptr;
 int64_t hcap = 0;
@@ -226,7 +227,10 @@ for (int64_t i = lo; i < hi; ++i) {
   const int64_t u = ub[i + 1] - ub[i];
   const int64_t most = u < C ? u : C;  // entries the row can have
   if (n + most > ch.cap) {
-    int64_t cap = ch.cap ? 2 * ch.cap : 4096;
+    // First the thread's upper bound (its rows' multiply-adds, or columns times rows if fewer), so that the
+    // buffers need not grow, up to 2^24 entries; past that, doubling.
+    const int64_t bound = (int64_t)std::min<double>((double)(ub[hi] - ub[lo]), (double)C * (double)(hi - lo));
+    int64_t cap = ch.cap ? 2 * ch.cap : std::max<int64_t>(4096, std::min<int64_t>(bound, (int64_t)1 << 24));
     if (cap < n + most) cap = n + most;
     idx_t* c2 = (idx_t*)realloc(ch.crd, (size_t)cap * sizeof(idx_t));
     if (c2) ch.crd = c2;
@@ -283,12 +287,13 @@ for (int64_t i = lo; i < hi; ++i) {
       }
       memset(hk, 0xff, (size_t)H * sizeof(idx_t));
     } else {
-      // Dense workspace over the columns: a value per column and a bit per column saying it was touched;
-      // the touched columns also listed in oc as they come.
+      // Dense workspace over the columns: a value per column, a bit per column saying it was touched, and a
+      // summary bit per word of those bits saying the word has one; the touched columns also listed in oc.
       if (!wv) {
         wv = (val_t*)malloc((size_t)(C ? C : 1) * sizeof(val_t));
         wb = (uint64_t*)calloc((size_t)(C / 64 + 1), sizeof(uint64_t));
-        if (!wv || !wb) { ch.failed = 1; break; }
+        ws = (uint64_t*)calloc((size_t)(C / 4096 + 1), sizeof(uint64_t));
+        if (!wv || !wb || !ws) { ch.failed = 1; break; }
       }
       int64_t cmin = C, cmax = -1;
       for (int64_t k = a0; k < a1; ++k) {
@@ -300,30 +305,39 @@ for (int64_t i = lo; i < hi; ++i) {
           if (wb[c >> 6] & bit) {
             wv[c] += x * bv[q];
           } else {
-            wb[c >> 6] |= bit; wv[c] = x * bv[q]; oc[m++] = (idx_t)c;
+            wb[c >> 6] |= bit;
+            ws[c >> 12] |= (uint64_t)1 << ((c >> 6) & 63);
+            wv[c] = x * bv[q];
+            oc[m++] = (idx_t)c;
             cmin = c < cmin ? c : cmin;
             cmax = c > cmax ? c : cmax;
           }
         }
       }
-      // Sorted columns: the bits read word by word over the row's span when that is shorter than sorting the
-      // list (span / 64 words against m log2 m), else the list sorted.
-      const int64_t words = m ? (cmax >> 6) - (cmin >> 6) + 1 : 0;
-      if (m > 1 && words < m * (64 - __builtin_clzll((unsigned long long)m))) {
+      // Sorted columns: read back through the two levels of bits (a summary word per 4096 columns over the
+      // row's span, then only the words that hold a column) unless the summary words alone outnumber what
+      // sorting the list takes (m log2 m), as for a handful of columns far apart; then the list is sorted.
+      const int64_t summary_words = m ? (cmax >> 12) - (cmin >> 12) + 1 : 0;
+      if (m > 1 && summary_words < m * (64 - __builtin_clzll((unsigned long long)m))) {
         int64_t w = 0;
-        for (int64_t g = cmin >> 6; g <= (cmax >> 6); ++g) {
-          uint64_t bits = wb[g];
-          if (!bits) continue;
-          wb[g] = 0;
-          while (bits) {
-            const int64_t c = (g << 6) + __builtin_ctzll(bits);
-            bits &= bits - 1;
-            oc[w] = (idx_t)c; ov[w] = wv[c]; ++w;
+        for (int64_t s = cmin >> 12; s <= (cmax >> 12); ++s) {
+          uint64_t sw = ws[s];
+          ws[s] = 0;
+          while (sw) {
+            const int64_t g = (s << 6) + __builtin_ctzll(sw);
+            sw &= sw - 1;
+            uint64_t bits = wb[g];
+            wb[g] = 0;
+            while (bits) {
+              const int64_t c = (g << 6) + __builtin_ctzll(bits);
+              bits &= bits - 1;
+              oc[w] = (idx_t)c; ov[w] = wv[c]; ++w;
+            }
           }
         }
       } else {
         if (m > 1) std::sort(oc, oc + m);
-        for (int64_t w = 0; w < m; ++w) { const int64_t c = oc[w]; ov[w] = wv[c]; wb[c >> 6] = 0; }
+        for (int64_t w = 0; w < m; ++w) { const int64_t c = oc[w]; ov[w] = wv[c]; wb[c >> 6] = 0; ws[c >> 12] = 0; }
       }
     }
   }
@@ -331,7 +345,7 @@ for (int64_t i = lo; i < hi; ++i) {
   n += m;
 }
 ch.n = n;
-free(wv); free(wb); free(hk); free(hv);)";
+free(wv); free(wb); free(ws); free(hk); free(hv);)";
 
 // Merge: the region's body from the row checks to the thread's rows computed (before kGather).
 const char* kMerge = R"(const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -516,6 +530,157 @@ const int64_t ac_n = $A_CRD_n, bc_n = $B_CRD_n;)",
         spec.stmt.tensor_names[m.a], spec.stmt.tensor_names[m.b]));
     out.reasons.push_back("rows split among threads by the entries both operands store");
   }
+  return out;
+}
+
+std::optional<SampledDotMatch> match_sampled_dot(const KernelSpec& spec, const Schedule& sched,
+                                                 const VectorShape& machine) {
+  const ir::Statement& st = spec.stmt;
+  if (sched.output != OutputMode::sampled || machine.vector_bytes <= 0 || machine.tile_vectors <= 0) return std::nullopt;
+  if (spec.output.strided() || !csr_like(*spec.output.format) || st.out_vars.size() != 2) return std::nullopt;
+  std::vector<const ir::Expr*> acc;
+  double scale = 1;
+  if (!product_factors(st.rhs, acc, scale) || acc.size() != 3) return std::nullopt;
+  SampledDotMatch m;
+  const ir::Expr* sa = nullptr;
+  for (const ir::Expr* a : acc)
+    if (a->tensor == sched.sampled_tensor) sa = a;
+  if (!sa || !distinct_vars(sa) || spec.operands[sa->tensor].strided() || !csr_like(*spec.operands[sa->tensor].format))
+    return std::nullopt;
+  const auto lv = level_vars(*spec.operands[sa->tensor].format, sa->vars);
+  m.s = sa->tensor;
+  m.p = lv[0];
+  m.q = lv[1];
+  for (const ir::Expr* a : acc) {
+    if (a == sa) continue;
+    if (!spec.operands[a->tensor].strided() || !distinct_vars(a) || a->tensor == m.s) return std::nullopt;
+    const int first = a->vars[0], last = a->vars[1];
+    if (last == m.p || last == m.q) return std::nullopt;  // the summed variable must be contiguous (last)
+    if (m.k >= 0 && last != m.k) return std::nullopt;
+    m.k = last;
+    if (first == m.p && m.p_op < 0) m.p_op = a->tensor;
+    else if (first == m.q && m.q_op < 0) m.q_op = a->tensor;
+    else return std::nullopt;
+  }
+  if (m.p_op < 0 || m.q_op < 0 || m.p_op == m.q_op || m.k == m.p || m.k == m.q) return std::nullopt;
+  return m;
+}
+
+LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, const SampledDotMatch& m,
+                                const VectorShape& machine) {
+  (void)sched;
+  LoweredKernel out;
+  out.sparse_output = true;
+  out.body = unpack_arguments(spec);
+  const int elem = spec.f64 ? 8 : 4;
+  const int w = machine.vector_bytes / elem;
+  const int g = std::max(1, machine.tile_vectors / 2);
+  std::vector<const ir::Expr*> acc;
+  double scale = 1;
+  product_factors(spec.stmt.rhs, acc, scale);
+  const std::string sv = scale == 1 ? "sv[e + $G]" : "((val_t)" + ir::format_literal(scale) + " * sv[e + $G])";
+  // The lanes of a vector summed as a balanced tree.
+  std::function<std::string(int, int, const std::string&)> tree = [&](int lo, int n, const std::string& v) -> std::string {
+    if (n == 1) return fmt::format("{}[{}]", v, lo);
+    return "(" + tree(lo, n / 2, v) + " + " + tree(lo + n / 2, n - n / 2, v) + ")";
+  };
+  // The code for `n` entries at once starting at position e (n = G in the main loop, 1 for the rest).
+  auto entries = [&](int n) {
+    std::string c;
+    for (int x = 0; x < n; ++x) c += fmt::format("const val_t* __restrict q{0} = Qd + (int64_t)sc[e + {0}] * K;\n", x);
+    if (n > 1) {
+      c += "if (pf) {\n";
+      for (int x = 0; x < n; ++x)
+        c += fmt::format("  if (e + {0} + {1} < pend) {{ const char* f = (const char*)(Qd + (int64_t)sc[e + {0} + {1}] * K); "
+                         "for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(f + b); }}\n", n, x);
+      c += "}\n";
+    }
+    std::string decl = "vec_t ";
+    for (int x = 0; x < n; ++x) decl += fmt::format("{}a{}_0 = {{}}, a{}_1 = {{}}", x ? ", " : "", x, x);
+    c += decl + ";\nint64_t kk = 0;\n";
+    c += fmt::format("for (; kk + {0} <= K; kk += {0}) {{\n  const vec_t x0 = vload(pr + kk), x1 = vload(pr + kk + {1});\n", 2 * w, w);
+    for (int x = 0; x < n; ++x)
+      c += fmt::format("  a{0}_0 += x0 * vload(q{0} + kk); a{0}_1 += x1 * vload(q{0} + kk + {1});\n", x, w);
+    c += "}\n";
+    c += fmt::format("if (kk + {0} <= K) {{\n  const vec_t x0 = vload(pr + kk);\n", w);
+    for (int x = 0; x < n; ++x) c += fmt::format("  a{0}_0 += x0 * vload(q{0} + kk);\n", x);
+    c += fmt::format("  kk += {};\n}}\n", w);
+    for (int x = 0; x < n; ++x) {
+      c += fmt::format("{{\n  const vec_t t = a{0}_0 + a{0}_1;\n  val_t d = {1};\n", x, tree(0, w, "t"));
+      c += fmt::format("  for (int64_t r = kk; r < K; ++r) d += pr[r] * q{0}[r];\n", x);
+      c += fmt::format("  sampled_out[e + {}] = {} * d;\n}}\n", x, subst(sv, {{"$G", std::to_string(x)}}));
+    }
+    return c;
+  };
+  std::string code = R"(// SDDMM: $G entries of a row at a time, S's value applied to each dot product once.
+const int64_t R = $R, NQ = $NQ, K = $K;
+const idx_t* __restrict sp = $S_POS;
+const idx_t* __restrict sc = $S_CRD;
+const val_t* __restrict sv = $S_VALS;
+const val_t* __restrict Pd = $P_DATA;
+const val_t* __restrict Qd = $Q_DATA;
+const int64_t sc_n = $S_CRD_n;
+val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size
+int nthreads = args->num_threads > 0 ? args->num_threads : 1;
+int bad_index = 0;
+const int64_t row_bytes = K * (int64_t)sizeof(val_t);
+// Q's rows are gathered by S's columns: prefetched ahead when they outgrow half of L2.
+const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
+#pragma omp parallel num_threads(nthreads)
+{
+  const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+  int bad = 0;
+  const int64_t lo = balanced_bound(sp, R, tid, nt);
+  int64_t hi = balanced_bound(sp, R, tid + 1, nt);
+  if (!rows_in_range(sp, sc, lo, hi, sc_n, NQ, bad)) hi = lo;
+  const int64_t pend = sp[hi];
+  for (int64_t i = lo; i < hi; ++i) {
+    const val_t* __restrict pr = Pd + i * K;
+    int64_t e = sp[i];
+    const int64_t ee = sp[i + 1];
+    for (; e + $G <= ee; e += $G) {
+$GROUP
+    }
+    for (; e < ee; ++e) {
+$ONE
+    }
+  }
+  if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
+}
+if (bad_index) return SCORCH_STATUS_BAD_INDEX;
+return SCORCH_STATUS_OK;)";
+  auto indent = [](const std::string& t, int n) {
+    std::string o, pad(n, ' ');
+    std::istringstream in(t);
+    for (std::string l; std::getline(in, l);) o += pad + l + "\n";
+    if (!o.empty()) o.pop_back();
+    return o;
+  };
+  code = subst(code, {{"$GROUP", indent(entries(g), 6)}, {"$ONE", indent(entries(1), 6)}});
+  code = subst(code, {{"$S_CRD_n", fmt::format("t{}_crd1_n", m.s)},
+                      {"$S_POS", fmt::format("t{}_pos1", m.s)},
+                      {"$S_CRD", fmt::format("t{}_crd1", m.s)},
+                      {"$S_VALS", fmt::format("t{}_vals", m.s)},
+                      {"$P_DATA", fmt::format("t{}_data", m.p_op)},
+                      {"$Q_DATA", fmt::format("t{}_data", m.q_op)},
+                      {"$R", fmt::format("N{}", m.p)},
+                      {"$NQ", fmt::format("N{}", m.q)},
+                      {"$K", fmt::format("N{}", m.k)},
+                      {"$G", std::to_string(g)}});
+  // The parallel region as loop IR, the rest as lines.
+  const size_t open = code.find("#pragma omp parallel");
+  const size_t body_start = code.find("{\n", open) + 2;
+  const size_t body_end = code.rfind("\n}\nif (bad_index)");
+  push_lines(out.body, code.substr(0, open));
+  Stmts region;
+  push_lines(region, code.substr(body_start, body_end - body_start));
+  out.body.push_back(loops::parallel("nthreads", region));
+  push_lines(out.body, code.substr(body_end + 3));
+  out.reasons.push_back(fmt::format(
+      "sampled dot products (SDDMM) natively: {} entries of a row at a time, two {}-lane accumulators each, S's "
+      "value applied once per entry, the next entries' rows of {} prefetched when it outgrows half of L2",
+      g, w, spec.stmt.tensor_names[m.q_op]));
+  out.reasons.push_back(fmt::format("outer loop split among threads by nonzeros of {}", spec.stmt.tensor_names[m.s]));
   return out;
 }
 

@@ -36,9 +36,10 @@
 // dense workspace's size: a row of one entry is B's row scaled (already sorted: no workspace); otherwise, if a
 // dense workspace over the output's columns (a value and a bit per column) fits this CPU's L2 cache, it is used
 // for every row; if not, rows whose hash table (a power of two >= 2u slots) fits half of L2 use the hash table
-// and the rest the dense workspace. A dense row's columns come out sorted by reading its bits word by word over
-// the row's span of columns when that is shorter than sorting them (span/64 < m log2 m for m columns), else by
-// sorting the list of touched columns; a hashed row's are sorted.
+// and the rest the dense workspace. A dense row's columns come out sorted through two levels of bits (a bit per
+// column, and a bit per word of those saying it has one: the row's span costs a word per 4096 columns, then
+// each word holding a column is read once), or, when the summary words alone outnumber what sorting the list
+// of touched columns takes (m log2 m for m columns), by sorting that list; a hashed row's are sorted.
 #pragma once
 
 #include <optional>
@@ -66,5 +67,24 @@ std::optional<AssembleMatch> match_assembled(const KernelSpec& spec);
 // The kernel of a matched spec (the caller checked match_assembled).
 LoweredKernel lower_assembled(const KernelSpec& spec, const Schedule& sched, const AssembleMatch& m,
                               const VectorShape& machine);
+
+// SDDMM, the sampled output written at the sampling operand's positions (OutputMode::sampled):
+//   out[p, q] = S[p, q] * P[p, k] * Q[q, k]   (S row-stored as above, P and Q strided with k last)
+// Each output value is S's value times the dot product of P's row p and Q's row q. The general lowering
+// computes each dot product alone, multiplying by S's value inside the loop, and reduces it across the vector
+// lanes before the next; here the entries of a row go G at a time: P's row is loaded once for G of Q's rows,
+// each entry sums into two vector accumulators (2G independent chains for the multiply-adds' latency), S's
+// value is applied once to the sum, and the Q rows of the next G entries are prefetched when Q outgrows half
+// of L2 (they are gathered in an order no hardware prefetcher follows). G comes from the target's register
+// tile (tile_vectors / 2 entries), the vector width from its registers; targets without vectors keep the
+// general lowering.
+struct SampledDotMatch {
+  int s = -1, p_op = -1, q_op = -1;  // operands S, P, Q
+  int p = -1, q = -1, k = -1;        // S's level variables and the summed variable
+};
+std::optional<SampledDotMatch> match_sampled_dot(const KernelSpec& spec, const Schedule& sched,
+                                                 const VectorShape& machine);
+LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, const SampledDotMatch& m,
+                                const VectorShape& machine);
 
 }  // namespace scorch

@@ -14,6 +14,7 @@ std::optional<LoweredKernel> lower_native_form(const KernelSpec& spec, const Sch
   if (auto m = match_nm(spec.stmt, spec.operands, spec.output)) return lower_nm(spec, schedule, *m, machine);
   // A CSR result of a product or a sum of CSR operands is assembled by the kernel (assemble.h).
   if (auto m = match_assembled(spec)) return lower_assembled(spec, schedule, *m, machine);
+  if (auto m = match_sampled_dot(spec, schedule, machine)) return lower_sampled_dot(spec, schedule, *m, machine);
   return std::nullopt;
 }
 
