@@ -16,6 +16,10 @@ Kernels (float32 values, int32 Scorch indices):
             DLMC-sized 512x512 and 1024x1024 weights, B 128 columns); the block kernel runs natively. Its
             columns differ: "torch CSR" is torch's BSR mm (torch.sparse_bsr @ B), "torch COO" is Scorch's own
             CSR kernel on the same weights (the native blocks should be >= 2x it), "dense" is A_dense @ B.
+    nm      C = A B, A n:m-pruned            sb.einsum("ij,jk->ik", A, B), A stored nm(2,4) (512, 1024, 2048
+            square) and nm(4,8) / nm(1,4) (1024), B 128 columns; the n:m kernel runs natively on the groups'
+            masks. "torch CSR" is torch's CSR mm on the same weights, "torch COO" Scorch's own CSR kernel on
+            them, "dense" is torch.mm(A_dense, B): 2:4 should be >= 1.6x dense (issue 12).
 
 Contenders, all in this process with the same thread count: torch.sparse CSR, torch.sparse COO and dense torch
 (when the dense operands fit under --dense-limit-gb and the dense work under --dense-max-gflop). Every time is
@@ -65,7 +69,7 @@ from scorch_backend.tools import datasets  # noqa: E402
 from scorch_backend.tools.timing import measure, stream_triad  # noqa: E402
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 
-KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "ttm", "bsr")
+KERNELS = ("spmv", "spmm", "sddmm", "spgemm", "spadd", "mttkrp", "ttm", "bsr", "nm")
 N_SPMM = 128
 K_SDDMM = 128
 RANK_MTTKRP = 32
@@ -74,6 +78,8 @@ RANK_MTTKRP = 32
 TARGETS = {"spmm": 1.5, "spmv": 1.2, "sddmm": 3.0, "spgemm": 2.0, "spadd": 2.0, "bsr": 1.0}
 # bsr: the native block kernel against Scorch's CSR kernel on the same weights (the "torch_coo" slot).
 BSR_TARGET_VS_SCORCH_CSR = 2.0
+# nm: 2:4 weights, the native n:m kernel against dense torch.mm on the same (dense) weights.
+NM_TARGET_VS_DENSE = 1.6
 TENSOR3_TARGET = 10.0  # MTTKRP and TTM on 3-D CSF: against dense einsum and the COO emulation (issue 12)
 JIT_COLD_TARGET_S = 1.0
 JIT_DISK_TARGET_S = 0.010
@@ -87,6 +93,7 @@ EQUATIONS = {
     "mttkrp": "sb.einsum('ikl,kj,lj->ij', T, B, C)",
     "ttm": "sb.einsum('ijk,kr->ijr', T, U)",
     "bsr": "sb.einsum('ij,jk->ik', A, B), A in BSR",
+    "nm": "sb.einsum('ij,jk->ik', A, B), A in nm(n,m)",
 }
 TORCH_OPS = {
     "spmv": {"torch_csr": "A_csr @ x", "torch_coo": "torch.mv(A_coo, x)", "dense": "A_dense @ x"},
@@ -107,6 +114,9 @@ TORCH_OPS = {
     "bsr": {"torch_csr": "A_torch_bsr @ B (torch.sparse_bsr: torch's BSR mm)",
             "torch_coo": "sb.einsum('ij,jk->ik', A_csr, B): Scorch's CSR kernel on the same weights",
             "dense": "A_dense @ B"},
+    "nm": {"torch_csr": "A_csr @ B (torch.sparse_csr on the same weights)",
+           "torch_coo": "sb.einsum('ij,jk->ik', A_csr, B): Scorch's CSR kernel on the same weights",
+           "dense": "torch.mm(A_dense, B)"},
 }
 CONTENDERS = ("torch_csr", "torch_coo", "dense")
 
@@ -477,6 +487,52 @@ def setup_bsr(w: torch.Tensor, block, args) -> dict:
     return case
 
 
+NM_RESULTS: list = []  # the nm rows of this run, for the 2:4 target
+
+
+def nm_pruned(rows: int, cols: int, n: int, m: int, seed: int = 0) -> torch.Tensor:
+    """A float32 weight with the n largest magnitudes of every group of m consecutive columns kept."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=g)
+    groups = w.reshape(rows, cols // m, m)
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, groups.abs().topk(n, dim=-1).indices, True)
+    return (groups * keep).reshape(rows, cols)
+
+
+def setup_nm(w: torch.Tensor, n: int, m: int, args) -> dict:
+    g = torch.Generator().manual_seed(0)
+    B = torch.randn(w.shape[1], N_SPMM, generator=g)
+    A = sb.sparse(w, f"nm({n},{m})")
+    Ac = sb.sparse(w, "csr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        At = w.to_sparse_csr()
+    case = {"contenders": {}, "skipped": {}, "inputs": [A, B]}
+    case["scorch"] = lambda: sb.einsum("ij,jk->ik", A, B)
+    case["contenders"]["torch_csr"] = lambda: At @ B
+    case["contenders"]["torch_coo"] = lambda: sb.einsum("ij,jk->ik", Ac, B)
+    case["contenders"]["dense"] = lambda: torch.mm(w, B)
+    return case
+
+
+def run_nm(args, triad_gbps, results):
+    for n, m, size in [(2, 4, 512), (2, 4, 1024), (2, 4, 2048), (4, 8, 1024), (1, 4, 1024)]:
+        name = f"generated/nm_pruned_{size}x{size}_{n}of{m}"
+        w = nm_pruned(size, size, n, m)
+        log(f"\n{name}: {int((w != 0).sum())} stored values, {n} of every {m} columns")
+        try:
+            case = setup_nm(w, n, m, args)
+        except Exception as e:
+            results.append({"kernel": "nm", "matrix": name, "shape": [size, size], "nnz": int((w != 0).sum()),
+                            "error": f"setup: {type(e).__name__}: {e}"})
+            log(f"  !! nm setup failed: {type(e).__name__}: {e}")
+            continue
+        r = run_case("nm", name, (size, size), int((w != 0).sum()), case, args)
+        results.append(r)
+        if "scorch" in r:
+            log(case_line(r, triad_gbps))
+
+
 def run_bsr(args, triad_gbps, results):
     sizes = [512, 1024]
     blocks = [(4, 4), (16, 16)]
@@ -568,6 +624,7 @@ x = torch.rand(48); B = torch.rand(48, 128); P = torch.rand(64, 128); Q = torch.
 idx = torch.stack([torch.randint(0, 20, (200,), generator=g) for _ in range(3)])
 T = sb.from_coordinates(idx, torch.rand(200), (20, 20, 20), "csf")
 Bm = torch.rand(20, 32); Cm = torch.rand(20, 32)
+An = sb.sparse(torch.rand(64, 48, generator=g) * (torch.arange(48) % 4 < 2).float(), "nm(2,4)")
 Ab = sb.sparse(torch.rand(64, 48, generator=g) * (torch.rand(16, 12, generator=g) < 0.1).float().repeat_interleave(4, 0).repeat_interleave(4, 1), "bsr", blocksize=(4, 4)); Bb = torch.rand(48, 128)
 calls = {
     "spmv": lambda: sb.einsum("ij,j->i", A, x),
@@ -578,6 +635,7 @@ calls = {
     "mttkrp": lambda: sb.einsum("ikl,kj,lj->ij", T, Bm, Cm),
     "ttm": lambda: sb.einsum("ijk,kr->ijr", T, Bm),
     "bsr": lambda: sb.einsum("ij,jk->ik", Ab, Bb),
+    "nm": lambda: sb.einsum("ij,jk->ik", An, Bb),
 }
 plans = {
     "spmv": lambda: sb.plan_einsum("ij,j->i", A, x),
@@ -587,6 +645,7 @@ plans = {
     "mttkrp": lambda: sb.plan_einsum("ikl,kj,lj->ij", T, Bm, Cm),
     "ttm": lambda: sb.plan_einsum("ijk,kr->ijr", T, Bm),
     "bsr": lambda: sb.plan_einsum("ij,jk->ik", Ab, Bb),
+    "nm": lambda: sb.plan_einsum("ij,jk->ik", An, Bb),
 }
 out = {}
 # The first kernel of a process pays one-time costs (loading the OpenMP runtime, ...): a row sum, which is
@@ -830,6 +889,15 @@ def report_targets(summary, jit_summary) -> dict:
                                                       f"{BSR_TARGET_VS_SCORCH_CSR:g}", "value": c, "reached": ok}
             log(f"  {'bsr':<9} {fmt_ratio(c):>8} vs Scorch's CSR kernel, target >= {BSR_TARGET_VS_SCORCH_CSR:g}x: "
                 f"{'not measured' if ok is None else 'REACHED' if ok else 'not reached'}")
+    if "nm" in summary:
+        two_four = [r["contenders"]["dense"]["ratio"] for r in NM_RESULTS
+                    if "_2of4" in r["matrix"] and "dense" in r.get("contenders", {})]
+        g = math.exp(sum(math.log(x) for x in two_four) / len(two_four)) if two_four else None
+        ok = None if g is None else bool(g >= NM_TARGET_VS_DENSE)
+        targets["nm_2of4_vs_dense"] = {"target": f"geomean(dense torch.mm time / Scorch 2:4 time) >= "
+                                                 f"{NM_TARGET_VS_DENSE:g}", "value": g, "reached": ok}
+        log(f"  {'nm 2:4':<9} {fmt_ratio(g):>8} vs dense torch.mm, target >= {NM_TARGET_VS_DENSE:g}x: "
+            f"{'not measured' if ok is None else 'REACHED' if ok else 'not reached'}")
     for k in ("mttkrp", "ttm"):
         if k not in summary:
             continue
@@ -982,7 +1050,7 @@ def main(argv=None) -> int:
         jit = jit_times(args.kernels, args.threads)
 
     results = []
-    mat_kernels = [k for k in args.kernels if k not in ("mttkrp", "ttm", "bsr")]
+    mat_kernels = [k for k in args.kernels if k not in ("mttkrp", "ttm", "bsr", "nm")]
     if mat_kernels:
         for name, loader in load_matrices(args):
             with contention_watch(name, results):
@@ -994,6 +1062,10 @@ def main(argv=None) -> int:
     if "bsr" in args.kernels:
         with contention_watch("block-pruned weights", results):
             run_bsr(args, triad_gbps, results)
+    if "nm" in args.kernels:
+        with contention_watch("n:m-pruned weights", results):
+            run_nm(args, triad_gbps, results)
+        NM_RESULTS.extend(r for r in results if r.get("kernel") == "nm")
 
     log("\n" + "=" * 100)
     log(f"Results ({args.threads} threads; median times, ratio = contender / Scorch; GB/s from the traffic "

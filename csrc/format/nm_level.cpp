@@ -52,9 +52,10 @@ class NmLevel final : public LevelKind {
       const int64_t end = parents[p + 1];
       for (int64_t g = 0; g < G; ++g) {
         const int64_t lo = g * m_, hi = std::min<int64_t>(size, lo + m_);
+        // The group's coordinates (a level above others repeats a coordinate once per tuple below it).
         uint32_t bits = 0;
-        int64_t count = 0;
-        for (int64_t u = t; u < end && coords[u] < hi; ++u, ++count) bits |= uint32_t{1} << (coords[u] - lo);
+        for (int64_t u = t; u < end && coords[u] < hi; ++u) bits |= uint32_t{1} << (coords[u] - lo);
+        int64_t count = std::popcount(bits);
         SCORCH_CHECK(count <= slots(g, size),
                      "not {}:{} sparse: coordinates {}..{} under parent position {} hold {} nonzeros, an {}:{} level "
                      "stores at most {} of every {}",
@@ -66,7 +67,7 @@ class NmLevel final : public LevelKind {
         int64_t q = p * S + g * n_;
         for (uint32_t rest = bits; rest; rest &= rest - 1, ++q) {
           children[q] = t;
-          if (t < end && coords[t] == lo + std::countr_zero(rest)) ++t;
+          while (t < end && coords[t] == lo + std::countr_zero(rest)) ++t;
         }
       }
       SCORCH_ASSERT(t == end, "n:m level got unsorted or out-of-range coordinates");
