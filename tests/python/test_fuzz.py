@@ -1,5 +1,7 @@
 """Differential fuzzing of the compiler: random einsum equations and index-notation expressions over random
-formats, mode orders, densities, dtypes and index widths, compared with torch on dense copies.
+formats, mode orders, densities, dtypes and index widths, compared with torch on dense copies. Formats include
+n:m (2:4, 4:8, 1:4, 1:2) and bitmap levels, as presets and mixed with dense and compressed levels in level lists,
+in any operand position (an operand with an n:m level is pruned to fit it first).
 
 Seeded and reproducible. SCORCH_FUZZ_CASES sets the number of einsum cases (default 1200; two thirds as many
 index-notation cases run too, so 1200 + 800), SCORCH_FUZZ_SEED the seed. A failure prints the case and a
@@ -39,6 +41,7 @@ ISOLATE_ABOVE = 4000
 ISOLATE = bool(int(os.environ.get("SCORCH_FUZZ_ISOLATE", str(int(EINSUM_CASES + COMPUTE_CASES > ISOLATE_ABOVE)))))
 CASES_PER_PROCESS = 3000
 DENSITIES = [0.0, 1e-3, 0.1, 0.9]
+NM_SHAPES = [(2, 4), (4, 8), (1, 4), (1, 2)]
 LETTERS = "ijklm"
 
 stats = {"einsum sparse": 0, "einsum auto": 0, "compute": 0, "specs": set(),
@@ -52,13 +55,49 @@ def random_format(rng: random.Random, rank: int):
         choices += ["csr"]
     if rank == 2:
         choices += ["csc", "dcsr", "dcsc", "bsr"]
+    if rank >= 1:
+        choices += ["nm", "bitmap"]
     c = rng.choice(choices)
     if c == "levels":
         order = list(range(rank))
         rng.shuffle(order)
-        kinds = [rng.choice(["dense", "compressed"]) for _ in range(rank)]
+        # n:m and bitmap levels mixed in at any level, next to dense and compressed ones.
+        kinds = [rng.choice(["dense", "compressed", "compressed", "bitmap", "nm"]) for _ in range(rank)]
+        kinds = [f"nm[{':'.join(map(str, rng.choice(NM_SHAPES)))}]" if k == "nm" else k for k in kinds]
         return kinds, order
+    if c == "nm":
+        return f"nm({','.join(map(str, rng.choice(NM_SHAPES)))})", None
     return c, None
+
+
+def prune_nm(x: torch.Tensor, order, level: int, n: int, m: int) -> torch.Tensor:
+    """x pruned so that an n:m level at `level` of a format with mode order `order` can hold it: under each
+    coordinate of the levels above, at most n coordinates in each group of m have anything stored below them
+    (those with the largest magnitude below are kept)."""
+    if x.numel() == 0:
+        return x
+    y = x.permute(order)
+    lead, size = y.shape[:level], y.shape[level]
+    score = y.reshape(*lead, size, -1).abs().sum(-1)
+    padded = torch.nn.functional.pad(score, (0, (-size) % m))
+    groups = padded.reshape(*lead, -1, m)
+    keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, groups.topk(n, dim=-1).indices, True)
+    keep = keep.reshape(*lead, -1)[..., :size].reshape(*lead, size, *([1] * (y.dim() - level - 1)))
+    inverse = [order.index(d) for d in range(len(order))]
+    return (y * keep).permute(inverse).contiguous()
+
+
+def fit_nm(dense: torch.Tensor, fmt, order) -> torch.Tensor:
+    """Prunes `dense` for every n:m level of the format (the preset nm(n,m): its last level)."""
+    if isinstance(fmt, str) and fmt.startswith("nm("):
+        n, m = (int(v) for v in fmt[3:-1].split(","))
+        return prune_nm(dense, list(range(dense.dim())), dense.dim() - 1, n, m)
+    if isinstance(fmt, list):
+        for level, kind in enumerate(fmt):
+            if kind.startswith("nm["):
+                n, m = (int(v) for v in kind[3:-1].split(":"))
+                dense = prune_nm(dense, list(order), level, n, m)
+    return dense
 
 
 def random_operand(rng: random.Random, shape, dtype, index_dtype):
@@ -69,6 +108,7 @@ def random_operand(rng: random.Random, shape, dtype, index_dtype):
     if len(shape) == 0 or rng.random() < 0.25:
         return dense, dense, "strided"
     fmt, order = random_format(rng, len(shape))
+    dense = fit_nm(dense, fmt, order)
     if fmt == "bsr":
         bh = rng.choice([d for d in (1, 2, 3) if shape[0] % d == 0])
         bw = rng.choice([d for d in (1, 2, 3) if shape[1] % d == 0])
