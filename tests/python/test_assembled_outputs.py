@@ -256,7 +256,8 @@ def test_sddmm(dispatch, shape, k, density, dtype, index_dtype):
     out = sb.einsum("ij,ik,jk->ij", Ss, P, Q)
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     if isinstance(out, sb.SparseTensor):
-        assert torch.equal(out.level_buffers["crd1"], Ss.level_buffers["crd1"])
+        if dispatch == "sparse":  # the kernel keeps S's pattern (the dense path may drop zeros of K = 0)
+            assert torch.equal(out.level_buffers["crd1"], Ss.level_buffers["crd1"])
         torch.testing.assert_close(out.to_dense().double(), ref, rtol=tol, atol=tol)
     else:
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
