@@ -15,7 +15,7 @@ import torch
 
 from .. import config
 
-DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data"  # the checkout's sibling shared/data
 
 
 def data_dir(path: str | os.PathLike | None = None) -> pathlib.Path | None:

@@ -88,3 +88,10 @@ def test_no_import_cycles():
     for m in sorted(mods):
         if m not in state:
             visit(m, [m])
+
+
+def test_default_data_folder_is_the_checkouts_sibling():
+    # Data sets are read from ../shared/data next to the checkout (moving tools/ once pointed it elsewhere).
+    from scorch_backend.tools import datasets
+
+    assert datasets.DEFAULT_DATA.resolve() == (PACKAGE.parent.parent / "shared" / "data").resolve()
