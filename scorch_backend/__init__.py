@@ -26,7 +26,7 @@ from .tensors.frontend import compute, einsum, kernel_info, plan_einsum, precomp
 from .tensors.format import Format, make_format
 from .tensors.interop import convert_module, from_sten, from_torch_sparse
 from .tensors.sparse_tensor import SparseTensor
-from .custom_ops import aot, fake, region  # noqa: F401  (op faces: fake kernels, the region op's hooks)
+from .custom_ops import aot, chain, fake, region  # noqa: F401  (op faces: fake kernels, hooks, scorch::chain)
 from .compiler import backend, jit  # noqa: F401  (registers the torch.compile backend "scorch")
 from .compiler.entry import compile  # noqa: A004 - sb.compile, as torch.compile
 from .tools.explain import explain

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..compiler import backend as _backend
+from ..custom_ops import chain as _chain
 from ..custom_ops import region as _region
 from .timing import measure
 from ..custom_ops import attention
@@ -142,8 +143,8 @@ def _chain_report(r, g, runs, repeat: int) -> RegionReport:
         rep.reasons = ["the region did not run with these inputs"]
         return rep
     rep.path = "grouped"
-    sparse_s = _time(lambda: _region.run_chain(r.program_text, operands), repeat)
-    dense_s = _time(lambda: _region.run_chain_dense(r.program_text, operands), repeat)
+    sparse_s = _time(lambda: _chain.run_chain(r.program_text, operands), repeat)
+    dense_s = _time(lambda: _chain.run_chain_dense(r.program_text, operands), repeat)
     rep.sparse_ms, rep.dense_ms = sparse_s * 1e3, dense_s * 1e3
     rep.measured_speedup = dense_s / sparse_s if sparse_s > 0 else None
     return rep

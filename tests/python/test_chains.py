@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import scorch_backend as sb
 from scorch_backend.compiler.backend import _options, transform
+from scorch_backend.custom_ops import chain as Ch
 from scorch_backend.custom_ops import region as R
 from scorch_backend.tools import zoo
 from model_check import check_model
@@ -130,17 +131,17 @@ def _moe_chain(n=3, skewed=False, gates_kind="sparse", b=24, d=5, h=6, seed=0):
     w2 = torch.randn(n, h, d, dtype=torch.float64, generator=g)
     P = R.Program
     O = R.Operand
-    steps = (R.ChainStep(P((O("pq", gates_kind), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.relu",)),
-             R.ChainStep(P((O("abh"), O("bhd"), O("ab", "pattern")), "abd").text(), (-1, 3, 0)),
-             R.ChainStep(P((O("xyz"), O("xy", "sparse"), O("xy")), "xz", coef=0.5).text(), (-2, 0, 4)))
-    return R.ChainProgram(steps, "c").text(), [mask, x, w1, w2, soft]
+    steps = (Ch.ChainStep(P((O("pq", gates_kind), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.relu",)),
+             Ch.ChainStep(P((O("abh"), O("bhd"), O("ab", "pattern")), "abd").text(), (-1, 3, 0)),
+             Ch.ChainStep(P((O("xyz"), O("xy", "sparse"), O("xy")), "xz", coef=0.5).text(), (-2, 0, 4)))
+    return Ch.ChainProgram(steps, "c").text(), [mask, x, w1, w2, soft]
 
 
 @pytest.mark.parametrize("skewed", [False, True])  # padded blocks, one block per group
 @pytest.mark.parametrize("gates_kind", ["sparse", "pattern"])
 def test_chain_op_matches_the_steps_run_densely_with_gradients(skewed, gates_kind):
     text, ops = _moe_chain(skewed=skewed, gates_kind=gates_kind)
-    want = R.run_chain_dense(text, ops)
+    want = Ch.run_chain_dense(text, ops)
     torch.testing.assert_close(torch.ops.scorch.chain(text, ops), want)
     x, w1, w2, soft = (t.clone().requires_grad_() for t in ops[1:])
     assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.chain(text, [ops[0], *a]), (x, w1, w2, soft))
@@ -149,18 +150,18 @@ def test_chain_op_matches_the_steps_run_densely_with_gradients(skewed, gates_kin
 def test_chain_op_passes_opcheck_and_rejects_bad_programs():
     text, ops = _moe_chain()
     torch.library.opcheck(CHAIN, (text, [ops[0]] + [t.clone().requires_grad_() for t in ops[1:]]))
-    step = R.ChainStep(R.Program((R.Operand("pd"), R.Operand("dh")), "ph").text(), (1, 2))
+    step = Ch.ChainStep(R.Program((R.Operand("pd"), R.Operand("dh")), "ph").text(), (1, 2))
     with pytest.raises(ValueError, match="no sparse 2-D factor"):
-        torch.ops.scorch.chain(R.ChainProgram((step,)).text(), ops)
-    first = R.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "pqh").text(),
+        torch.ops.scorch.chain(Ch.ChainProgram((step,)).text(), ops)
+    first = Ch.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "pqh").text(),
                         (0, 1, 2), ("aten.sigmoid",))
     with pytest.raises(ValueError, match="not supported"):
-        torch.ops.scorch.chain(R.ChainProgram((first,)).text(), ops)
-    last_drops_q = R.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "ph").text(),
+        torch.ops.scorch.chain(Ch.ChainProgram((first,)).text(), ops)
+    last_drops_q = Ch.ChainStep(R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "ph").text(),
                                (0, 1, 2))
-    reads = R.ChainStep(R.Program((R.Operand("ah"), R.Operand("bhd")), "abd").text(), (-1, 3))
+    reads = Ch.ChainStep(R.Program((R.Operand("ah"), R.Operand("bhd")), "abd").text(), (-1, 3))
     with pytest.raises(ValueError, match="must keep the group letters"):
-        torch.ops.scorch.chain(R.ChainProgram((last_drops_q, reads)).text(), ops)
+        torch.ops.scorch.chain(Ch.ChainProgram((last_drops_q, reads)).text(), ops)
 
 
 # --- gradients of whole models against eager, and explain ----------------------------------------------------

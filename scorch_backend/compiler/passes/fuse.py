@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ...custom_ops.region import ChainProgram, ChainStep, Operand, Program, parse_chain
+from ...custom_ops.chain import ChainProgram, ChainStep, parse_chain
+from ...custom_ops.region import Operand, Program
 from ..attrs import DENSE
 from ..ops_table import OPS, FuseError, Term, linear_bias
 from .graph import example, op_of, shape_of
