@@ -40,6 +40,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         current_sink_ = Sink::vtile;
         tile_vectors_ = vectors;
         Stmts body = std::move(body_prefix);
+        for (auto& ptr : tile_row_pointers(e, tile_var_, "jo")) body.push_back(std::move(ptr));
         std::vector<std::string> names;
         for (int q = 0; q < vectors; ++q) names.push_back(fmt::format("va{}", q));
         body.push_back(loops::decl("vec_t", names, loops::Exprs(names.size(), loops::init_list({}))));

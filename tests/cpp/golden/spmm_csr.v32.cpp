@@ -36,6 +36,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       for (int64_t i0 = lo0; i0 < hi0; ++i0) {
         {
           for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
             const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -52,27 +53,27 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 24));
-                va4 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 32));
-                va5 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 40));
-                va6 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 48));
-                va7 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 56));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
+                va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
+                va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
+                va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
               }
             } else {
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 24));
-                va4 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 32));
-                va5 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 40));
-                va6 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 48));
-                va7 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 56));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
+                va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
+                va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
+                va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
               }
             }
             #pragma omp simd
@@ -112,6 +113,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 32 <= N1) {
             const int64_t jo = jdone;
             jdone += 32;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
             const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -126,19 +128,19 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 24));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
               }
             } else {
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 24));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
               }
             }
             #pragma omp simd
@@ -161,6 +163,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 16 <= N1) {
             const int64_t jo = jdone;
             jdone += 16;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {};
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
             const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -174,15 +177,15 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
               }
             } else {
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1] + 8));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
               }
             }
             #pragma omp simd
@@ -197,6 +200,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 8 <= N1) {
             const int64_t jo = jdone;
             jdone += 8;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {};
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
             const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -210,13 +214,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
               }
             } else {
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
                 const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_data[i2 * t1_st0 + (jo) * t1_st1]));
+                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
               }
             }
             #pragma omp simd

@@ -57,6 +57,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           const int64_t k0l1 = p0l1;
           const int64_t i1 = t0_crd1[k0l1];
           for (int64_t jo = 0; jo + 64 <= N2; jo += 64) {
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -73,27 +74,27 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-                va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
-                va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
-                va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
-                va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 24));
+                va4 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 32));
+                va5 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 40));
+                va6 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 48));
+                va7 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 56));
               }
             } else {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
-                va4 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 32));
-                va5 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 40));
-                va6 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 48));
-                va7 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 56));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 24));
+                va4 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 32));
+                va5 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 40));
+                va6 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 48));
+                va7 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 56));
               }
             }
             #pragma omp simd
@@ -133,6 +134,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 32 <= N2) {
             const int64_t jo = jdone;
             jdone += 32;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -147,19 +149,19 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 24));
               }
             } else {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
-                va2 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 16));
-                va3 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 24));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
+                va2 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 16));
+                va3 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 24));
               }
             }
             #pragma omp simd
@@ -182,6 +184,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 16 <= N2) {
             const int64_t jo = jdone;
             jdone += 16;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -195,15 +198,15 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
               }
             } else {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
-                va1 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1] + 8));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
+                va1 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0] + 8));
               }
             }
             #pragma omp simd
@@ -218,6 +221,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           if (jdone + 8 <= N2) {
             const int64_t jo = jdone;
             jdone += 8;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() / 2;
@@ -231,13 +235,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   }
                 }
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
               }
             } else {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
                 const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-                va0 += (t0_vals[k0l2] * vload(&t1_data[i3 * t1_st0 + (jo) * t1_st1]));
+                va0 += (t0_vals[k0l2] * vload(&t1_jo[i3 * t1_st0]));
               }
             }
             #pragma omp simd
