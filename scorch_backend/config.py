@@ -29,7 +29,8 @@ Read by the C++ runtime (csrc/runtime), which checks its own:
     SCORCH_THREAD_GRAIN     elements a kernel call must touch per thread it starts (default 2048): small
                             calls run on one thread (an OpenMP team costs more than their work)
     SCORCH_MEASURE          1 (default) | 0: under SCORCH_DISPATCH=auto, a region's first call at each size
-                            times its kernel path against the dense one and keeps the faster (logged at INFO)
+                            times its kernel path against the dense one and keeps the faster (logged at INFO);
+                            so does an eager einsum's first call whose density is near the crossover
     CXX                     the C++ compiler kernels are built with (default c++)
 """
 

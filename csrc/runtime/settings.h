@@ -28,7 +28,8 @@ int debug_level();
 bool jit_enabled();
 
 // SCORCH_MEASURE: 1 (default) times a region's sparse and dense paths on its first real call at each size and
-// keeps the faster (under SCORCH_DISPATCH=auto); 0 trusts the density rule alone. Anything else is a
+// keeps the faster (under SCORCH_DISPATCH=auto), and does the same for an eager einsum whose density is near
+// the crossover (executor.cpp); 0 trusts the density rule alone. Anything else is a
 // ValueError naming the variable.
 bool measure_regions();
 

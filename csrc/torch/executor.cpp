@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <charconv>
+#include <chrono>
+#include <functional>
+#include <map>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -365,6 +368,142 @@ Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) 
   return d;
 }
 
+namespace {
+
+// --- eager decisions corrected by measurement ----------------------------------------------------------------
+// The density rule compares the sparse operands' combined density with a crossover measured for a CSR SpMM.
+// That is an estimate, and a poor one where the format's kernel runs at another rate than CSR's (n:m and
+// blocked formats keep dense register blocks; a 2:4 operand at 50% density runs its native kernel about 10x
+// faster than densifying it on every call and multiplying dense), or where the call's shape is unlike the
+// calibration's. So, as the region op does, the first eager call of a plan in a size bucket (each index's size
+// by power of two, each sparse operand's density by 5%, the thread count) whose combined density is within a
+// factor of kMeasureWindow of the crossover times the kernel and the dense path on its real operands (one
+// warm-up each, then the best of three, interleaved) and keeps the faster for the bucket. Only under
+// SCORCH_DISPATCH=auto with SCORCH_MEASURE on, for dense outputs of at most two operands, and only where the
+// dense path is cheap to try: every operand and the result densified stay under kMeasureMaxElements, and the
+// dense product (the product of all index sizes) under kMeasureMaxFlops.
+constexpr double kMeasureWindow = 3.0;
+constexpr int64_t kMeasureMaxElements = int64_t{1} << 25;
+constexpr double kMeasureMaxFlops = 4.0e9;
+constexpr size_t kMaxEagerDecisions = 4096;
+std::mutex eager_decisions_mu;
+std::map<std::vector<int64_t>, bool> eager_decisions;  // bucket key -> dense
+std::atomic<int64_t> n_eager_measured{0}, n_eager_measured_dense{0};
+
+// Each index letter's size, from the equation's input terms and the operands' shapes; empty when the
+// equation has an ellipsis or does not match the shapes (then nothing is measured).
+std::map<char, int64_t> letter_sizes(const std::string& equation, const std::vector<Operand>& ops) {
+  std::map<char, int64_t> sizes;
+  const auto arrow = equation.find("->");
+  const std::string lhs = equation.substr(0, arrow);
+  if (lhs.find('.') != std::string::npos) return {};
+  size_t op = 0, dim = 0;
+  for (char c : lhs) {
+    if (c == ' ') continue;
+    if (c == ',') {
+      ++op;
+      dim = 0;
+      continue;
+    }
+    if (op >= ops.size() || dim >= ops[op].shape.size()) return {};
+    sizes[c] = ops[op].shape[dim++];
+  }
+  return sizes;
+}
+
+double run_seconds(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+EagerMeasureStats eager_measure_stats() { return {n_eager_measured.load(), n_eager_measured_dense.load()}; }
+
+namespace {
+
+Decision measured_choice(const std::string& equation, const PlanEntry& entry, const std::vector<Operand>& ops,
+                         int64_t threads, bool explain, Decision d) {
+  if (dispatch_mode() != DispatchMode::automatic || !measure_regions() || entry.out || ops.size() > 2) return d;
+  std::vector<double> densities;
+  double combined = 1.0;
+  int64_t elements = 0;
+  for (const auto& o : ops) {
+    elements += o.numel();
+    if (o.sparse()) {
+      densities.push_back(o.density());
+      combined *= densities.back();
+    }
+  }
+  if (densities.empty() || elements <= kTinyDenseElements) return d;
+  const auto override_ = dense_crossover_override();
+  const double threshold = override_ ? *override_ : calibrated_crossover(threads);
+  if (combined < threshold / kMeasureWindow || combined > threshold * kMeasureWindow) return d;
+  const auto sizes = letter_sizes(equation, ops);
+  if (sizes.empty()) return d;
+  double flops = 1.0;
+  for (const auto& [letter, n] : sizes) flops *= static_cast<double>(std::max<int64_t>(n, 1));
+  int64_t out_elements = 1;
+  for (int64_t n : entry.plan.out_shape) out_elements *= n;
+  if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
+
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&entry), threads};
+  for (const auto& [letter, n] : sizes) {
+    int64_t bucket = 0;
+    for (int64_t m = n; m > 1; m = (m + 1) / 2) ++bucket;
+    key.push_back(static_cast<int64_t>(letter) * 64 + bucket);
+  }
+  for (double x : densities) key.push_back(static_cast<int64_t>(x * 20));
+  {
+    std::lock_guard lock(eager_decisions_mu);
+    auto it = eager_decisions.find(key);
+    if (it != eager_decisions.end()) {
+      // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
+      if (it->second && !d.dense && !all_finite(ops)) return d;
+      if (explain && it->second != d.dense)
+        d.why = fmt::format("{} (measured on an earlier call of this size and density: {} is faster)", d.why,
+                            it->second ? "dense" : "the sparse kernel");
+      d.dense = it->second;
+      return d;
+    }
+  }
+  if (!all_finite(ops)) return d;  // the rule keeps such calls on the kernel; nothing to measure
+  const at::ScalarType result = result_dtype(ops);
+  at::NoGradGuard no_grad;
+  auto kernel = [&] { run_kernel(entry, ops, threads, result); };
+  auto dense = [&] {
+    TensorVec t;
+    for (const auto& o : ops) {
+      at::Tensor x = o.to_dense();
+      t.push_back(x.scalar_type() == result ? x : x.to(result));
+    }
+    at::einsum(equation, t);
+  };
+  kernel();  // warm-up: compiles or loads the kernel, fills the caches
+  dense();
+  double t_kernel = 1e300, t_dense = 1e300;
+  for (int r = 0; r < 3; ++r) {
+    t_kernel = std::min(t_kernel, run_seconds(kernel));
+    t_dense = std::min(t_dense, run_seconds(dense));
+  }
+  const bool chosen_dense = t_dense < t_kernel;
+  ++n_eager_measured;
+  if (chosen_dense) ++n_eager_measured_dense;
+  {
+    std::lock_guard lock(eager_decisions_mu);
+    if (eager_decisions.size() >= kMaxEagerDecisions) eager_decisions.clear();
+    eager_decisions.emplace(std::move(key), chosen_dense);
+  }
+  if (explain)
+    d.why = fmt::format("{}; measured on this call: kernel {:.3g} ms, dense {:.3g} ms (densifying included): {}", d.why,
+                        t_kernel * 1e3, t_dense * 1e3, chosen_dense ? "dense" : "sparse kernel");
+  d.dense = chosen_dense;
+  return d;
+}
+
+}  // namespace
+
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
                    int64_t threads, bool explain, bool decide) {
   const at::ScalarType result = result_dtype(ops);
@@ -389,6 +528,7 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   Decision d;
   if (decide) {
     d = choose(ops, threads, explain);
+    d = measured_choice(equation, *entry, ops, threads, explain, std::move(d));
   } else if (explain) {
     d.why = "the caller chose the sparse kernel";
   }

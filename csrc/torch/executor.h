@@ -86,6 +86,13 @@ struct RouteCounts {
 };
 RouteCounts route_counts();
 
+// Eager calls whose dense/sparse choice was settled by timing both paths (the density was near the crossover),
+// and how many of those kept the dense path.
+struct EagerMeasureStats {
+  int64_t measured = 0, kept_dense = 0;
+};
+EagerMeasureStats eager_measure_stats();
+
 // The crossover density measured for a thread count and target (the Python cost model measures it).
 void set_calibrated_crossover(int64_t threads, const std::string& target, double crossover);
 

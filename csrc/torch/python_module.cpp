@@ -517,6 +517,9 @@ PYBIND11_MODULE(_C, m) {
     d["kernel"] = c.kernel;
     d["dense"] = c.dense;
     d["caller"] = c.caller;
+    const auto e = glue::eager_measure_stats();
+    d["measured"] = e.measured;
+    d["measured_dense"] = e.kept_dense;
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
   m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),

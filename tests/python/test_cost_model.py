@@ -58,6 +58,8 @@ def test_shipped_calibration_is_only_a_fallback():
 def test_decisions(monkeypatch, capsys):
     monkeypatch.setenv("SCORCH_DISPATCH", "auto")
     monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.3")
+    # The density rule's own decisions: no timing of both paths near the crossover (test_eager_measure.py).
+    monkeypatch.setenv("SCORCH_MEASURE", "0")
     assert cost_model.choose_dense([0.6], 10**6)[0]          # a 60%-dense "sparse" operand runs dense
     assert not cost_model.choose_dense([0.01], 10**6)[0]
     assert cost_model.choose_dense([0.01], 100)[0]           # tiny: dense

@@ -1,0 +1,106 @@
+"""Eager einsum under automatic dispatch: a call whose density is near the crossover is settled by timing both
+paths once per size bucket (executor.cpp, measured_choice). What is checked here is which calls measure and that
+every path gives torch's result; which path wins is the machine's business, so no test asserts it."""
+
+import pytest
+import torch
+
+import scorch_backend as sb
+from scorch_backend import _C
+from conftest import random_dense
+
+
+def nm_weight(rows, cols, n=2, m=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols // m, m, generator=g)
+    keep = w.abs().topk(n, dim=-1).indices
+    return (w * torch.zeros_like(w).scatter_(-1, keep, 1.0)).reshape(rows, cols)
+
+
+def measured():
+    return _C.executor_stats()["measured"]
+
+
+@pytest.fixture
+def auto(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    monkeypatch.setenv("SCORCH_MEASURE", "1")
+    # A fixed crossover, so which calls are "near" it does not depend on this machine's calibration.
+    monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.3")
+
+
+@pytest.mark.parametrize("fmt", ["nm(2,4)", "csr", "bsr(2,2)"])
+def test_near_the_crossover_measures_once_per_bucket(auto, fmt):
+    # 2:4 and these random/blocked patterns at ~50% are above the crossover (0.3) but within its window: the
+    # density rule alone would densify on every call.
+    w = nm_weight(96, 64, seed=1) if fmt.startswith("nm") else random_dense((96, 64), 0.5, seed=1)
+    if fmt.startswith("bsr"):
+        w = w.reshape(48, 2, 32, 2).abs().amax(dim=(1, 3)).gt(0.6).repeat_interleave(2, 0).repeat_interleave(2, 1) * w
+    S = sb.sparse(w, fmt)
+    B = torch.randn(64, 48)
+    before = measured()
+    out = sb.einsum("ij,jk->ik", S, B)
+    torch.testing.assert_close(out, w @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
+    for _ in range(3):  # same bucket: the kept decision, no new measurement
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), w @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
+    # Another size bucket measures again.
+    B2 = torch.randn(64, 200)
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B2), w @ B2, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 2
+
+
+def test_far_from_the_crossover_trusts_the_rule(auto):
+    S = sb.sparse(random_dense((128, 128), 0.02, seed=2), "csr")  # 0.02 < 0.3 / 3: clearly sparse
+    B = torch.randn(128, 32)
+    before = measured()
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), S.to_dense() @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before
+
+
+def test_measure_off(auto, monkeypatch):
+    monkeypatch.setenv("SCORCH_MEASURE", "0")
+    w = nm_weight(64, 64, seed=3)
+    S = sb.sparse(w, "nm(2,4)")
+    B = torch.randn(64, 40)
+    before = measured()
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), w @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before
+
+
+def test_forced_dispatch_never_measures(monkeypatch):
+    monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.3")
+    w = nm_weight(64, 64, seed=4)
+    S = sb.sparse(w, "nm(2,4)")
+    B = torch.randn(64, 24)
+    before = measured()
+    for mode in ("sparse", "dense"):
+        monkeypatch.setenv("SCORCH_DISPATCH", mode)
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), w @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before
+
+
+def test_nonfinite_values_keep_the_kernels_semantics_whatever_was_kept(auto):
+    # Whichever path the bucket kept, a NaN in a row of B that S never reads must not reach the result: the
+    # kernel never multiplies unstored entries, a dense product would give 0 * NaN = NaN in every row.
+    w = nm_weight(64, 64, seed=5)
+    w[:, 7] = 0
+    S = sb.sparse(w, "nm(2,4)")
+    B = torch.randn(64, 16)
+    sb.einsum("ij,jk->ik", S, B)  # settles the bucket's decision
+    Bn = B.clone()
+    Bn[7] = float("nan")
+    out = sb.einsum("ij,jk->ik", S, Bn)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, w @ torch.nan_to_num(Bn, nan=0.0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dtypes_and_shapes(auto, dtype):
+    for rows, cols, n in [(1, 8, 1), (17, 12, 5), (33, 40, 64)]:
+        w = nm_weight(rows, cols, seed=rows).to(dtype)
+        S = sb.sparse(w, "nm(2,4)")
+        B = torch.randn(cols, n, dtype=dtype)
+        tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else {}
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), w @ B, **tol)
