@@ -420,8 +420,55 @@ bool shares_memory(const at::Tensor& a, at::TensorList others) {
 
 }  // namespace
 
+namespace {
+
+// The operands of a program's product (a program with addends): the product's slots, then the index buffers.
+std::vector<at::Tensor> product_args(const RegionProgram& p, at::TensorList all) {
+  SCORCH_CHECK(all.size() == p.operands.size() + static_cast<size_t>(p.packed_buffers),
+               "scorch::region {}: {} operands expected ({} index buffers of packed operands included), got {}",
+               p.title, p.operands.size() + p.packed_buffers, p.packed_buffers, all.size());
+  std::vector<at::Tensor> args;
+  for (int k : p.product_operands) args.push_back(all[static_cast<size_t>(k)]);
+  for (size_t k = p.operands.size(); k < all.size(); ++k) args.push_back(all[k]);
+  return args;
+}
+
+// The product's result (requested order, a tensor of its own) plus the addends, each broadcast along the output
+// letters it lacks: one pass over the output, in this op call.
+at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList all) {
+  const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
+  if (out.scalar_type() != dtype) out = out.to(dtype);
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if (o.kind != RegionOperand::Kind::add) continue;
+    const at::Tensor& a = all[k];
+    SCORCH_CHECK(a.dim() == static_cast<int64_t>(o.letters.size()),
+                 "scorch::region {}: addend {} has {} dimensions, the program gives it {} ('{}')", p.title, k, a.dim(),
+                 o.letters.size(), o.letters);
+    // the addend's letters in output order, then sizes of 1 where it has none
+    std::string ordered;
+    for (char c : p.out)
+      if (o.letters.find(c) != std::string::npos) ordered += c;
+    std::vector<int64_t> perm, shape;
+    for (char c : ordered) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
+    at::Tensor v = a.permute(perm);
+    for (size_t d = 0; d < p.out.size(); ++d) {
+      const size_t at = ordered.find(p.out[d]);
+      shape.push_back(at == std::string::npos ? 1 : v.size(static_cast<int64_t>(at)));
+      SCORCH_CHECK(at == std::string::npos || v.size(static_cast<int64_t>(at)) == out.size(static_cast<int64_t>(d)),
+                   "scorch::region {}: addend {} has size {} for letter '{}', the output {}", p.title, k,
+                   v.size(static_cast<int64_t>(at)), p.out[d], out.size(static_cast<int64_t>(d)));
+    }
+    out.add_(v.reshape(shape).to(dtype));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
+  if (p.has_addends()) return region_sparse_call(p.product_text, product_args(p, operands));
   const Slots s = split_operands(p, operands);
   const auto entries = entries_of(p, s.slots);
   return {p.kernel_equation, sparse_args(p, s, entries, region_dtype(p, s.slots))};
@@ -429,6 +476,7 @@ std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::strin
 
 std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
+  if (p.has_addends()) return region_choose(p.product_text, product_args(p, operands));
   const Slots s = split_operands(p, operands);
   return choose_path(p, text, s, entries_of(p, s.slots));
 }
@@ -542,6 +590,14 @@ std::string measured_path(const RegionProgram& p, const std::string& text, const
 
 at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
   const RegionProgram& p = region_program(text);
+  if (p.has_addends()) {
+    for (size_t k = 0; k < all.size(); ++k)
+      SCORCH_CHECK(all[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
+                   p.title, k, all[k].device().str());
+    if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, all.slice(0, p.operands.size()));
+    at::Tensor out = run_region(p.product_text, product_args(p, all), force);
+    return add_addends(p, std::move(out), all);
+  }
   const Slots s = split_operands(p, all);
   const at::TensorList operands = s.slots;
   for (size_t k = 0; k < all.size(); ++k)

@@ -21,7 +21,9 @@ namespace scorch::torch_glue {
 
 struct RegionOperand {
   std::string letters;
-  enum class Kind { dense, sparse, pattern } kind = Kind::dense;
+  // add: an addend of the result (a linear's bias, a residual), not a factor of the product. Its letters are
+  // output letters; it is broadcast along the others and added after the product (and its coefficient).
+  enum class Kind { dense, sparse, pattern, add } kind = Kind::dense;
   bool cached = false;  // a parameter or buffer: compressed once per version
   bool grad = true;     // false for pattern factors
   int expand = 0;       // pattern factors: leading letters the tensor lacks (broadcast along them)
@@ -56,6 +58,12 @@ struct RegionProgram {
   std::vector<std::string> kernel_letters;
   std::string title, profile_name;
   int packed_buffers = 0;  // index buffers of all packed operands (they follow the operand slots)
+
+  // A program with addends runs (and is differentiated) as its product, a program of its own without them
+  // (`product_text`; `product_operands`: its operands' indices here), then adds them.
+  std::vector<int> product_operands;
+  std::string product_text;
+  bool has_addends() const { return !product_text.empty(); }
 
   std::string text() const;  // JSON, as the backend writes it
 };

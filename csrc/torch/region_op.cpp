@@ -96,6 +96,19 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
         result[1 + k] = at::zeros_like(t);
         continue;
       }
+      if (o.kind == RegionOperand::Kind::add) {  // the output's gradient, summed along the letters it lacks
+        std::vector<int64_t> dims;
+        std::string kept;
+        for (size_t d = 0; d < p.out.size(); ++d) {
+          if (o.letters.find(p.out[d]) == std::string::npos) dims.push_back(static_cast<int64_t>(d));
+          else kept += p.out[d];
+        }
+        at::Tensor g = dims.empty() ? grad : grad.sum(dims);
+        std::vector<int64_t> perm;
+        for (char c : o.letters) perm.push_back(static_cast<int64_t>(kept.find(c)));
+        result[1 + k] = g.permute(perm).to(t.scalar_type());
+        continue;
+      }
       const RegionGradient rg = region_gradient(program, static_cast<int>(k));
       std::vector<at::Tensor> args;
       for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);

@@ -1,6 +1,7 @@
 // Region programs: the JSON text the backend writes (scorch_backend/custom_ops/region.py: Program), read once per text
 // into a RegionProgram with its derived layouts (loop order, storage order, kernel equation), written back,
 // and differentiated (the program of d out / d operand k).
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -172,20 +173,26 @@ const Json* field(const JsonObject& o, const char* name) {
 }
 
 const char* kind_name(RegionOperand::Kind k) {
-  return k == RegionOperand::Kind::sparse ? "sparse" : k == RegionOperand::Kind::pattern ? "pattern" : "dense";
+  return k == RegionOperand::Kind::sparse    ? "sparse"
+         : k == RegionOperand::Kind::pattern ? "pattern"
+         : k == RegionOperand::Kind::add     ? "add"
+                                             : "dense";
 }
 
 void derive(RegionProgram& p) {
   // The kernel's loop order: the compressed operands' letters outermost, then the output's, then the rest.
+  // Addends are not factors: they take no part in the loops or the equations (their letters are output ones).
   std::string& order = p.loop_letters;
   auto add = [&](const std::string& letters) {
     for (char c : letters)
       if (order.find(c) == std::string::npos) order += c;
   };
+  auto factor = [](const RegionOperand& o) { return o.kind != RegionOperand::Kind::add; };
   for (const auto& o : p.operands)
-    if (o.kind != RegionOperand::Kind::dense) add(o.letters);
+    if (o.kind != RegionOperand::Kind::dense && factor(o)) add(o.letters);
   add(p.out);
-  for (const auto& o : p.operands) add(o.letters);
+  for (const auto& o : p.operands)
+    if (factor(o)) add(o.letters);
   auto by_order = [&](std::string s) {
     std::sort(s.begin(), s.end(), [&](char a, char b) { return order.find(a) < order.find(b); });
     return s;
@@ -195,9 +202,12 @@ void derive(RegionProgram& p) {
   std::string kernel, dense;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
-    p.kernel_letters.push_back(o.kind != RegionOperand::Kind::dense ? o.letters : by_order(o.letters));
-    kernel += (k ? "," : "") + p.kernel_letters.back();
-    dense += (k ? "," : "") + o.tensor_letters();
+    p.kernel_letters.push_back(o.kind == RegionOperand::Kind::sparse || o.kind == RegionOperand::Kind::pattern
+                                   ? o.letters
+                                   : by_order(o.letters));
+    if (!factor(o)) continue;
+    kernel += (kernel.empty() ? "" : ",") + p.kernel_letters.back();
+    dense += (dense.empty() ? "" : ",") + o.tensor_letters();
   }
   p.kernel_equation = kernel + "->" + p.storage;
   p.dense_equation = dense + "->" + p.storage;
@@ -242,10 +252,11 @@ RegionProgram parse_text(const std::string& text) {
     RegionOperand r;
     r.letters = as<std::string>(a[0], "operand letters");
     const std::string kind = as<std::string>(a[1], "operand kind");
-    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern", "scorch::region: unknown operand kind '{}'",
-                 kind);
-    r.kind = kind == "sparse" ? RegionOperand::Kind::sparse
+    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern" || kind == "add",
+                 "scorch::region: unknown operand kind '{}'", kind);
+    r.kind = kind == "sparse"    ? RegionOperand::Kind::sparse
              : kind == "pattern" ? RegionOperand::Kind::pattern
+             : kind == "add"     ? RegionOperand::Kind::add
                                  : RegionOperand::Kind::dense;
     r.cached = as<bool>(a[2], "cached flag");
     r.grad = as<bool>(a[3], "grad flag");
@@ -274,7 +285,8 @@ RegionProgram parse_text(const std::string& text) {
       SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
                    "scorch::region: masked_grads names no operand ({})", k);
       RegionOperand& r = p.operands[static_cast<size_t>(k)];
-      SCORCH_CHECK(r.kind != RegionOperand::Kind::pattern && r.expand == 0 && r.packed.empty(),
+      SCORCH_CHECK(r.kind != RegionOperand::Kind::pattern && r.kind != RegionOperand::Kind::add && r.expand == 0 &&
+                       r.packed.empty(),
                    "scorch::region: only a dense or sparse operand's gradient can be masked");
       r.masked_grad = true;
     }
@@ -295,6 +307,35 @@ RegionProgram parse_text(const std::string& text) {
   for (size_t i = 0; i < p.out.size(); ++i)
     SCORCH_CHECK(seen.find(p.out[i]) != std::string::npos && p.out.find(p.out[i]) == i,
                  "scorch::region: bad output letters '{}'", p.out);
+  // Addends: output letters only, as they are (no broadcast letters, not packed); the product needs a factor.
+  RegionProgram product;
+  bool addends = false;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& r = p.operands[k];
+    if (r.kind != RegionOperand::Kind::add) {
+      product.operands.push_back(r);
+      p.product_operands.push_back(static_cast<int>(k));
+      continue;
+    }
+    addends = true;
+    SCORCH_CHECK(r.expand == 0 && r.packed.empty(), "scorch::region: an addend is neither broadcast nor packed");
+    for (char c : r.letters)
+      SCORCH_CHECK(p.out.find(c) != std::string::npos,
+                   "scorch::region: addend letters '{}' must be output letters ('{}')", r.letters, p.out);
+  }
+  SCORCH_CHECK(!product.operands.empty(), "scorch::region: a program of addends only has no product");
+  if (addends) {
+    product.out = p.out;
+    product.coef = p.coef;
+    product.frozen = p.frozen;
+    product.sparse_grad_out = p.sparse_grad_out;
+    product.name = p.name;
+    product.label = p.label;
+    product.packed_buffers = p.packed_buffers;
+    p.product_text = product.text();
+  } else {
+    p.product_operands.clear();
+  }
   derive(p);
   return p;
 }
@@ -339,6 +380,15 @@ RegionGradient region_gradient(const std::string& text, int k) {
   const RegionProgram& p = region_program(text);
   SCORCH_CHECK(k >= 0 && k < static_cast<int>(p.operands.size()), "scorch::region: no operand {}", k);
   const RegionOperand& target = p.operands[k];
+  SCORCH_CHECK(target.kind != RegionOperand::Kind::add,
+               "scorch::region: operand {} is an addend: its gradient is the output's, summed (no program)", k);
+  if (p.has_addends()) {  // the product's gradient program; its operands named by their indices here
+    const auto at = std::find(p.product_operands.begin(), p.product_operands.end(), k);
+    RegionGradient r = region_gradient(p.product_text, static_cast<int>(at - p.product_operands.begin()));
+    for (int& j : r.operands)
+      if (j >= 0) j = p.product_operands[static_cast<size_t>(j)];
+    return r;
+  }
   std::string present = p.out;
   RegionProgram g;
   RegionOperand grad_out;

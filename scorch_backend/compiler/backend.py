@@ -211,7 +211,7 @@ def _region_kernels(r, training: bool) -> list[str]:
     f = r.fused
     p = f.program
     text = p.text()
-    if region.grouped_plan(text) is not None and config.dispatch_mode() != "sparse":
+    if region.grouped_plan(p.product()[0].text()) is not None and config.dispatch_mode() != "sparse":
         return []  # likely to run as grouped dense products, no kernel
     values = [example(leaf) for leaf in f.leaves]
     shapes = [tuple(_hint(d) for j, d in enumerate(v.shape) if j not in f.squeeze[k]) for k, v in enumerate(values)]
@@ -227,7 +227,7 @@ def _region_kernels(r, training: bool) -> list[str]:
             sizes.update(zip(o.tensor_letters, shape))
         out_shape = tuple(sizes[c] for c in p.out)
         for k, (o, v) in enumerate(zip(p.operands, values)):
-            if not o.grad or not v.requires_grad or not v.is_floating_point():
+            if not o.grad or o.kind == "add" or not v.requires_grad or not v.is_floating_point():
                 continue
             g, which, _ = region.gradient_program(text, k)
             specs.append(region.kernel_spec(g, [out_shape if j < 0 else shapes[j] for j in which], dtype))

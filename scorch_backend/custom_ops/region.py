@@ -8,7 +8,10 @@ tensors in the graph: weights, activations, masks) and says how each input is to
   product runs as a Scorch kernel that walks only its nonzeros;
 - "pattern": only its nonzero pattern matters, as a 0/1 factor. The fuse pass adds such a factor when another
   input is known to be zero wherever this one is (a ReLU of a product with a one-hot mask, a softmax of
-  scores filled with -inf outside a mask), so the kernel skips those zeros without compressing the big input.
+  scores filled with -inf outside a mask), so the kernel skips those zeros without compressing the big input;
+- "add": not a factor but an addend of the result (a linear's bias, a residual): its letters are output
+  letters, it is broadcast along the others and added to the product (after its coefficient) in the same op
+  call. Its gradient is the output's, summed along the letters it lacks.
 
 The program is a JSON text built by the fuse pass from the parsed graph (never from user text). At run time
 the op measures the densities of its sparse inputs (graph inputs, weights and data, are compressed once per
@@ -43,7 +46,7 @@ _INDEX_DTYPE = torch.int32
 @dataclass(frozen=True)
 class Operand:
     letters: str
-    kind: str = "dense"  # "dense" | "sparse" | "pattern"
+    kind: str = "dense"  # "dense" | "sparse" | "pattern" | "add"
     cached: bool = False  # a parameter or buffer: compress once per version of the tensor
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
     expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
@@ -75,7 +78,23 @@ class Program:
 
     @property
     def equation(self) -> str:
-        return ",".join(o.tensor_letters for o in self.operands) + "->" + self.out
+        """The product's einsum, then its addends: "ab,cb->ac + c"."""
+        factors = ",".join(o.tensor_letters for o in self.operands if o.kind != "add") + "->" + self.out
+        return factors + "".join(f" + {o.letters}" for o in self.operands if o.kind == "add")
+
+    @property
+    def addends(self) -> tuple[int, ...]:
+        """Indices of the operands that are added, not multiplied."""
+        return tuple(k for k, o in enumerate(self.operands) if o.kind == "add")
+
+    def product(self) -> tuple["Program", tuple[int, ...]]:
+        """The program without its addends, and the indices (here) of the operands it keeps: what the op runs
+        and differentiates before it adds them."""
+        keep = tuple(k for k, o in enumerate(self.operands) if o.kind != "add")
+        if len(keep) == len(self.operands):
+            return self, keep
+        return Program(tuple(self.operands[k] for k in keep), self.out, self.coef, self.frozen, self.name,
+                       self.label, self.sparse_grad_out), keep
 
     @property
     def title(self) -> str:
@@ -114,8 +133,10 @@ def parse_program(text: str) -> Program:
 def _validate(p: Program) -> None:
     seen = set()
     for o in p.operands:
-        if o.kind not in ("dense", "sparse", "pattern"):
+        if o.kind not in ("dense", "sparse", "pattern", "add"):
             raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
+        if o.kind == "add" and (o.expand or o.packed or o.masked_grad or not set(o.letters) <= set(p.out)):
+            raise ValueError(f"scorch::region: addend letters {o.letters!r} must be output letters ({p.out!r})")
         if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):
             raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
         if o.expand and (o.kind != "pattern" or o.expand > len(o.letters)):
@@ -123,6 +144,8 @@ def _validate(p: Program) -> None:
         seen.update(o.letters)
     if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
         raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")
+    if all(o.kind == "add" for o in p.operands):
+        raise ValueError("scorch::region: a program of addends only has no product")
 
 
 # --- layouts ---------------------------------------------------------------------------------------------
@@ -205,6 +228,9 @@ def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
     None when the program has no compressed operand (it never runs a kernel)."""
 
     p = parse_program(text)
+    if p.addends:
+        p, keep = p.product()
+        text, shapes = p.text(), [shapes[k] for k in keep]
     if all(o.kind == "dense" for o in p.operands):
         return None
     sizes = {}
@@ -233,6 +259,8 @@ def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
 def grouped_plan(text: str):
     """(index of S, p, q) when the program can run grouped, else None."""
     p = parse_program(text)
+    if p.addends:  # the op groups its product (the addends come after)
+        return None
     sparse = [k for k, o in enumerate(p.operands) if o.kind != "dense"]
     if len(sparse) != 1 or len(p.operands[sparse[0]].letters) != 2:
         return None
@@ -432,6 +460,8 @@ def sparse_plan(text: str, operands) -> dict:
     compiler's plan (kernel spec, reasons) and schedule."""
 
     p = parse_program(text)
+    if p.addends:  # the kernel runs the product; the addends are added after it
+        p = p.product()[0]
     eq, args = _C.region_sparse_call(text, list(operands))
     densities = [float(a.density) if isinstance(a, SparseTensor) else 1.0 for a in args]
     plan = plan_einsum(eq, *args, out_format="dense")

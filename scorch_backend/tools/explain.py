@@ -202,10 +202,9 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                                  "attr": attr.describe() if attr is not None else "dense"})
             rep = RegionReport(r.name, r.ops, prog.equation, ops_desc, [], "", "", [], r.estimated_speedup,
                                label=r.label, gradients=_gradient_notes(prog, r.fused.leaves))
-            if r.fused.bias is not None:
-                rep.after = f"+ {r.fused.bias.name} (the linear's bias, added to the region's result by the fallback)"
             operands = runs.get(r.program_text)
-            if operands is not None and all(o.kind == "dense" for o in prog.operands):
+            # addends (a linear's bias, a residual) are added by the region op itself: the equation shows them
+            if operands is not None and all(o.kind in ("dense", "add") for o in prog.operands):
                 rep.path, rep.formats = "dense", ["dense"] * len(prog.operands)
                 rep.statement = "the dense einsum (no compressed operand in the forward pass)"
                 rep.reasons = ["a region for its gradients: the forward product has nothing sparse and runs dense"]
@@ -223,7 +222,7 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                 rep.sparse_ms, rep.dense_ms = sparse_s * 1e3, dense_s * 1e3
                 rep.measured_speedup = dense_s / sparse_s if sparse_s > 0 else None
                 for o, leaf, t in zip(prog.operands, r.fused.leaves, operands):
-                    if o.kind != "dense":
+                    if o.kind in ("sparse", "pattern"):
                         patterns.setdefault(f"{r.name}: {leaf.name}", t)
             else:
                 rep.reasons = ["the region did not run with these inputs"]

@@ -76,12 +76,10 @@ def test_relu_mlp_training_graph_before_and_after():
     before, after, _, _ = rewritten(ReluMLP(), _x())
     assert before == [("linear",), ("relu",), ("linear",)]
     assert after == [
-        ("region", ("dense", "dense"), "sparse", ()),   # fc1: dense forward, output gradient compressed
-        ("add",),                                       # fc1's bias
-        ("relu",),
-        ("region", ("sparse", "dense"), "dense", (0,)),  # fc2: the ReLU output compressed, its gradient sampled
-        ("add",),                                       # fc2's bias
-    ]
+        ("region", ("dense", "dense", "add"), "sparse", ()),  # fc1: dense forward, output gradient compressed;
+        ("relu",),                                            # its bias added in the region
+        ("region", ("sparse", "dense", "add"), "dense", (0,)),  # fc2: the ReLU output compressed, its gradient
+    ]                                                           # sampled, its bias added in the region
 
 
 @kernel_path
@@ -89,7 +87,7 @@ def test_relu_mlp_inference_graph_before_and_after():
     before, after, _, _ = rewritten(ReluMLP(), _x(), training=False)
     assert before == [("linear",), ("relu",), ("linear",)]
     # without gradients fc1 has nothing sparse: it stays a linear for Inductor
-    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense"), "dense", (0,)), ("add",)]
+    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
 
 
 @kernel_path
@@ -98,9 +96,9 @@ def test_topk_autoencoder_training_graph_before_and_after():
     before, after, _, _ = rewritten(case.model, *case.inputs)
     assert before == [("linear",), ("topk",), ("getitem",), ("getitem",), ("zeros_like",), ("relu",),
                       ("scatter",), ("linear",)]
-    assert after == [("region", ("dense", "dense"), "sparse", ()), ("add",), ("topk",), ("getitem",),
+    assert after == [("region", ("dense", "dense", "add"), "sparse", ()), ("topk",), ("getitem",),
                      ("getitem",), ("zeros_like",), ("relu",), ("scatter",),
-                     ("region", ("sparse", "dense"), "dense", (0,)), ("add",)]
+                     ("region", ("sparse", "dense", "add"), "dense", (0,))]
 
 
 @kernel_path
@@ -241,8 +239,11 @@ def test_explain_in_training_shows_the_gradient_regions():
     fc1, fc2 = rep.regions
     assert fc1.path == "dense" and fc1.measured_speedup is None and "compressed" in fc1.gradients[0]
     assert fc2.path == "sparse" and "only where relu is nonzero" in fc2.gradients[0]
-    assert all("bias" in r.after for r in rep.regions)
+    # the biases are added inside the regions: the equations and operand lists show them, nothing comes after
+    assert all(r.equation == "ac,bc->ab + b" and r.after == "" for r in rep.regions)
+    assert all([o["kind"] for o in r.operands][-1] == "add" and "bias" in r.operands[-1]["input"]
+               for r in rep.regions)
     text = str(rep)
-    assert "gradient:  its output's gradient is mostly zeros" in text and "then:      + " in text
+    assert "gradient:  its output's gradient is mostly zeros" in text and "then:      + " not in text
     rep = sb.explain(ReluMLP(), _x(), repeat=1)  # inference: fc1 has nothing sparse, and no gradients
     assert [r.label for r in rep.regions] == ["fc2 (Linear): linear"] and len(rep.regions[0].gradients) == 1

@@ -186,9 +186,9 @@ def test_partition_pruned_mlp_two_regions_router_left_dense():
     regions, decisions = regions_of(model, torch.randn(4, 32))
     assert len(regions) == 2
     for r in regions:
-        assert r.fused.program.equation == "ac,bc->ab"
-        assert [o.kind for o in r.fused.program.operands] == ["dense", "sparse"]
-        assert r.fused.program.operands[1].cached and r.fused.bias is not None
+        assert r.fused.program.equation == "ac,bc->ab + b"  # the bias is an addend of the region
+        assert [o.kind for o in r.fused.program.operands] == ["dense", "sparse", "add"]
+        assert r.fused.program.operands[1].cached and r.fused.leaves[2].name.endswith("bias_")
         assert r.estimated_speedup > 0
     assert len(decisions) == 1 and "no sparse operand" in decisions[0].reason
     # Under a lower threshold the weights are not sparse enough.
@@ -348,7 +348,9 @@ def test_backend_is_an_entry_point_and_checks_options():
 
 def test_explain_reports_regions_and_writes_png(tmp_path):
     model = nn.Sequential(pruned_linear(64, 96), nn.ReLU(), nn.Linear(96, 4))
-    rep = sb.explain(model, torch.randn(16, 64), png=str(tmp_path / "p.png"), repeat=2)
+    # a threshold under the ReLU output's density (about 0.5; the calibrated crossover may be above it)
+    rep = sb.explain(model, torch.randn(16, 64), png=str(tmp_path / "p.png"), repeat=2,
+                     options={"sparse_threshold": THRESHOLD})
     assert len(rep.regions) == 1
     r = rep.regions[0]
     assert r.measured_speedup is not None and r.measured_speedup > 0 and math.isfinite(r.estimated_speedup)
@@ -380,3 +382,121 @@ def test_partition_masked_attention_idiom_becomes_one_region():
     torch.testing.assert_close(gm(*ex)[0], expected)
     qs = [x.clone().requires_grad_() for x in xs]
     assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.scorch.masked_attention(q, k, v, ex[2], 0.5), qs)
+
+
+# --- sums inside regions: a linear's bias, residuals ----------------------------------------------------------
+
+class Residual(nn.Module):
+    """A pruned linear with its bias, plus the input (a residual), plus a broadcast row (1, o)."""
+
+    def __init__(self, d=16, seed=0):
+        super().__init__()
+        self.fc = pruned_linear(d, d, seed=seed)
+        self.shift = nn.Parameter(torch.randn(1, d))
+
+    def forward(self, x):
+        return x + self.fc(x) + self.shift
+
+
+def _region_calls(gm):
+    return [n for n in gm.graph.nodes if n.target == torch.ops.scorch.region.default]
+
+
+def test_sums_join_the_region_graph_before_and_after():
+    gm, ex = capture(Residual(), torch.randn(8, 16))
+    before = [(n.op, getattr(n.target, "__name__", str(n.target))) for n in gm.graph.nodes if n.op == "call_function"]
+    assert before == [("call_function", "linear"), ("call_function", "add"), ("call_function", "add")]
+    with torch.no_grad():
+        expected = gm(*ex)
+        report = transform(gm, ex, _options(None))
+        got = gm(*ex)
+    # After: one region call and nothing else: the bias, the residual (left operand) and the broadcast row
+    # (its size-1 dimension squeezed) are addends of the product.
+    (call,) = _region_calls(gm)
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [torch.squeeze, call.target]
+    (r,) = report.regions
+    p = r.fused.program
+    assert p.equation == "ac,bc->ab + b + ab + b"
+    assert [o.kind for o in p.operands] == ["dense", "sparse", "add", "add", "add"]
+    assert [leaf.name for leaf in r.fused.leaves][2:] == ["l_self_modules_fc_parameters_bias_", "l_x_",
+                                                          "l_self_parameters_shift_"]
+    assert r.fused.squeeze[4] == (0,)
+    assert [op.split("(")[0] for op in r.ops] == ["linear", "add", "add"]
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+
+
+class NotAddends(nn.Module):
+    """Sums that must stay outside: one that makes the result bigger (broadcasting it), one with alpha, and
+    one in another dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = pruned_linear(16, 16, seed=2)
+        self.fc2 = pruned_linear(16, 16, seed=3)
+        self.fc3 = pruned_linear(16, 16, seed=4)
+
+    def forward(self, x, big, y64):
+        a = self.fc(x) + big                    # (8, 16) + (3, 8, 16): bigger than the product
+        b = torch.add(self.fc2(x), x, alpha=2.0)
+        c = self.fc3(x) + y64                   # float32 + float64 promotes
+        return a, b, c
+
+
+def test_sums_that_change_the_result_shape_or_dtype_stay_outside():
+    xs = (torch.randn(8, 16), torch.randn(3, 8, 16), torch.randn(8, 16, dtype=torch.float64))
+    gm, ex = capture(NotAddends(), *xs)
+    with torch.no_grad():
+        expected = gm(*ex)
+        report = transform(gm, ex, _options(None))
+        got = gm(*ex)
+    assert len(report.regions) == 3
+    # each region keeps only its linear's bias; the three sums are left to the fallback
+    assert all(r.fused.program.equation == "ac,bc->ab + b" for r in report.regions)
+    assert sum(1 for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "add") == 3
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+def test_sums_in_regions_gradients_match_eager(monkeypatch, dispatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    from model_check import check_model
+    model = nn.Sequential(Residual(16, seed=5), nn.ReLU(), Residual(16, seed=6))
+    check_model(model, (torch.randn(8, 16, requires_grad=True),), train=True,
+                extra_inputs=[(torch.randn(5, 16, requires_grad=True),)])
+
+
+def test_region_addends_at_run_time_and_their_gradients():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(7, 5, dtype=torch.float64, generator=g) * (torch.rand(7, 5, generator=g) < 0.3)
+    x = torch.randn(4, 5, dtype=torch.float64, generator=g)
+    bias = torch.randn(7, dtype=torch.float64, generator=g)
+    res = torch.randn(7, 4, dtype=torch.float64, generator=g)  # given transposed: letters "oi"
+    # not cached: gradcheck perturbs w through .data, which a cached compression would not see
+    prog = R.Program((R.Operand("ik"), R.Operand("ok", "sparse"), R.Operand("o", "add"),
+                      R.Operand("oi", "add")), "io", coef=0.5).text()
+    want = 0.5 * x @ w.t() + bias + res.t()
+    for path in ("sparse", "dense"):
+        torch.testing.assert_close(R.run(prog, [x, w, bias, res], force=path), want)
+    torch.testing.assert_close(torch.ops.scorch.region(prog, [x, w, bias, res]), want)
+    assert R.choose_path(prog, [x, w, bias, res]) in ("sparse", "dense")
+    # the product's gradient programs do not read the addends
+    text, which, _ = R.gradient_program(prog, 1)
+    assert which == [-1, 0] and "add" not in text
+    with pytest.raises(ValueError, match="addend"):
+        R.gradient_program(prog, 2)
+    args = [t.clone().requires_grad_() for t in (x, w, bias, res)]
+    assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.region(prog, list(a)), args)
+    torch.library.opcheck(torch.ops.scorch.region.default, (prog, args))
+
+
+@pytest.mark.parametrize("program, match", [
+    ((R.Operand("ik"), R.Operand("k", "add")), "output letters"),   # an addend's letters are output letters
+    ((R.Operand("i", "add"),), "addends only"),                      # no product
+])
+def test_region_addends_bad_programs_are_value_errors(program, match):
+    text = R.Program(program, "i").text()
+    with pytest.raises(ValueError, match=match):
+        R.run(text, [torch.randn(3, 4), torch.randn(4)][:len(program)] if len(program) == 2 else [torch.randn(3)])
+    with pytest.raises(ValueError, match=match):
+        R.parse_program(text)

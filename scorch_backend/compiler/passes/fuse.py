@@ -5,7 +5,9 @@ Each value inside the region is tracked symbolically: a list of factors (region 
 per dimension), the letter of each of its own dimensions (None for a broadcast dimension of size 1) and a
 constant coefficient. Views move letters, `mul` unifies the letters of broadcast-aligned dimensions and
 multiplies the factor lists, contractions unify the letters their equation shares. What comes out is the
-einsum of the whole region; there is no sum of terms, so the bias of a linear is added after the region.
+einsum of the whole region. Sums applied to its result (a linear's bias, a residual `y + x`) join it as
+addends: operands of kind "add", whose letters are the output's they align with (size-1 dimensions broadcast),
+added by the op after the product (custom_ops/region.py).
 
 Then each input is given its kind (scorch_backend/custom_ops/region.py): sparse inputs are compressed; a dense input
 whose zeros are carried by another sparse value (its support) gets that value as an extra 0/1 pattern factor.
@@ -67,10 +69,11 @@ class Fused:
     program: Program
     leaves: list  # fx nodes, in operand order
     unit_dims: list = field(default_factory=list)  # output dimensions of size 1 to unsqueeze back
-    bias: object = None  # a linear's bias, added after the region
+    bias: object = None  # (no longer used: a linear's bias is an addend of the program)
     density: float = 1.0  # estimated combined density of the sparse factors
     squeeze: list = field(default_factory=list)  # per leaf: its size-1 dimensions, squeezed before the region
     densities: list = field(default_factory=list)  # per operand: its estimated density (1.0 for dense ones)
+    addends: list = field(default_factory=list)  # the leaves added to the product (operands of kind "add")
 
 
 class Fuser:
@@ -157,15 +160,37 @@ def zero_grad_outside(node) -> bool:
     return spec is not None and spec.zeroes_grad(node, view)
 
 
+def addend_letters(addend, out_shape, dims) -> tuple | None:
+    """How `addend` adds to a product's result of shape `out_shape` whose dimensions have the letters `dims`
+    (None: a size-1 dimension): per addend dimension, the output letter it aligns with or None where it
+    broadcasts (size 1; squeezed before the region). None when it is not a plain broadcast add to that result
+    (it would make the result bigger, or its sizes disagree)."""
+    shape = shape_of(addend)
+    if shape is None or len(shape) > len(out_shape):
+        return None
+    got = []
+    for d, n in enumerate(shape):
+        e = len(out_shape) - len(shape) + d
+        if _is_one(n):
+            got.append(None)
+        elif dims[e] is None or n != out_shape[e]:
+            return None
+        else:
+            got.append(dims[e])
+    return tuple(got)
+
+
 def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
-         label: str = "", sparse_grad_out: bool = False) -> Fused:
+         label: str = "", sparse_grad_out: bool = False, addends: list = ()) -> Fused:
     """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none.
     `sparse_grad_out`: the output's gradient is known to be mostly zeros (training): the gradient programs
     take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
-    dense, its gradients sparse)."""
+    dense, its gradients sparse). `addends`: values added to the result (after a linear's own bias), each
+    broadcast to it: they join the program as operands of kind "add"."""
     fuser = Fuser(members, attrs)
     view = op_of(root)
     bias = linear_bias(view)
+    addends = ([bias] if bias is not None else []) + list(addends)
     term = fuser._build(root)
     L = fuser.L
     chars: dict = {}
@@ -241,11 +266,24 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     if not densities and not sparse_grad_out:
         raise FuseError("no sparse operand")
     operands = _broadcast_patterns(operands, out)
+    out_shape = shape_of(root)
+    result = example(root)
+    for a in addends:
+        letters = addend_letters(a, out_shape, term.dims) if isinstance(a, fx.Node) and out_shape else None
+        v = example(a) if isinstance(a, fx.Node) else None
+        if letters is None or not isinstance(v, torch.Tensor) or not isinstance(result, torch.Tensor) \
+                or v.dtype != result.dtype or v.device.type != "cpu" or attrs.get(a.name, DENSE).format is not None:
+            raise FuseError(f"{getattr(a, 'name', a)} is not a plain addend of the result")
+        operands.append(Operand("".join(char(c) for c in letters if c is not None), "add",
+                                cached=False, grad=True))
+        leaves.append(a)
+        squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
+        per_operand.append(1.0)
     # factors' patterns usually coincide (a gate and its pattern): not a product
     density = min(densities) if densities else 1.0
     program = Program(tuple(operands), out, term.coef, frozen, name, label,
                       sparse_grad_out=sparse_grad_out and len(out) >= 2)
-    return Fused(program, leaves, unit_dims, bias, density, squeeze, per_operand)
+    return Fused(program, leaves, unit_dims, None, density, squeeze, per_operand, list(addends))
 
 
 @dataclass
@@ -264,8 +302,8 @@ def chain_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
     leaves: list = []
     chain_steps = []
     for j, f in enumerate(steps):
-        if f.bias is not None or f.unit_dims or any(f.squeeze):
-            raise FuseError("a step with a bias or broadcast dimensions")
+        if f.addends or f.unit_dims or any(f.squeeze):
+            raise FuseError("a step with a bias (an addend) or broadcast dimensions")
         # the value by which this step reads the one before: the last elementwise op, or the product itself
         carried = (betweens[j - 1][-1] if betweens[j - 1] else roots[j - 1]) if j > 0 else None
         inputs = []

@@ -4,7 +4,8 @@ Capabilities: a region starts at a contraction (einsum, matmul, mm, bmm, linear)
 negations and tensor products applied to its result (a linear's bias stops that), and grows upwards over
 the ops index notation can express without sums (mul, scalar mul/div, neg, unsqueeze, transpose, permute,
 t, clone, same-dtype casts), taking a producer only when all its users are in the region (so nothing is
-computed twice). It must read a sparse value: an input compressed at run time, or a pattern factor.
+computed twice). Sums applied to its result (a linear's bias, `y + x` with x broadcast to y) end it: they
+join as addends, added by the same op call (passes/fuse.py). It must read a sparse value: an input compressed at run time, or a pattern factor.
 The cost model (scorch_backend/cost_model.py, crossover measured by benchmarks/calibrate.py) then keeps the
 region only where the sparse factors' density is under the threshold and the estimated speedup is over 1: the
 dense time (multiply-adds at the machine's measured dense rate) over the region's fixed cost per call plus its
@@ -195,14 +196,14 @@ def _call_densities(fused: Fused, training: bool, grad_density: float) -> list:
     the operand itself. Factors' patterns usually coincide, so the sparsest stands for them (not a product)."""
     ops = fused.program.operands
     dens = fused.densities or [1.0] * len(ops)
-    calls = [fused.density if any(o.kind != "dense" for o in ops) else None]
+    calls = [fused.density if any(o.kind in ("sparse", "pattern") for o in ops) else None]
     if not training:
         return calls
     for k, (o, leaf) in enumerate(zip(ops, fused.leaves)):
         v = example(leaf)
-        if o.kind == "pattern" or not o.grad or not isinstance(v, torch.Tensor) or not v.requires_grad:
-            continue
-        ds = [dens[j] for j, p in enumerate(ops) if j != k and p.kind != "dense"]
+        if o.kind in ("pattern", "add") or not o.grad or not isinstance(v, torch.Tensor) or not v.requires_grad:
+            continue  # an addend's gradient is a sum of the output's, no program
+        ds = [dens[j] for j, p in enumerate(ops) if j != k and p.kind in ("sparse", "pattern")]
         if o.masked_grad:
             ds.append(dens[k])
         if fused.program.sparse_grad_out:
@@ -299,6 +300,16 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
             root = user
             chain.append(user)
         members = _grow(chain, taken)
+        # Sums applied to the result (a residual, a bias added by hand) join as addends: the op adds them.
+        product_root, addends = root, []
+        while len(root.users) == 1:
+            user = next(iter(root.users))
+            other = _addend_of(user, root, product_root, taken)
+            if other is None:
+                break
+            addends.append(other)
+            members.add(user)
+            root = user
         name = f"region{len(regions)}"
         ordered = sorted(members, key=order.get)
         label = source_label(node, ordered)
@@ -307,7 +318,8 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         # product has no sparse factor (then it runs dense).
         dg = grad_density(root, attrs) if training else 1.0
         try:
-            fused = fuse(root, members, attrs, threshold, frozen, name, label, sparse_grad_out=dg < threshold)
+            fused = fuse(product_root, members, attrs, threshold, frozen, name, label,
+                         sparse_grad_out=dg < threshold, addends=addends)
         except FuseError as e:
             why = str(e) if "SparseTensor" in str(e) else f"left dense: {e}"
             decisions.append(Decision(node.name, describe(node), why))
@@ -328,6 +340,26 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
     if chains:
         regions = _chains(regions, spares, decisions, taken, order)
     return regions, decisions
+
+
+def _addend_of(node: fx.Node, value: fx.Node, product: fx.Node, taken: set):
+    """The other operand when `node` is `value + other` (either order, no alpha) and `other` broadcasts to the
+    product's result without making it bigger, in the same dtype; else None."""
+    view = op_of(node)
+    if view.name != "aten.add" or len(view.args) != 2 or view.kwargs or node.name in taken:
+        return None
+    a, b = view.args
+    other = b if a is value else a if b is value else None
+    if not isinstance(other, fx.Node) or other is value or other.name in taken:
+        return None
+    so, sr = shape_of(other), shape_of(product)
+    vo, vr = example(other), example(product)
+    if so is None or sr is None or len(so) > len(sr) or not isinstance(vo, torch.Tensor) \
+            or not isinstance(vr, torch.Tensor) or vo.dtype != vr.dtype or shape_of(node) != sr:
+        return None
+    if any(not (isinstance(n, int) and n == 1) and n != sr[len(sr) - len(so) + d] for d, n in enumerate(so)):
+        return None
+    return other
 
 
 def _between_ops(leaf: fx.Node, roots: dict):
@@ -352,9 +384,9 @@ def _chains(regions: list, spares: list, decisions: list, taken: set, order: dic
     -> expert -> combine). The intermediates then never exist as dense tensors (custom_ops/region.py: chains).
     A product left dense only for being too small to pay for a call of its own may end a chain."""
     spare_of = {r.root: (r, d) for r, d in spares
-                if not any(m.name in taken for m in r.members) and r.fused.bias is None}
+                if not any(m.name in taken for m in r.members) and not r.fused.addends}
     candidates = [r for r in regions if r.fused is not None] + [r for r, _ in spare_of.values()]
-    roots = {r.root: r for r in candidates if r.fused.bias is None and not r.fused.unit_dims}
+    roots = {r.root: r for r in candidates if not r.fused.addends and not r.fused.unit_dims}
     link: dict = {}  # region -> (the next region, the elementwise ops between)
     has_pred: set = set()
     for r in sorted(candidates, key=lambda r: order[r.root]):

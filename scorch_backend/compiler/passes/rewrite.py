@@ -3,8 +3,6 @@ Inductor (or eager) to compile."""
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import fx
 
@@ -50,8 +48,6 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
             out = graph.call_function(torch.ops.scorch.region.default, (r.program_text, leaves))
             for d in f.unit_dims:
                 out = graph.call_function(torch.unsqueeze, (out, d))
-            if f.bias is not None:
-                out = graph.call_function(operator.add, (out, replaced.get(f.bias, f.bias)))
         _replace(graph, r, out, replaced)
     _log.get("passes.rewrite").debug("%d region(s) replaced by scorch ops", len(regions))
     graph.lint()
