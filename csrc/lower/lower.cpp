@@ -29,6 +29,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     // then the columns short of a vector in a small array.
     const LExpr nj = size_expr(tile_var_), jo = V("jo");
     const int tile = tile_columns();
+    // Under loops that each visit every coordinate of their output variable once, and with the tiled
+    // variable the only other output variable, each output element is written by exactly one tile (full,
+    // remainder pass or array tile), after its whole reduction: stored, not added, so the output need not be
+    // zeroed first (overwrites_output). An empty row stores its zero accumulators.
+    const bool store = covering_ == d && st_.out_vars.size() == static_cast<size_t>(d) + 1;
+    const AssignOp put = store ? AssignOp::set : AssignOp::add;
+    bool& wrote = store ? assigned_output_ : added_output_;
     Stmts out;
     const int w = vector_width();
     LExpr rest = I(0);  // where the columns not covered by vector code start
@@ -49,10 +56,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         for (int q = 0; q < vectors; ++q) {
           const LExpr col = loops::paren(loops::add(loops::add(jo, I(q * w)), V("l")));
           body.push_back(loops::for_range("l", I(0), I(w), {loops::assign(loops::load(V("o"), dense_out_index(col)),
-                                                                         loops::load(V(names[q]), V("l")), AssignOp::add)},
+                                                                         loops::load(V(names[q]), V("l")), put)},
                                           true));
         }
-        added_output_ = true;
+        wrote = true;
         out.push_back(wrap(std::move(body)));
       };
       const int vectors = machine_.tile_vectors;
@@ -81,8 +88,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     Stmts inner = lower_depth(d, e, states);
     body.insert(body.end(), inner.begin(), inner.end());
     body.push_back(loops::for_range("jj", I(0), V("jn"), {loops::assign(loops::load(V("o"), dense_out_index(loops::paren(loops::add(jo, V("jj"))))),
-                                                                       loops::load(V("tacc"), V("jj")), AssignOp::add)}));
-    added_output_ = true;
+                                                                       loops::load(V("tacc"), V("jj")), put)}));
+    wrote = true;
     current_sink_ = Sink::dense;
     out.push_back(loops::for_range("jt", I(0), loops::div(loops::paren(loops::add(loops::sub(nj, rest), I(tile - 1))), I(tile)), body));
     return out;

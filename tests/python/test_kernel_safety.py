@@ -307,8 +307,9 @@ def test_unzeroed_outputs_get_every_element_written(threads, dtype):
     # A kernel that stores every output element once (kernel_info "overwrites_output": SpMV-like sums under
     # loops over every row, the block kernels) gets its output unzeroed. Memory freed just before, full of
     # NaN, is what the allocator hands out next: an element the kernel skipped would show. Rows and block
-    # rows without entries, a matrix with none, one row, odd sizes; SpMM (which adds into a zeroed output)
-    # as the control that is not overwritten.
+    # rows without entries, a matrix with none, one row, odd sizes. SpMM's register tiles store each element
+    # once too (every row, every column by full tiles, remainder passes and the array tile); Aᵀ·B (its outer
+    # loop is the reduction: threads add into the output) and a column sum are the controls that add.
     import scorch_backend as sb
     from scorch_backend import _C
 
@@ -325,7 +326,10 @@ def test_unzeroed_outputs_get_every_element_written(threads, dtype):
             s = sb.sparse(a, "csr")
             cases += [("ij,j->i", (s, torch.rand(cols, generator=g).to(dtype)), True),
                       ("ij->i", (s,), True),
-                      ("ij,jk->ik", (s, torch.rand(cols, 5, generator=g).to(dtype)), False)]
+                      ("ij,jk->ik", (s, torch.rand(cols, 5, generator=g).to(dtype)), True),
+                      ("ij,jk->ik", (s, torch.rand(cols, 37, generator=g).to(dtype)), True),
+                      ("ij,ik->jk", (s, torch.rand(rows, 5, generator=g).to(dtype)), False),
+                      ("ij,jk->k", (s, torch.rand(cols, 5, generator=g).to(dtype)), False)]
         cases.append(("ij,j->i", (sb.sparse(torch.zeros(40, 9, dtype=dtype), "csr"), torch.rand(9).to(dtype)), True))
         blocks = (torch.rand(12, 10, generator=g) < 0.3)
         blocks[3] = False

@@ -57,7 +57,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               }
             }
             for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
+              o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
             }
           }
         }

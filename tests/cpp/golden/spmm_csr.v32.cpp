@@ -78,35 +78,35 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
+              o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
+              o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 32 + l) * os1] += va4[l];
+              o[i0 * os0 + (jo + 32 + l) * os1] = va4[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 40 + l) * os1] += va5[l];
+              o[i0 * os0 + (jo + 40 + l) * os1] = va5[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 48 + l) * os1] += va6[l];
+              o[i0 * os0 + (jo + 48 + l) * os1] = va6[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 56 + l) * os1] += va7[l];
+              o[i0 * os0 + (jo + 56 + l) * os1] = va7[l];
             }
           }
           int64_t jdone = (N1 / 64) * 64;
@@ -145,19 +145,19 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
+              o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
+              o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
             }
           }
           if (jdone + 16 <= N1) {
@@ -190,11 +190,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
             }
           }
           if (jdone + 8 <= N1) {
@@ -225,7 +225,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
             #pragma omp simd
             for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
           }
           for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
@@ -250,7 +250,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               }
             }
             for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
+              o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
             }
           }
         }
