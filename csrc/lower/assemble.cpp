@@ -213,9 +213,9 @@ int64_t hi = tid + 1 == nt ? R : std::lower_bound(ub, ub + R + 1, (int64_t)((__i
 if (!ok) hi = lo;
 // 3. This thread's rows into its own buffers; each row's count into out_pos[i + 1].
 Chunk& ch = chunks[tid];
-val_t* wv = nullptr;         // dense workspace: a value and a bit per output column (allocated at first use)
+val_t* wv = nullptr;         // dense workspace: a value, a byte and a bit per output column (at first use)
 uint64_t* wb = nullptr;
-uint64_t* ws = nullptr;
+unsigned char* wf = nullptr;
 idx_t* hk = nullptr;         // hash table: keys (-1: empty) and values, hcap slots (grown as needed)
 val_t* hv = nullptr;
 int64_t hcap = 0;
@@ -287,57 +287,86 @@ for (int64_t i = lo; i < hi; ++i) {
       }
       memset(hk, 0xff, (size_t)H * sizeof(idx_t));
     } else {
-      // Dense workspace over the columns: a value per column, a bit per column saying it was touched, and a
-      // summary bit per word of those bits saying the word has one; the touched columns also listed in oc.
+      // Dense workspace over the columns: a value per column, zero wherever no product landed (reading a row
+      // back zeroes it again), so every product is added without asking whether its column is new. The row's
+      // span comes from the first and last columns of B's rows. A row expected to fill its span densely (its
+      // upper bound at least an eighth of the span) only adds and sets a byte per column (bytes, not bits:
+      // no store waits on a neighbour's), then reads the span's bytes back 8 at a time. Other rows also list
+      // each column and count it when its bit was clear, branch-free (whether a column is new is as good as
+      // random, so a branch on it mispredicts).
       if (!wv) {
-        wv = (val_t*)malloc((size_t)(C ? C : 1) * sizeof(val_t));
+        wv = (val_t*)calloc((size_t)(C ? C : 1), sizeof(val_t));
+        wf = (unsigned char*)calloc((size_t)C + 8, 1);
         wb = (uint64_t*)calloc((size_t)(C / 64 + 1), sizeof(uint64_t));
-        ws = (uint64_t*)calloc((size_t)(C / 4096 + 1), sizeof(uint64_t));
-        if (!wv || !wb || !ws) { ch.failed = 1; break; }
+        if (!wv || !wf || !wb) { ch.failed = 1; break; }
       }
       int64_t cmin = C, cmax = -1;
       for (int64_t k = a0; k < a1; ++k) {
         const int64_t j = ac[k];
-        const val_t x = $SCALEav[k];
-        for (int64_t q = bp[j]; q < (int64_t)bp[j + 1]; ++q) {
-          const int64_t c = bc[q];
-          const uint64_t bit = (uint64_t)1 << (c & 63);
-          if (wb[c >> 6] & bit) {
+        if (bp[j] == bp[j + 1]) continue;
+        const int64_t f = bc[bp[j]], l = bc[bp[j + 1] - 1];
+        cmin = f < cmin ? f : cmin;
+        cmax = l > cmax ? l : cmax;
+      }
+      const int64_t span = cmax - cmin + 1;
+      bool scan;
+      if (8 * u >= span) {
+        for (int64_t k = a0; k < a1; ++k) {
+          const int64_t j = ac[k];
+          const val_t x = $SCALEav[k];
+          for (int64_t q = bp[j]; q < (int64_t)bp[j + 1]; ++q) {
+            const int64_t c = bc[q];
             wv[c] += x * bv[q];
-          } else {
-            wb[c >> 6] |= bit;
-            ws[c >> 12] |= (uint64_t)1 << ((c >> 6) & 63);
-            wv[c] = x * bv[q];
-            oc[m++] = (idx_t)c;
-            cmin = c < cmin ? c : cmin;
-            cmax = c > cmax ? c : cmax;
+            wf[c] = 1;
           }
         }
-      }
-      // Sorted columns: read back through the two levels of bits (a summary word per 4096 columns over the
-      // row's span, then only the words that hold a column) unless the summary words alone outnumber what
-      // sorting the list takes (m log2 m), as for a handful of columns far apart; then the list is sorted.
-      const int64_t summary_words = m ? (cmax >> 12) - (cmin >> 12) + 1 : 0;
-      if (m > 1 && summary_words < m * (64 - __builtin_clzll((unsigned long long)m))) {
-        int64_t w = 0;
-        for (int64_t s = cmin >> 12; s <= (cmax >> 12); ++s) {
-          uint64_t sw = ws[s];
-          ws[s] = 0;
-          while (sw) {
-            const int64_t g = (s << 6) + __builtin_ctzll(sw);
-            sw &= sw - 1;
+        scan = true;
+      } else {
+        for (int64_t k = a0; k < a1; ++k) {
+          const int64_t j = ac[k];
+          const val_t x = $SCALEav[k];
+          for (int64_t q = bp[j]; q < (int64_t)bp[j + 1]; ++q) {
+            const int64_t c = bc[q];
+            const uint64_t word = wb[c >> 6], bit = (uint64_t)1 << (c & 63);
+            wv[c] += x * bv[q];
+            oc[m] = (idx_t)c;
+            m += (word & bit) == 0;
+            wb[c >> 6] = word | bit;
+          }
+        }
+        // Sorted columns: the span's words of bits read back, unless they outnumber a few times what sorting the
+        // list takes (m log2 m), as for a handful of columns far apart; then the list is sorted.
+        if (m > 1 && (cmax >> 6) - (cmin >> 6) + 1 < 4 * m * (64 - __builtin_clzll((unsigned long long)m))) {
+          int64_t w = 0;
+          for (int64_t g = cmin >> 6; g <= (cmax >> 6); ++g) {
             uint64_t bits = wb[g];
+            if (!bits) continue;
             wb[g] = 0;
-            while (bits) {
+            do {
               const int64_t c = (g << 6) + __builtin_ctzll(bits);
               bits &= bits - 1;
-              oc[w] = (idx_t)c; ov[w] = wv[c]; ++w;
-            }
+              oc[w] = (idx_t)c; ov[w] = wv[c]; wv[c] = 0; ++w;
+            } while (bits);
           }
+        } else {
+          if (m > 1) std::sort(oc, oc + m);
+          for (int64_t w = 0; w < m; ++w) { const int64_t c = oc[w]; ov[w] = wv[c]; wv[c] = 0; wb[c >> 6] = 0; }
         }
-      } else {
-        if (m > 1) std::sort(oc, oc + m);
-        for (int64_t w = 0; w < m; ++w) { const int64_t c = oc[w]; ov[w] = wv[c]; wb[c >> 6] = 0; ws[c >> 12] = 0; }
+        scan = false;
+      }
+      if (scan) {
+        m = 0;
+        for (int64_t g = cmin & ~(int64_t)7; g <= cmax; g += 8) {
+          uint64_t bytes;
+          memcpy(&bytes, wf + g, 8);
+          if (!bytes) continue;
+          memset(wf + g, 0, 8);
+          do {
+            const int64_t c = g + (__builtin_ctzll(bytes) >> 3);
+            bytes &= bytes - 1;
+            oc[m] = (idx_t)c; ov[m] = wv[c]; wv[c] = 0; ++m;
+          } while (bytes);
+        }
       }
     }
   }
@@ -345,7 +374,7 @@ for (int64_t i = lo; i < hi; ++i) {
   n += m;
 }
 ch.n = n;
-free(wv); free(wb); free(ws); free(hk); free(hv);)";
+free(wv); free(wf); free(wb); free(hk); free(hv);)";
 
 // Merge: the region's body from the row checks to the thread's rows computed (before kGather).
 const char* kMerge = R"(const int tid = omp_get_thread_num(), nt = omp_get_num_threads();

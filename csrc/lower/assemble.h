@@ -34,12 +34,14 @@
 //
 // The workspace of a gustavson row, chosen per row from its upper bound u (entries it may produce) and the
 // dense workspace's size: a row of one entry is B's row scaled (already sorted: no workspace); otherwise, if a
-// dense workspace over the output's columns (a value and a bit per column) fits this CPU's L2 cache, it is used
-// for every row; if not, rows whose hash table (a power of two >= 2u slots) fits half of L2 use the hash table
-// and the rest the dense workspace. A dense row's columns come out sorted through two levels of bits (a bit per
-// column, and a bit per word of those saying it has one: the row's span costs a word per 4096 columns, then
-// each word holding a column is read once), or, when the summary words alone outnumber what sorting the list
-// of touched columns takes (m log2 m for m columns), by sorting that list; a hashed row's are sorted.
+// dense workspace over the output's columns (a value, a bit and a byte per column) fits this CPU's L2 cache, it
+// is used for every row; if not, rows whose hash table (a power of two >= 2u slots) fits half of L2 use the hash
+// table and the rest the dense workspace. The dense workspace's values stay zero where no product landed, so
+// products are added without a branch on whether the column is new. A row whose bound is at least an eighth of
+// its span (first to last column of the B rows it selects) sets a byte per column and reads the span's bytes
+// back 8 at a time, in column order; other rows list each column, count it when its bit was clear (branch-free),
+// and come out sorted by reading the span's words of bits, or, when those outnumber a few times what sorting the
+// list takes (m log2 m for m columns), by sorting the list; a hashed row's are sorted.
 #pragma once
 
 #include <optional>

@@ -162,6 +162,18 @@ def test_spgemm_workspaces(monkeypatch, threads):
         A = sp.random_array((60, 40), density=0.3, format="csr", dtype=np.float64, random_state=2)
         B = sp.random_array((40, 70), density=0.3, format="csr", dtype=np.float64, random_state=3)
         scipy_check(sb.einsum("ij,jk->ik", sb.sparse(A, "csr"), sb.sparse(B, "csr")), A @ B)
+        # The dense workspace's three read-backs over 5,000 columns: a row filling its span (bytes read 8 at a
+        # time), a row spread over it (words of bits), a handful of columns far apart (the list sorted), and a
+        # row of all four B rows (columns repeated across them).
+        cols = 5000
+        Bd = np.zeros((4, cols))
+        Bd[0, ::3] = rng.standard_normal(len(range(0, cols, 3)))
+        Bd[1, rng.choice(cols, 40, replace=False)] = rng.standard_normal(40)
+        Bd[2, [0, cols - 1]] = [1.5, -2.0]
+        Bd[3, [10, 3, cols - 10]] = [0.25, 3.0, -1.0]
+        Ad = np.array([[1.0, 2.0, 0, 0], [0, 1.0, 0, -1.0], [0, 0, 2.0, 1.0], [1.0, -1.0, 0.5, 2.0]])
+        A, B = sp.csr_array(Ad), sp.csr_array(Bd)
+        scipy_check(sb.einsum("ij,jk->ik", sb.sparse(A, "csr"), sb.sparse(B, "csr")), A @ B)
         # 400,000 columns (a dense workspace of 1.6 MB or more, past any L2): short rows hashed, and a few
         # long rows (an A row of every inner index) in the dense workspace.
         A = sp.random_array((50, 300), density=0.02, format="lil", dtype=np.float64, random_state=4)
