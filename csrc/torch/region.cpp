@@ -41,6 +41,9 @@ struct Entry {
   double density = -1;  // < 0: not measured (known so far only as a dense operand)
   std::map<std::string, Operand> sparse;   // (kind, dtype, broadcast sizes) -> compressed
   std::map<std::string, at::Tensor> layouts;  // (permutation, dtype) -> dense copy in that order
+  // Nonzeros per row (int32, the last dimension a row), counted with the density when the tensor is a
+  // contiguous float or double one of rank >= 2: the compressor's first pass, already done.
+  at::Tensor row_counts;
 };
 using EntryPtr = std::shared_ptr<Entry>;
 
@@ -122,21 +125,35 @@ bool over_rows(const at::Tensor& t, F&& f) {
   return true;
 }
 
-// Activations are measured on every call: count_nonzero is a generic reduction, this is one pass.
-double density_of(const at::Tensor& t) {
+// Activations are measured on every call: count_nonzero is a generic reduction, this is one pass. With
+// `row_counts`, each row's count is kept too (when the tensor is rows of a contiguous float or double one).
+double density_of(const at::Tensor& t, at::Tensor* row_counts = nullptr) {
   const int64_t n = t.numel();
   if (n == 0) return 0.0;
   std::atomic<int64_t> count{0};
   const bool floating = t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+  const bool rows_ok = floating && t.dim() >= 2 && t.is_contiguous() && t.size(-1) > 0 &&
+                       n < std::numeric_limits<int32_t>::max();
+  int32_t* per_row = nullptr;
+  if (row_counts && rows_ok) {
+    *row_counts = at::empty({n / t.size(-1)}, at::kInt);
+    per_row = row_counts->data_ptr<int32_t>();
+  }
   const bool done = floating && AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "region_density", [&] {
     const scalar_t* x = t.data_ptr<scalar_t>();
     const int64_t cols = t.dim() ? t.size(-1) : 1;
     return over_rows(t, [&](int64_t b, int64_t e) {
       int64_t c = 0;
-      for (int64_t i = b * cols; i < e * cols; ++i) c += x[i] != scalar_t(0);
+      for (int64_t r = b; r < e; ++r) {
+        int32_t in_row = 0;
+        for (int64_t j = 0; j < cols; ++j) in_row += x[r * cols + j] != scalar_t(0);
+        if (per_row) per_row[r] = in_row;
+        c += in_row;
+      }
       count += c;
     });
   });
+  if (!done && row_counts) *row_counts = at::Tensor();
   if (!done) return static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n);
   return static_cast<double>(count.load()) / static_cast<double>(n);
 }
@@ -161,7 +178,7 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
 EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
   if (cached) {
     if (EntryPtr e = lookup(t, frozen, weight)) {
-      if (e->density < 0) e->density = density_of(t);
+      if (e->density < 0) e->density = density_of(t, &e->row_counts);
       ++n_hits;
       return e;
     }
@@ -170,7 +187,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
   e->alias = t.detach();
   e->version = static_cast<int64_t>(t._version());
   if (cached) e->fingerprint = fingerprint(t);
-  e->density = density_of(t);
+  e->density = density_of(t, &e->row_counts);
   if (cached) remember(t, e, weight);
   return e;
 }
@@ -190,7 +207,7 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
 // flattened into rows), built in two passes over its rows: count each row's nonzeros, then write them. The
 // buffers scorch::pack makes (positions, coordinates; int32), without its sort of coordinates, which a
 // dense source gives in order anyway. An activation is compressed on every call: this is that cost.
-std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f) {
+std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, const at::Tensor& counts = {}) {
   if (src.dim() < 2 || src.numel() >= std::numeric_limits<int32_t>::max() || !src.is_contiguous() ||
       (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
     return std::nullopt;
@@ -200,7 +217,10 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f) 
   p[0] = 0;
   const bool done = AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "region_compress", [&] {
     const scalar_t* x = src.data_ptr<scalar_t>();
-    if (!over_rows(src, [&](int64_t b, int64_t e) {
+    if (counts.defined() && counts.numel() == rows) {  // counted with the density: no first pass
+      const int32_t* n = counts.data_ptr<int32_t>();
+      for (int64_t r = 0; r < rows; ++r) p[r + 1] = n[r];
+    } else if (!over_rows(src, [&](int64_t b, int64_t e) {
           for (int64_t r = b; r < e; ++r) {
             int32_t c = 0;
             for (int64_t j = 0; j < cols; ++j) c += x[r * cols + j] != scalar_t(0);
@@ -213,15 +233,21 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f) 
     values = at::empty({p[rows]}, src.options());
     int32_t* c = crd.data_ptr<int32_t>();
     scalar_t* v = values.data_ptr<scalar_t>();
+    // Without a branch per entry: every entry is written at the row's next free slot, which moves on only
+    // past a nonzero; the row ends once its last nonzero is written (its count is known), so no write leaves
+    // its slots. An activation's zeros are scattered at random: a branch on each would be mispredicted about
+    // as often as it is taken.
     over_rows(src, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         int64_t w = p[r];
-        for (int64_t j = 0; j < cols; ++j) {
-          const scalar_t y = x[r * cols + j];
-          if (y != scalar_t(0)) {
-            c[w] = static_cast<int32_t>(j);
-            v[w++] = y;
-          }
+        const int64_t end = p[r + 1];
+        const scalar_t* row = x + r * cols;
+        int64_t j = 0;
+        for (; j < cols && w < end; ++j) {
+          const scalar_t y = row[j];
+          c[w] = static_cast<int32_t>(j);
+          v[w] = y;
+          w += y != scalar_t(0);
         }
       }
     });
@@ -233,7 +259,7 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f) 
 
 // A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
 // levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
-Operand compress(const at::Tensor& src) {
+Operand compress(const at::Tensor& src, const at::Tensor& counts = {}) {
   static const auto pack = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
       std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
                                                       c10::string_view, at::ScalarType)>();
@@ -241,7 +267,7 @@ Operand compress(const at::Tensor& src) {
   const FormatRef& f = interned_format(nd >= 2 ? "csr" : nd == 1 ? "compressed(0)" : "dense", nd);
   if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
   if (nd >= 2)
-    if (auto fast = compress_rows(src, f)) return *fast;
+    if (auto fast = compress_rows(src, f, counts)) return *fast;
   const at::Tensor idx = src.nonzero().t().contiguous();
   c10::List<std::optional<at::Tensor>> index;
   for (int d = 0; d < nd; ++d) index.push_back(idx[d]);
@@ -270,6 +296,15 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   }
   ++n_compressions;
   at::Tensor src = t.detach();
+  if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
+      (src.scalar_type() == at::kFloat || src.scalar_type() == at::kDouble)) {
+    // The positions of the nonzeros, read off the tensor itself (no 0/1 copy of it first), with ones as values.
+    if (auto fast = compress_rows(src, interned_format("csr", static_cast<int>(src.dim())), e.row_counts)) {
+      Operand c = fast->with_values(at::ones({fast->values.numel()}, fast->values.options().dtype(dtype)));
+      e.sparse.emplace(key, c);
+      return c;
+    }
+  }
   if (o.kind == RegionOperand::Kind::pattern) {
     src = (src != 0).to(dtype);
     if (!lead.empty()) {
@@ -279,9 +314,10 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
       src = src.reshape(ones).expand(shape);
     }
   } else if (src.scalar_type() != dtype) {
-    src = src.to(dtype);
+    src = src.to(dtype);  // (a narrower type may round values to zero: the counts are not reused)
   }
-  Operand c = compress(src);
+  const bool same = o.kind == RegionOperand::Kind::sparse && src.scalar_type() == t.scalar_type();
+  Operand c = compress(src, same ? e.row_counts : at::Tensor());
   e.sparse.emplace(key, c);
   return c;
 }
@@ -433,33 +469,81 @@ std::vector<at::Tensor> product_args(const RegionProgram& p, at::TensorList all)
   return args;
 }
 
+// An addend viewed in the output's letter order, sizes of 1 where it has no letter (broadcastable to `out`).
+at::Tensor addend_view(const RegionProgram& p, size_t k, const at::Tensor& a) {
+  const RegionOperand& o = p.operands[k];
+  SCORCH_CHECK(a.dim() == static_cast<int64_t>(o.letters.size()),
+               "scorch::region {}: addend {} has {} dimensions, the program gives it {} ('{}')", p.title, k, a.dim(),
+               o.letters.size(), o.letters);
+  std::string ordered;
+  for (char c : p.out)
+    if (o.letters.find(c) != std::string::npos) ordered += c;
+  std::vector<int64_t> perm, shape;
+  for (char c : ordered) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
+  const at::Tensor v = a.permute(perm);
+  for (char c : p.out) {
+    const size_t at = ordered.find(c);
+    shape.push_back(at == std::string::npos ? 1 : v.size(static_cast<int64_t>(at)));
+  }
+  return v.reshape(shape);
+}
+
+// A product of two dense matrices plus addends (a dense forward that a region takes for its gradients: a linear
+// whose output's gradient is sparse): one addmm, which starts the product from the first addend (no pass of
+// its own over the output). nullopt when the program is not that shape.
+std::optional<at::Tensor> dense_matmul_with_addends(const RegionProgram& p, at::TensorList all) {
+  if (p.packed_buffers || p.product_operands.size() != 2 || p.out.size() != 2) return std::nullopt;
+  const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
+  if (dtype != at::kFloat && dtype != at::kDouble) return std::nullopt;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if (all[k].scalar_type() != dtype || o.expand) return std::nullopt;
+    if (o.kind != RegionOperand::Kind::dense && o.kind != RegionOperand::Kind::add) return std::nullopt;
+    if (o.kind == RegionOperand::Kind::dense && (o.letters.size() != 2 || all[k].dim() != 2)) return std::nullopt;
+  }
+  const RegionOperand& a = p.operands[p.product_operands[0]];
+  const RegionOperand& b = p.operands[p.product_operands[1]];
+  const char r = p.out[0], c = p.out[1];
+  const bool a_left = a.letters.find(r) != std::string::npos;
+  const RegionOperand& left = a_left ? a : b;
+  const RegionOperand& right = a_left ? b : a;
+  const at::Tensor& lt = all[p.product_operands[a_left ? 0 : 1]];
+  const at::Tensor& rt = all[p.product_operands[a_left ? 1 : 0]];
+  if (left.letters.find(r) == std::string::npos) return std::nullopt;
+  // left holds r and the contracted letter, right holds that letter and c
+  const char kl = left.letters[0] == r ? left.letters[1] : left.letters[0];
+  if (right.letters.find(c) == std::string::npos || right.letters.find(kl) == std::string::npos || kl == c ||
+      right.letters.find(r) != std::string::npos || left.letters.find(c) != std::string::npos)
+    return std::nullopt;
+  const at::Tensor L = left.letters[0] == r ? lt : lt.t();   // (r, k)
+  const at::Tensor R = right.letters[0] == kl ? rt : rt.t();  // (k, c)
+  if (L.size(1) != R.size(0)) return std::nullopt;
+  at::Tensor out;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    if (p.operands[k].kind != RegionOperand::Kind::add) continue;
+    const at::Tensor v = addend_view(p, k, all[k]);
+    if (!out.defined()) {
+      out = at::addmm(v, L, R, 1, p.coef);
+    } else {
+      out.add_(v);
+    }
+  }
+  return out;
+}
+
 // The product's result (requested order, a tensor of its own) plus the addends, each broadcast along the output
 // letters it lacks: one pass over the output, in this op call.
 at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList all) {
   const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
   if (out.scalar_type() != dtype) out = out.to(dtype);
   for (size_t k = 0; k < p.operands.size(); ++k) {
-    const RegionOperand& o = p.operands[k];
-    if (o.kind != RegionOperand::Kind::add) continue;
-    const at::Tensor& a = all[k];
-    SCORCH_CHECK(a.dim() == static_cast<int64_t>(o.letters.size()),
-                 "scorch::region {}: addend {} has {} dimensions, the program gives it {} ('{}')", p.title, k, a.dim(),
-                 o.letters.size(), o.letters);
-    // the addend's letters in output order, then sizes of 1 where it has none
-    std::string ordered;
-    for (char c : p.out)
-      if (o.letters.find(c) != std::string::npos) ordered += c;
-    std::vector<int64_t> perm, shape;
-    for (char c : ordered) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
-    at::Tensor v = a.permute(perm);
-    for (size_t d = 0; d < p.out.size(); ++d) {
-      const size_t at = ordered.find(p.out[d]);
-      shape.push_back(at == std::string::npos ? 1 : v.size(static_cast<int64_t>(at)));
-      SCORCH_CHECK(at == std::string::npos || v.size(static_cast<int64_t>(at)) == out.size(static_cast<int64_t>(d)),
-                   "scorch::region {}: addend {} has size {} for letter '{}', the output {}", p.title, k,
-                   v.size(static_cast<int64_t>(at)), p.out[d], out.size(static_cast<int64_t>(d)));
-    }
-    out.add_(v.reshape(shape).to(dtype));
+    if (p.operands[k].kind != RegionOperand::Kind::add) continue;
+    const at::Tensor v = addend_view(p, k, all[k]);
+    for (int64_t d = 0; d < v.dim(); ++d)
+      SCORCH_CHECK(v.size(d) == 1 || v.size(d) == out.size(d),
+                   "scorch::region {}: addend {} has size {} for letter '{}', the output {}", p.title, k, v.size(d),
+                   p.out[static_cast<size_t>(d)], out.size(d));
+    out.add_(v.to(dtype));
   }
   return out;
 }
@@ -595,6 +679,12 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
       SCORCH_CHECK(all[k].device().is_cpu(), "scorch::region {}: operand {} is on {}; Scorch runs on the CPU",
                    p.title, k, all[k].device().str());
     if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, all.slice(0, p.operands.size()));
+    if (force.empty() || force == "dense") {  // an all-dense product always takes the dense path
+      if (auto out = dense_matmul_with_addends(p, all)) {
+        ++n_dense;
+        return *out;
+      }
+    }
     at::Tensor out = run_region(p.product_text, product_args(p, all), force);
     return add_addends(p, std::move(out), all);
   }

@@ -500,3 +500,23 @@ def test_region_addends_bad_programs_are_value_errors(program, match):
         R.run(text, [torch.randn(3, 4), torch.randn(4)][:len(program)] if len(program) == 2 else [torch.randn(3)])
     with pytest.raises(ValueError, match=match):
         R.parse_program(text)
+
+
+@pytest.mark.parametrize("letters, out", [(("ik", "ok"), "io"), (("ki", "ok"), "oi"), (("ok", "ik"), "io"),
+                                          (("ik", "ko"), "oi")])
+def test_region_dense_product_with_addends_matches_reference(letters, out):
+    # An all-dense product (a region kept for its sparse output gradient) with addends runs as one addmm.
+    g = torch.Generator().manual_seed(2)
+    sizes = {"i": 4, "k": 5, "o": 6}
+    a, b = (torch.randn(*[sizes[c] for c in lt], dtype=torch.float64, generator=g) for lt in letters)
+    bias = torch.randn(6, dtype=torch.float64, generator=g)
+    res = torch.randn(*[sizes[c] for c in out], dtype=torch.float64, generator=g)
+    prog = R.Program((R.Operand(letters[0]), R.Operand(letters[1]), R.Operand("o", "add"), R.Operand(out, "add")),
+                     out, coef=2.0).text()
+    want = 2.0 * torch.einsum(f"{letters[0]},{letters[1]}->{out}", a, b) + bias.reshape(
+        [-1 if c == "o" else 1 for c in out]) + res
+    before = R.stats["dense_runs"]
+    torch.testing.assert_close(R.run(prog, [a, b, bias, res]), want)
+    assert R.stats["dense_runs"] == before + 1
+    args = [t.clone().requires_grad_() for t in (a, b, bias, res)]
+    assert torch.autograd.gradcheck(lambda *t: torch.ops.scorch.region(prog, list(t)), args)
