@@ -585,6 +585,9 @@ class Lowerer {
   // the long-row copy of the row loop is generated; *_used_ says whether any loop took it.
   bool simd_rows_ = false;
   bool simd_rows_used_ = false;
+  // The same for the medium-row copy: a checked row's sum kept in four interleaved partial sums.
+  bool unroll_rows_ = false;
+  bool unroll_rows_used_ = false;
   // Dense output stores: loops from depth 0 that cover their output variable (see lower_depth), and whether
   // any store assigns (covered) or adds. Only assignments: the output is overwritten (overwrites_output).
   int covering_ = 0;

@@ -263,14 +263,16 @@ def test_segment_checks_catch_every_position():
 
 
 def test_checked_rows_of_long_and_short_rows():
-    # A CSR operand's rows are checked once per thread before its rows run (rows_in_range), and rows of 16
-    # vectors or more on average run as vector reductions (a copy of the row loop of its own). Both copies
-    # must compute right and catch a bad coordinate or a bad row pointer anywhere: long rows (mean 200 and
-    # 2000, so both copies on every target), short rows, both threads' shares, f32 and f64, i32 and i64.
+    # A CSR operand's rows are checked once per thread before its rows run (rows_in_range), rows of 16
+    # vectors or more on average run as vector reductions and rows of 12 entries or more with four partial
+    # sums (copies of the row loop of their own). Every copy must compute right and catch a bad coordinate
+    # or a bad row pointer anywhere: long rows (mean 200 and 2000, so the vector copy on every target),
+    # medium rows (13 and 27 entries: whole steps of four and a rest), short rows, both threads' shares, f32
+    # and f64, i32 and i64.
     body = """
     import itertools
     results = []
-    for rows, per_row, k in ((6, 200, 300), (4, 2000, 2100), (40, 3, 50)):
+    for rows, per_row, k in ((6, 200, 300), (4, 2000, 2100), (12, 13, 60), (9, 27, 40), (40, 3, 50)):
         g = torch.Generator().manual_seed(rows)
         crd = torch.cat([torch.randperm(k, generator=g)[:per_row].sort().values for _ in range(rows)])
         pos = torch.arange(rows + 1) * per_row
