@@ -1,6 +1,14 @@
-"""`scorch::chain`: products joined by elementwise ops, run grouped by one sparse 2-D factor (the mixture of
-experts' dispatch -> activation -> expert -> combine). Each step is a region program (region.py); this module
-holds the chain's program, its grouped execution, its dense reference and its gradient."""
+"""`scorch::chain`: products joined by elementwise ops, in one op call. Two kinds:
+
+- "grouped": run grouped by one sparse 2-D factor (the mixture of experts' dispatch -> activation -> expert ->
+  combine), the intermediates kept per group, never dense;
+- "sequence": each step a region call on the one before, through elementwise ops applied in place (a
+  linear -> bias -> ReLU -> linear whose ReLU output is measured sparse: the first product dense, its bias
+  added by BLAS, the ReLU in place, the second product reading the activation compressed, its bias added
+  in the same call).
+
+Each step is a region program (region.py); this module holds the chain's program, its execution, its dense
+reference and its gradient."""
 
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .region import Program, _capture_hook, _captures, grouped_plan, parse_program, run
+from .region import Program, _capture_hook, _captures, gradient_program, grouped_plan, parse_program, run
 
 # --- chains: products joined by elementwise ops, grouped by one sparse 2-D factor ----------------------------
 # A chain is a short sequence of region programs (steps) where each later step reads an earlier step's result,
@@ -45,12 +53,15 @@ class ChainProgram:
     steps: tuple
     name: str = ""
     label: str = ""
+    kind: str = "grouped"  # "grouped" | "sequence" (see the module's docstring)
 
     def text(self) -> str:
         d = {"steps": [{"program": s.program, "inputs": list(s.inputs), "then": list(s.then)} for s in self.steps],
              "name": self.name}
         if self.label:
             d["label"] = self.label
+        if self.kind != "grouped":
+            d["kind"] = self.kind
         return json.dumps(d, separators=(",", ":"))
 
     @property
@@ -74,9 +85,13 @@ def parse_chain(text: str) -> tuple:
     d = json.loads(text)
     steps = tuple(ChainStep(s["program"], tuple(int(i) for i in s["inputs"]), tuple(s.get("then", ())))
                   for s in d["steps"])
-    chain = ChainProgram(steps, d.get("name", ""), d.get("label", ""))
+    chain = ChainProgram(steps, d.get("name", ""), d.get("label", ""), d.get("kind", "grouped"))
     if not steps:
         raise ValueError("scorch::chain: no steps")
+    if chain.kind == "sequence":
+        return chain, _sequence_plans(steps), None
+    if chain.kind != "grouped":
+        raise ValueError(f"scorch::chain: unknown chain kind {chain.kind!r}")
     plan = grouped_plan(steps[0].program)
     if plan is None:
         raise ValueError("scorch::chain: the first step has no sparse 2-D factor to group by")
@@ -117,6 +132,42 @@ def parse_chain(text: str) -> tuple:
     if sorted(reads) != sorted(-(k + 1) for k in range(len(steps) - 1)):
         raise ValueError("scorch::chain: each step but the last must be read once by a later one")
     return chain, tuple(plans), s
+
+
+def _sequence_plans(steps) -> tuple:
+    """A sequence's steps checked: step k + 1 reads step k's result, whole, exactly once; no other reads."""
+    plans = []
+    for j, st in enumerate(steps):
+        prog = parse_program(st.program)
+        if len(st.inputs) != len(prog.operands):
+            raise ValueError(f"scorch::chain: step {j} has {len(prog.operands)} operands, {len(st.inputs)} inputs")
+        if any(f not in _FROM_OUTPUT for f in st.then):
+            raise ValueError(f"scorch::chain: elementwise ops {st.then} not supported in a sequence")
+        reads = [k for k, i in enumerate(st.inputs) if i < 0]
+        if [st.inputs[k] for k in reads] != ([-j] if j else []):
+            raise ValueError(f"scorch::chain: step {j} of a sequence must read the step before it, once")
+        for k in reads:
+            o, src = prog.operands[k], parse_program(steps[j - 1].program)
+            if o.kind == "add" or o.expand or len(o.letters) != len(src.out):
+                raise ValueError("scorch::chain: an intermediate must be read whole, as a factor")
+        plans.append(_StepPlan(prog, st.inputs, st.then, "", ""))
+    return tuple(plans)
+
+
+_IN_PLACE = {"aten.relu": torch.relu_, "aten.tanh": torch.tanh_, "aten.abs": torch.abs_, "aten.neg": torch.neg_}
+
+
+def _run_sequence(plans, operands, differentiable: bool) -> torch.Tensor:
+    """Each step a region call (the op's own choice of path), its elementwise ops applied in place on the
+    step's fresh result; `differentiable`: through the autograd op and out-of-place ops (the gradient)."""
+    r = None
+    for pl in plans:
+        args = [operands[i] if i >= 0 else r for i in pl.inputs]
+        text = pl.prog.text()
+        r = torch.ops.scorch.region(text, args) if differentiable else run(text, args)
+        for f in pl.then:
+            r = CHAIN_ELEMENTWISE[f](r) if differentiable or f not in _IN_PLACE else _IN_PLACE[f](r)
+    return r
 
 
 def _chain_dtype(plans, operands) -> torch.dtype:
@@ -221,9 +272,12 @@ def _chain_block(plans, s, operands, dtype, groups, idx, w, real_q, real_slot, r
     raise AssertionError("unreachable")
 
 
-def run_chain(text: str, operands) -> torch.Tensor:
-    """Run a chain program (differentiable torch ops: `chain_backward` runs it under autograd)."""
-    _, plans, s = parse_chain(text)
+def run_chain(text: str, operands, differentiable: bool = True) -> torch.Tensor:
+    """Run a chain program (differentiable torch ops: `chain_backward` runs it under autograd; a sequence's
+    steps in place only when not `differentiable`)."""
+    chain, plans, s = parse_chain(text)
+    if chain.kind == "sequence":
+        return _run_sequence(plans, operands, differentiable)
     dtype = _chain_dtype(plans, operands)
     p0 = plans[0]
     so, src = p0.prog.operands[s], operands[p0.inputs[s]]
@@ -271,6 +325,65 @@ def run_chain_dense(text: str, operands) -> torch.Tensor:
     return results[-1]
 
 
+# The derivative of an elementwise op between steps, from its output y (all a sequence allows).
+_FROM_OUTPUT = {"aten.relu": lambda g, y: g * (y > 0), "aten.neg": lambda g, y: -g,
+                "aten.tanh": lambda g, y: g * (1 - y * y)}
+
+
+def _sequence_backward(plans, operands, grad, need) -> list:
+    """A sequence's gradients, step by step from the last: each step's results recomputed (region calls), its
+    elementwise ops differentiated from their outputs, its operands' gradients by the region's own gradient
+    programs (sparse where the forward was: a ReLU output's gradient sampled at its nonzeros), an addend's
+    by summing. The C++ region op cannot run under torch.func's transforms, hence no vjp here."""
+    outs = []  # per step: the outputs of its elementwise ops, in order (the product's result first)
+    r = None
+    for pl in plans:
+        args = [operands[i] if i >= 0 else r for i in pl.inputs]
+        ys = [run(pl.prog.text(), args)]
+        for f in pl.then:
+            ys.append(CHAIN_ELEMENTWISE[f](ys[-1]))
+        outs.append(ys)
+        r = ys[-1]
+    grads = [None] * len(operands)
+    g = grad
+    for j in reversed(range(len(plans))):
+        pl = plans[j]
+        for f, y in zip(reversed(pl.then), reversed(outs[j][1:])):
+            g = _FROM_OUTPUT[f](g, y)
+        text = pl.prog.text()
+        args = [operands[i] if i >= 0 else outs[j - 1][-1] for i in pl.inputs]
+        g_before = None
+        for k, (o, i) in enumerate(zip(pl.prog.operands, pl.inputs)):
+            if o.kind == "pattern" or not o.grad or (i >= 0 and not need[i]):
+                continue
+            if o.kind == "add":
+                lacking = [d for d, c in enumerate(pl.prog.out) if c not in o.letters]
+                gk = g.sum(lacking) if lacking else g
+                kept = "".join(c for c in pl.prog.out if c in o.letters)
+                gk = gk.permute([kept.index(c) for c in o.letters])
+            else:
+                gt, which, produced = gradient_program(text, k)
+                gk = run(gt, [g if w < 0 else args[w] for w in which])
+                if produced != o.letters:
+                    gk = _expand_to(gk, produced, o.letters, args[k].shape)
+            if i < 0:
+                g_before = gk
+            else:
+                gk = gk.to(operands[i].dtype)
+                grads[i] = gk if grads[i] is None else grads[i] + gk
+        g = g_before
+    return grads
+
+
+def _expand_to(g, produced: str, letters: str, shape) -> torch.Tensor:
+    """A gradient over `produced` letters as a tensor of `letters` (constant along the ones it lacks)."""
+    g = g.permute([produced.index(c) for c in letters if c in produced])
+    for d, c in enumerate(letters):
+        if c not in produced:
+            g = g.unsqueeze(d)
+    return g.expand(shape)
+
+
 def _chain_needs_grad(plans, n: int) -> list:
     """Per chain operand: does any step read it as a factor with a gradient (not only as a 0/1 pattern)?"""
     need = [False] * n
@@ -287,7 +400,7 @@ def chain(program: str, operands: list[torch.Tensor]) -> torch.Tensor:
     if _captures:
         _capture_hook(program, operands)
     with torch.no_grad():
-        return run_chain(program, [t.detach() for t in operands])
+        return run_chain(program, [t.detach() for t in operands], differentiable=False)
 
 
 @chain.register_fake
@@ -299,8 +412,11 @@ def _(program, operands):
 @torch.library.custom_op("scorch::chain_backward", mutates_args=())
 def chain_backward(program: str, operands: list[torch.Tensor], grad: torch.Tensor) -> list[torch.Tensor]:
     """The gradient of every operand of a chain (an empty tensor for those read only as patterns)."""
-    _, plans, _ = parse_chain(program)
+    chain_prog, plans, _ = parse_chain(program)
     need = [n and t.is_floating_point() for n, t in zip(_chain_needs_grad(plans, len(operands)), operands)]
+    if chain_prog.kind == "sequence":
+        grads = _sequence_backward(plans, [t.detach() for t in operands], grad, need)
+        return [g if g is not None else t.new_empty(0) for g, t in zip(grads, operands)]
     # The op runs below autograd (the dispatcher excludes its keys here): torch.func's vjp records the
     # recomputation with a transform of its own.
     wanted = [k for k, n in enumerate(need) if n]

@@ -134,15 +134,19 @@ def _chain_report(r, g, runs, repeat: int) -> RegionReport:
     steps = []
     for st, f in zip(ch.program.steps, ch.steps):
         steps.append(f.program.equation + "".join(f" -> {op.split('.', 1)[1]}" for op in st.then))
-    rep = RegionReport(r.name, r.ops, "chain: " + " => ".join(steps), ops_desc, ["grouped"] * len(ch.leaves),
-                       "grouped by the sparse factor of its first step: every step runs on the gathered rows of "
-                       "each group; intermediates are kept per group, never as dense tensors",
+    sequence = ch.program.kind == "sequence"
+    how = ("each step a region call on the one before (its elementwise ops in place): the activation is "
+           "compressed once, by the product that reads it" if sequence else
+           "grouped by the sparse factor of its first step: every step runs on the gathered rows of "
+           "each group; intermediates are kept per group, never as dense tensors")
+    rep = RegionReport(r.name, r.ops, "chain: " + " => ".join(steps), ops_desc,
+                       ["steps" if sequence else "grouped"] * len(ch.leaves), how,
                        f"{len(steps)} products in one call", [], r.estimated_speedup, label=r.label)
     operands = runs.get(r.program_text)
     if operands is None:
         rep.reasons = ["the region did not run with these inputs"]
         return rep
-    rep.path = "grouped"
+    rep.path = "sequence" if sequence else "grouped"
     sparse_s = _time(lambda: _chain.run_chain(r.program_text, operands), repeat)
     dense_s = _time(lambda: _chain.run_chain_dense(r.program_text, operands), repeat)
     rep.sparse_ms, rep.dense_ms = sparse_s * 1e3, dense_s * 1e3

@@ -183,3 +183,106 @@ def test_zoo_moe_runs_as_one_chain(name):
     ops = "; ".join(r.ops)
     assert ops.count("einsum(") == 3 and "relu(einsum)" in ops and "mul(mask, softmax)" in ops
     assert "chain:" in str(rep) and "3 products in one call" in str(rep)
+
+
+# --- sequences: linear -> bias -> ReLU -> linear with a measured-sparse activation -----------------------------
+
+def test_relu_mlp_graph_before_and_after_one_sequence_chain():
+    case = zoo.make("relu_mlp_sparse")  # about 90% of the ReLU output is zero
+    gm, ex = capture(case.model, *case.inputs)
+    assert [t for t, _ in _calls(gm)] == ["linear", "relu", "linear"]
+    with torch.no_grad():
+        expected = gm(*ex)
+        report = transform(gm, ex, _options(None))
+        got = gm(*ex)
+    # After: one chain call reading the input, fc1's weight and bias, fc2's weight and bias.
+    assert _calls(gm) == [("chain.default", ["l_x_", "l_self_modules_fc1_parameters_weight_",
+                                             "l_self_modules_fc1_parameters_bias_",
+                                             "l_self_modules_fc2_parameters_weight_",
+                                             "l_self_modules_fc2_parameters_bias_"])]
+    (r,) = report.regions
+    assert r.kind == "chain" and r.chain.program.kind == "sequence"
+    steps = r.chain.program.steps
+    assert [R.parse_program(st.program).equation for st in steps] == ["ac,bc->ab + b", "ac,bc->ab + b"]
+    assert [[o.kind for o in R.parse_program(st.program).operands] for st in steps] == [
+        ["dense", "dense", "add"], ["sparse", "dense", "add"]]  # the ReLU output read compressed
+    assert [st.inputs for st in steps] == [(0, 1, 2), (-1, 3, 4)] and [st.then for st in steps] == [("aten.relu",), ()]
+    assert [op.split("(")[0] for op in r.ops] == ["linear", "relu", "linear"]
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
+    # without chains: fc1 stays a linear for the fallback, fc2 a region of its own
+    gm, ex = capture(case.model, *case.inputs)
+    with torch.no_grad():
+        report = transform(gm, ex, _options({"chains": "never"}))
+    assert [t for t, _ in _calls(gm)] == ["linear", "relu", "region.default"]
+
+
+def test_relu_mlp_sequence_not_built_in_training_nor_where_the_activation_escapes():
+    case = zoo.make("relu_mlp_sparse")
+    gm, ex = capture(case.model, *case.inputs)
+    with torch.enable_grad():  # training: fc1 is a region of its own (its output gradient is sparse)
+        assert [r.kind for r in transform(gm, ex, _options(None)).regions] == ["product", "product"]
+
+    class Escapes(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            h = torch.relu(self.m.fc1(x))
+            return self.m.fc2(h), h  # the activation is returned: it must exist whole
+
+    gm, ex = capture(Escapes(case.model), *case.inputs)
+    with torch.no_grad():
+        assert all(r.kind == "product" for r in transform(gm, ex, _options(None)).regions)
+
+
+def _sequence(then=("aten.relu",)):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, dtype=torch.float64, generator=g)
+    w1, b1 = torch.randn(8, 5, dtype=torch.float64, generator=g), torch.randn(8, dtype=torch.float64, generator=g)
+    w2, b2 = torch.randn(3, 8, dtype=torch.float64, generator=g), torch.randn(3, dtype=torch.float64, generator=g)
+    O, P = R.Operand, R.Program
+    s0 = Ch.ChainStep(P((O("ac"), O("bc"), O("b", "add")), "ab").text(), (0, 1, 2), then)
+    s1 = Ch.ChainStep(P((O("ab", "sparse", masked_grad=True), O("cb"), O("c", "add")), "ac", coef=0.5).text(),
+                      (-1, 3, 4))
+    return Ch.ChainProgram((s0, s1), "s", kind="sequence").text(), [x, w1, b1, w2, b2]
+
+
+@pytest.mark.parametrize("then", [("aten.relu",), ("aten.tanh",), ("aten.neg", "aten.relu")])
+def test_sequence_op_matches_eager_with_gradients(then):
+    text, ops = _sequence(then)
+    x, w1, b1, w2, b2 = ops
+    h = x @ w1.t() + b1
+    for f in then:
+        h = Ch.CHAIN_ELEMENTWISE[f](h)
+    want = 0.5 * (h @ w2.t()) + b2
+    torch.testing.assert_close(torch.ops.scorch.chain(text, ops), want)
+    torch.testing.assert_close(Ch.run_chain_dense(text, ops), want)
+    args = [t.clone().requires_grad_() for t in ops]
+    assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.chain(text, list(a)), args)
+    torch.library.opcheck(CHAIN, (text, args))
+
+
+def test_sequence_op_rejects_bad_programs():
+    text, ops = _sequence()
+    d = __import__("json").loads(text)
+    d["steps"][0]["then"] = ["aten.gelu"]  # its derivative is not a function of its output
+    with pytest.raises(ValueError, match="not supported in a sequence"):
+        torch.ops.scorch.chain(__import__("json").dumps(d), ops)
+    d = __import__("json").loads(text)
+    d["steps"][1]["inputs"] = [0, 3, 4]  # reads no earlier step
+    with pytest.raises(ValueError, match="must read the step before"):
+        torch.ops.scorch.chain(__import__("json").dumps(d), ops)
+    d["kind"] = "zigzag"
+    with pytest.raises(ValueError, match="unknown chain kind"):
+        torch.ops.scorch.chain(__import__("json").dumps(d), ops)
+
+
+def test_relu_mlp_sequence_values_match_eager_and_explain_shows_one_region():
+    case = zoo.make("relu_mlp_sparse")
+    check_model(case, train=False, extra_inputs=[case.make_inputs(5)])
+    rep = sb.explain(case.model, *case.inputs, repeat=2)
+    (r,) = rep.regions
+    assert r.equation == "chain: ac,bc->ab + b -> relu => ac,bc->ab + b" and r.path == "sequence"
+    assert [op.split("(")[0] for op in r.ops] == ["linear", "relu", "linear"]
+    assert r.measured_speedup is not None and "2 products in one call" in str(rep)

@@ -32,7 +32,7 @@ from ..attrs import DENSE
 from ..ops_table import OPS, FuseError, Term, linear_bias
 from .graph import example, op_of, shape_of
 
-__all__ = ["Chained", "Fused", "FuseError", "Fuser", "chain_of", "fuse", "zero_grad_outside"]
+__all__ = ["Chained", "Fused", "FuseError", "Fuser", "chain_of", "fuse", "sequence_of", "zero_grad_outside"]
 
 _CHARS = string.ascii_letters
 
@@ -181,7 +181,7 @@ def addend_letters(addend, out_shape, dims) -> tuple | None:
 
 
 def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: bool, name: str,
-         label: str = "", sparse_grad_out: bool = False, addends: list = ()) -> Fused:
+         label: str = "", sparse_grad_out: bool = False, addends: list = (), allow_dense: bool = False) -> Fused:
     """The einsum of the region ending at `root`, with operand kinds; raises FuseError when it has none.
     `sparse_grad_out`: the output's gradient is known to be mostly zeros (training): the gradient programs
     take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
@@ -263,7 +263,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         squeeze.append(())
         densities.append(ca.density)
         per_operand.append(ca.density)
-    if not densities and not sparse_grad_out:
+    if not densities and not sparse_grad_out and not allow_dense:  # (allow_dense: a chain's dense first step)
         raise FuseError("no sparse operand")
     operands = _broadcast_patterns(operands, out)
     out_shape = shape_of(root)
@@ -317,6 +317,33 @@ def chain_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
         then = tuple(op_of(b).name for b in betweens[j]) if j < len(betweens) else ()
         chain_steps.append(ChainStep(f.program.text(), tuple(inputs), then))
     program = ChainProgram(tuple(chain_steps), name)
+    try:
+        parse_chain(program.text())
+    except ValueError as e:
+        raise FuseError(str(e)) from None
+    return Chained(program, leaves, list(steps))
+
+
+def sequence_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
+    """A chain of kind "sequence": step k + 1 reads step k's result (through the elementwise ops
+    betweens[k]) as one of its factors; each step runs as a region call. Raises FuseError when it cannot."""
+    leaves: list = []
+    chain_steps = []
+    for j, f in enumerate(steps):
+        if f.unit_dims or any(f.squeeze):
+            raise FuseError("a step with broadcast dimensions")
+        carried = (betweens[j - 1][-1] if betweens[j - 1] else roots[j - 1]) if j > 0 else None
+        inputs = []
+        for leaf in f.leaves:
+            if leaf is carried:
+                inputs.append(-j)
+                continue
+            if leaf not in leaves:
+                leaves.append(leaf)
+            inputs.append(leaves.index(leaf))
+        then = tuple(op_of(b).name for b in betweens[j]) if j < len(betweens) else ()
+        chain_steps.append(ChainStep(f.program.text(), tuple(inputs), then))
+    program = ChainProgram(tuple(chain_steps), name, kind="sequence")
     try:
         parse_chain(program.text())
     except ValueError as e:

@@ -36,7 +36,7 @@ from ... import config
 from .. import region_cost
 from ... import log as _log
 from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias
-from .fuse import Chained, Fused, FuseError, chain_of, fuse
+from .fuse import Chained, Fused, FuseError, chain_of, fuse, sequence_of
 from .graph import describe, example, mutated_values, op_of, shape_of, source_label
 
 
@@ -339,6 +339,7 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         taken.update(m.name for m in members)
     if chains:
         regions = _chains(regions, spares, decisions, taken, order)
+        regions = _sequences(gm, regions, decisions, taken, order, attrs, threshold, frozen)
     return regions, decisions
 
 
@@ -433,3 +434,51 @@ def _chains(regions: list, spares: list, decisions: list, taken: set, order: dic
                 taken.update(m.name for m in x.members)
     kept = [r for r in regions if r not in used] + out
     return sorted(kept, key=lambda r: order[r.root])
+
+
+def _sequences(gm, regions: list, decisions: list, taken: set, order: dict, attrs: dict, threshold: float,
+               frozen: bool) -> list:
+    """Join a product left dense with the region that reads its result, through elementwise ops with
+    f(0) = 0 used once, as its sparse operand (linear -> bias -> ReLU -> linear whose ReLU output is measured
+    sparse): one `scorch::chain` call of kind "sequence" (custom_ops/chain.py). The first product runs dense
+    with its bias added by BLAS, the ReLU in place on its result, the second product on the activation
+    compressed, with its own bias, all in one call."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for r in regions:
+        f = r.fused
+        if f is None or r.chain is not None:
+            out.append(r)
+            continue
+        joined = None
+        for k, (o, leaf) in enumerate(zip(f.program.operands, f.leaves)):
+            if o.kind != "sparse" or f.squeeze[k] or f.leaves.count(leaf) != 1 or leaf.name in taken:
+                continue
+            between, n = [], leaf
+            while OPS.get(op_of(n).name) is not None and OPS[op_of(n).name].between and len(n.users) == 1 \
+                    and len(op_of(n).args) == 1 and not op_of(n).kwargs and isinstance(op_of(n).args[0], fx.Node) \
+                    and op_of(n).name in ("aten.relu", "aten.neg", "aten.tanh"):
+                between.insert(0, n)
+                n = op_of(n).args[0]
+            if not between or n.name in taken or len(n.users) != 1 or op_of(n).name not in CONTRACTIONS:
+                continue
+            members = _grow([n], taken)
+            try:
+                first = fuse(n, members, attrs, threshold, frozen, r.name, allow_dense=True)
+                chained = sequence_of([first, f], [n, r.root], [between], r.name)
+            except FuseError:
+                continue
+            joined = (n, members, between, chained)
+            break
+        if joined is None:
+            out.append(r)
+            continue
+        n, members, between, chained = joined
+        all_members = sorted(set(r.members) | set(members) | set(between), key=order.get)
+        label = source_label(r.root, all_members)
+        chained.program = type(chained.program)(chained.program.steps, r.name, label, "sequence")
+        out.append(Region(r.name, r.root, all_members, None, r.estimated_speedup, [describe(m) for m in all_members],
+                          label=label, chain=chained))
+        taken.update(m.name for m in all_members)
+        decisions[:] = [d for d in decisions if d.node != n.name]
+    return out
