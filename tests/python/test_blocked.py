@@ -57,6 +57,39 @@ def test_spmm_and_linear_match_dense(dtype, index_dtype, block):
             assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (block, m, k, n, keep)
 
 
+# Block heights whose register tile takes a different number of the block's rows at once (the largest divisor
+# of the height the tile holds: all of 2, 5, 7 and 8, 6 of 12, 3 of 9, 8 of 16) with widths that are not.
+TALL_BLOCKS = [(5, 2), (7, 3), (8, 8), (9, 2), (12, 4), (16, 1), (16, 16)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+def test_tall_blocks_match_dense_under_both_dispatch_modes(monkeypatch, dtype, index_dtype, dispatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    for bh, bw in TALL_BLOCKS:
+        # (block rows, block columns, dense columns): empty, one block row, odd, wider than every register tile
+        for mb, kb, n in [(0, 2, 7), (1, 1, 1), (1, 3, 19), (3, 5, 33), (6, 4, 131), (2, 0, 8)]:
+            for keep in (0.0, 0.4, 1.0):
+                m, k = mb * bh, kb * bw
+                w = block_pruned(m, k, bh, bw, keep, dtype, seed=bh * 1000 + mb * 100 + kb * 10 + n)
+                a = sb.sparse(w, "bsr", blocksize=(bh, bw), index_dtype=index_dtype)
+                b = torch.randn(k, n, dtype=dtype)
+                assert close(sb.einsum("ij,jk->ik", a, b), w @ b, dtype), (bh, bw, m, k, n, keep, dispatch)
+                x = torch.randn(n, k, dtype=dtype)
+                assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (bh, bw, m, k, n, keep, dispatch)
+
+
+def test_tall_blocks_take_more_rows_per_register_tile():
+    # A 16-row block keeps more of its rows in the register tile than a 4-row one, and never more than 16.
+    for bh in (4, 16):
+        bsr = f"dense(0/{bh}),compressed(1/{bh}),dense(0%{bh}),dense(1%{bh})"
+        src = _C.kernel_source(plan("ij,jk->ik", [bsr, "strided"], [(64, 64), (64, 128)])["spec"])
+        line = next(l for l in src.splitlines() if "blocked kernel (spmm)" in l)
+        rows = int(line.split(" rows x ")[0].split()[-1])
+        assert bh % rows == 0 and (rows == 4 if bh == 4 else rows > 4), line
+
+
 def test_one_stored_block_and_a_single_entry():
     w = torch.zeros(64, 48)
     w[16:20, 8:12] = torch.arange(16.0).reshape(4, 4)

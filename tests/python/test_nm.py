@@ -127,6 +127,37 @@ def test_spmm_and_linear_match_dense(dtype, index_dtype, nm):
             assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (nm, rows, cols, k, density)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("nm", [(2, 4), (1, 4), (3, 5)])
+def test_large_shapes_cross_row_blocks_and_chunks(dtype, index_dtype, nm):
+    # Enough rows for several row blocks per thread (the blocks fill a quarter of L2 with output tiles) and
+    # enough groups for several L1 chunks of mask words, with a partial last word and a short last group.
+    n, m = nm
+    for rows, cols, k in [(2600, 74, 128), (1030, 261, 37), (3, 1001, 160)]:
+        w = nm_pruned(rows, cols, n, m, 0.9, dtype, seed=rows + cols + k)
+        a = sb.sparse(w, f"nm({n},{m})", index_dtype=index_dtype)
+        b = torch.randn(cols, k, dtype=dtype)
+        assert close(sb.einsum("ij,jk->ik", a, b), w @ b, dtype), (nm, rows, cols, k)
+        x = torch.randn(k, cols, dtype=dtype)
+        assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (nm, rows, cols, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_automatic_dispatch_agrees(monkeypatch, dtype, index_dtype):
+    # Under the default dispatch the cost model may run these dense or sparse: the results agree either way.
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    for n, m in NM:
+        for rows, cols, k in SHAPES + [(300, 130, 128)]:
+            w = nm_pruned(rows, cols, n, m, 1.0, dtype, seed=rows * 7 + cols)
+            a = sb.sparse(w, f"nm({n},{m})", index_dtype=index_dtype)
+            b = torch.randn(cols, k, dtype=dtype)
+            assert close(sb.einsum("ij,jk->ik", a, b), w @ b, dtype), (n, m, rows, cols, k)
+            x = torch.randn(k, cols, dtype=dtype)
+            assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (n, m, rows, cols, k)
+
+
 def test_transposed_nm_operand():
     # Groups along the rows (dense(1),nm[2:4](0)): the kernel takes the located level as its rows.
     w = nm_pruned(12, 7, 2, 4, 1.0, torch.float32, seed=3).T.contiguous()  # 7 x 12, groups down columns of w.T
@@ -258,6 +289,54 @@ def test_masks_written_behind_the_version_counter():
     for line in lines[2:8]:
         # The level's validation names the level and the mask's group at fault.
         assert line.startswith("ValueError:") and "level 1 (nm[2:4]" in line and "the mask of group" in line, line
+
+
+def test_any_mask_word_is_refused_or_right_never_a_crash():
+    # Mask words written behind the version counter anywhere (a full word, the partial last word with its
+    # short last group, any row of either thread's share): the kernel decodes them without leaving the group
+    # and flags them as it goes; the op then names the group (ValueError), or, when the word happens to be a
+    # good n:m mask, the result is the product with what the buffers now hold.
+    body = """
+    import random, torch, scorch_backend as sb
+    rng = random.Random(7)
+    for n, m, rows, cols in [(2, 4, 40, 74), (1, 4, 33, 18), (3, 5, 9, 43), (2, 4, 600, 64)]:
+        w = torch.randn(rows, cols) * ((torch.arange(cols) % m) < n)
+        A = sb.sparse(w, f"nm({n},{m})")
+        x = torch.randn(cols, 21)
+        buf = A.level_buffers["mask1"].numpy()
+        for trial in range(40):
+            at = rng.randrange(buf.size)
+            old = int(buf[at])
+            choice = rng.random()
+            if choice < 0.4:
+                new = rng.randrange(-2**31, 2**31)
+            elif choice < 0.8:
+                new = old ^ (1 << rng.randrange(32))
+                new = new - 2**32 if new >= 2**31 else new
+            else:
+                new = old
+            buf[at] = new
+            for f in (lambda: sb.einsum("ij,jk->ik", A, x), lambda: sb.einsum("bk,nk->bn", x.T.contiguous(), A)):
+                try:
+                    got = f()
+                    ref = A.to_dense()
+                    want = ref @ x if got.shape[0] == rows else x.T @ ref.T
+                    print("OK" if torch.allclose(got, want, atol=1e-4) else "WRONG", new == old)
+                except ValueError as e:
+                    print("ValueError", new == old, "the mask of group" in str(e) or "past the last group" in str(e))
+            buf[at] = old
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, SCORCH_DISPATCH="sparse"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 4 * 40 * 2, lines[:5]
+    assert not any(l.startswith("WRONG") for l in lines), [l for l in lines if l.startswith("WRONG")][:5]
+    # An unchanged word always runs; a refused one is refused with the group or word named.
+    assert all(l == "OK True" for l in lines if l.endswith("True") and not l.startswith("ValueError")), lines[:5]
+    assert not any(l.startswith("ValueError True") for l in lines)
+    refused = [l for l in lines if l.startswith("ValueError")]
+    assert refused and all(l.endswith("True") for l in refused), refused[:5]
 
 
 def test_x86_64_v3_and_scalar_targets_agree():
