@@ -20,7 +20,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const int64_t os1 = 1;
   const int64_t os0 = 1 * N1;
   const int64_t out_numel = 1 * N1 * N0; (void)out_numel;
-  // blocked kernel (spmm): 16x16 blocks, 4 rows x 2 vectors of 8 lanes per register tile
+  // blocked kernel (spmm): 16x16 blocks, 8 rows x 1 vectors of 8 lanes per register tile
   if (N0 % 16 != 0 || N2 % 16 != 0) return SCORCH_STATUS_BAD_INDEX;
   const int64_t NPb = N0 / 16, NQb = N2 / 16;
   #if defined(__x86_64__) || defined(__i386__)
@@ -45,58 +45,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       for (int64_t po = lo; po < hi; ++po) {
         int64_t kb = t0_pos1[po], kbe = t0_pos1[po + 1]; segment(kb, kbe, t0_crd1_n, bad);
         coords_in_range(t0_crd1, kb, kbe, NQb, bad);
-        for (int64_t rr = 0; rr < 16; rr += 4) {
+        for (int64_t rr = 0; rr < 16; rr += 8) {
         int64_t jo = 0;
-        for (; jo + 16 <= N1; jo += 16) {
-        vec_t a0_0 = {}, a0_1 = {}, a1_0 = {}, a1_1 = {}, a2_0 = {}, a2_1 = {}, a3_0 = {}, a3_1 = {};
-        for (int64_t bq = kb; bq < kbe; ++bq) {
-          const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
-          #pragma GCC unroll 32
-          for (int64_t c = 0; c < 16; ++c) {
-            vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 8);
-            SCORCH_IN_REGISTER(d0); SCORCH_IN_REGISTER(d1);
-            { const val_t s = blk[0 + c]; a0_0 += s * d0; a0_1 += s * d1; }
-            { const val_t s = blk[16 + c]; a1_0 += s * d0; a1_1 += s * d1; }
-            { const val_t s = blk[32 + c]; a2_0 += s * d0; a2_1 += s * d1; }
-            { const val_t s = blk[48 + c]; a3_0 += s * d0; a3_1 += s * d1; }
-          }
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 0) * os0 + (jo + 0 + l) * os1] = a0_0[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 0) * os0 + (jo + 8 + l) * os1] = a0_1[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 1) * os0 + (jo + 0 + l) * os1] = a1_0[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 1) * os0 + (jo + 8 + l) * os1] = a1_1[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 2) * os0 + (jo + 0 + l) * os1] = a2_0[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 2) * os0 + (jo + 8 + l) * os1] = a2_1[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 3) * os0 + (jo + 0 + l) * os1] = a3_0[l];
-        }
-        #pragma omp simd
-        for (int64_t l = 0; l < 8; ++l) {
-          o[(po * 16 + rr + 3) * os0 + (jo + 8 + l) * os1] = a3_1[l];
-        }
-        }
         for (; jo + 8 <= N1; jo += 8) {
-        vec_t a0_0 = {}, a1_0 = {}, a2_0 = {}, a3_0 = {};
+        vec_t a0_0 = {}, a1_0 = {}, a2_0 = {}, a3_0 = {}, a4_0 = {}, a5_0 = {}, a6_0 = {}, a7_0 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
           const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
@@ -108,6 +60,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             { const val_t s = blk[16 + c]; a1_0 += s * d0; }
             { const val_t s = blk[32 + c]; a2_0 += s * d0; }
             { const val_t s = blk[48 + c]; a3_0 += s * d0; }
+            { const val_t s = blk[64 + c]; a4_0 += s * d0; }
+            { const val_t s = blk[80 + c]; a5_0 += s * d0; }
+            { const val_t s = blk[96 + c]; a6_0 += s * d0; }
+            { const val_t s = blk[112 + c]; a7_0 += s * d0; }
           }
         }
         #pragma omp simd
@@ -126,9 +82,25 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         for (int64_t l = 0; l < 8; ++l) {
           o[(po * 16 + rr + 3) * os0 + (jo + 0 + l) * os1] = a3_0[l];
         }
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          o[(po * 16 + rr + 4) * os0 + (jo + 0 + l) * os1] = a4_0[l];
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          o[(po * 16 + rr + 5) * os0 + (jo + 0 + l) * os1] = a5_0[l];
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          o[(po * 16 + rr + 6) * os0 + (jo + 0 + l) * os1] = a6_0[l];
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          o[(po * 16 + rr + 7) * os0 + (jo + 0 + l) * os1] = a7_0[l];
+        }
         }
         for (; jo < N1; ++jo) {
-        val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0;
+        val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0, a4_0 = 0, a5_0 = 0, a6_0 = 0, a7_0 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
           const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
@@ -139,12 +111,20 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             { const val_t s = blk[16 + c]; a1_0 += s * d0; }
             { const val_t s = blk[32 + c]; a2_0 += s * d0; }
             { const val_t s = blk[48 + c]; a3_0 += s * d0; }
+            { const val_t s = blk[64 + c]; a4_0 += s * d0; }
+            { const val_t s = blk[80 + c]; a5_0 += s * d0; }
+            { const val_t s = blk[96 + c]; a6_0 += s * d0; }
+            { const val_t s = blk[112 + c]; a7_0 += s * d0; }
           }
         }
         o[(po * 16 + rr + 0) * os0 + (jo + 0) * os1] = a0_0;
         o[(po * 16 + rr + 1) * os0 + (jo + 0) * os1] = a1_0;
         o[(po * 16 + rr + 2) * os0 + (jo + 0) * os1] = a2_0;
         o[(po * 16 + rr + 3) * os0 + (jo + 0) * os1] = a3_0;
+        o[(po * 16 + rr + 4) * os0 + (jo + 0) * os1] = a4_0;
+        o[(po * 16 + rr + 5) * os0 + (jo + 0) * os1] = a5_0;
+        o[(po * 16 + rr + 6) * os0 + (jo + 0) * os1] = a6_0;
+        o[(po * 16 + rr + 7) * os0 + (jo + 0) * os1] = a7_0;
         }
         }
       }
