@@ -280,14 +280,16 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
                   const std::map<char, int64_t>& sizes) {
   std::vector<int64_t> lead;
   for (int i = 0; i < o.expand; ++i) lead.push_back(sizes.at(o.letters[i]));
-  std::string key = fmt::format("{}|{}|", static_cast<int>(o.kind), c10::toString(dtype));
+  const char* order = o.col_major ? "T" : "";
+  std::string key = fmt::format("{}{}|{}|", static_cast<int>(o.kind), order, c10::toString(dtype));
   for (auto s : lead) key += std::to_string(s) + ",";
   auto it = e.sparse.find(key);
   if (it != e.sparse.end()) return it->second;
   if (o.kind == RegionOperand::Kind::pattern && lead.empty()) {
     // The same tensor compressed with its values (the forward pass of the region that also samples its
     // gradient): the pattern is those index buffers with ones.
-    auto same = e.sparse.find(fmt::format("{}|{}|", static_cast<int>(RegionOperand::Kind::sparse), c10::toString(dtype)));
+    auto same = e.sparse.find(
+        fmt::format("{}{}|{}|", static_cast<int>(RegionOperand::Kind::sparse), order, c10::toString(dtype)));
     if (same != e.sparse.end()) {
       Operand c = same->second.with_values(at::ones_like(same->second.values));
       e.sparse.emplace(key, c);
@@ -296,10 +298,15 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   }
   ++n_compressions;
   at::Tensor src = t.detach();
+  at::Tensor counts = e.row_counts;
+  if (o.col_major) {  // the transpose's rows (the counts are the other way's)
+    src = src.t().contiguous();
+    counts = at::Tensor();
+  }
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
       (src.scalar_type() == at::kFloat || src.scalar_type() == at::kDouble)) {
     // The positions of the nonzeros, read off the tensor itself (no 0/1 copy of it first), with ones as values.
-    if (auto fast = compress_rows(src, interned_format("csr", static_cast<int>(src.dim())), e.row_counts)) {
+    if (auto fast = compress_rows(src, interned_format("csr", static_cast<int>(src.dim())), counts)) {
       Operand c = fast->with_values(at::ones({fast->values.numel()}, fast->values.options().dtype(dtype)));
       e.sparse.emplace(key, c);
       return c;
@@ -317,7 +324,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
     src = src.to(dtype);  // (a narrower type may round values to zero: the counts are not reused)
   }
   const bool same = o.kind == RegionOperand::Kind::sparse && src.scalar_type() == t.scalar_type();
-  Operand c = compress(src, same ? e.row_counts : at::Tensor());
+  Operand c = compress(src, same ? counts : at::Tensor());
   e.sparse.emplace(key, c);
   return c;
 }

@@ -31,6 +31,10 @@ struct RegionOperand {
   // Its gradient is needed only where it is nonzero (a ReLU's output: the ReLU's backward zeroes the rest), so
   // the gradient program samples it there (the operand itself joins as a pattern factor).
   bool masked_grad = false;
+  // A 2-D compressed operand whose first letter the program sums away and whose second it keeps (a weight's
+  // gradient g^T h): compressed in column order, its second letter the outer loop, so threads write rows of
+  // their own instead of each summing into a private copy of the output. Program text: "col_major" list.
+  bool col_major = false;
   // A compressed operand handed over already packed (a rewritten model's weight, stored compressed): its
   // format, its full size and how many index buffers the format keeps. Its slot in the operand list holds
   // the stored values; the index buffers follow all slots, operand by operand. Never differentiated.

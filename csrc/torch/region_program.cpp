@@ -188,8 +188,12 @@ void derive(RegionProgram& p) {
       if (order.find(c) == std::string::npos) order += c;
   };
   auto factor = [](const RegionOperand& o) { return o.kind != RegionOperand::Kind::add; };
+  // a column-order operand is walked with its letters swapped
+  auto walked = [](const RegionOperand& o) {
+    return o.col_major ? std::string{o.letters[1], o.letters[0]} : o.letters;
+  };
   for (const auto& o : p.operands)
-    if (o.kind != RegionOperand::Kind::dense && factor(o)) add(o.letters);
+    if (o.kind != RegionOperand::Kind::dense && factor(o)) add(walked(o));
   add(p.out);
   for (const auto& o : p.operands)
     if (factor(o)) add(o.letters);
@@ -203,7 +207,7 @@ void derive(RegionProgram& p) {
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
     p.kernel_letters.push_back(o.kind == RegionOperand::Kind::sparse || o.kind == RegionOperand::Kind::pattern
-                                   ? o.letters
+                                   ? walked(o)
                                    : by_order(o.letters));
     if (!factor(o)) continue;
     kernel += (kernel.empty() ? "" : ",") + p.kernel_letters.back();
@@ -278,6 +282,18 @@ RegionProgram parse_text(const std::string& text) {
     const std::string kind = as<std::string>(*g, "grad_out");
     SCORCH_CHECK(kind == "dense" || kind == "sparse", "scorch::region: grad_out is 'dense' or 'sparse', got '{}'", kind);
     p.sparse_grad_out = kind == "sparse";
+  }
+  if (const Json* m = field(o, "col_major")) {
+    for (const Json& e : as<JsonArray>(*m, "col_major must be a list")) {
+      const double k = as<double>(e, "col_major entry");
+      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
+                   "scorch::region: col_major names no operand ({})", k);
+      RegionOperand& r = p.operands[static_cast<size_t>(k)];
+      SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::pattern) &&
+                       r.letters.size() == 2 && r.expand == 0 && r.packed.empty(),
+                   "scorch::region: only a 2-D compressed operand (not packed, not broadcast) can be in column order");
+      r.col_major = true;
+    }
   }
   if (const Json* m = field(o, "masked_grads")) {
     for (const Json& e : as<JsonArray>(*m, "masked_grads must be a list")) {
@@ -360,6 +376,10 @@ std::string RegionProgram::text() const {
   for (size_t k = 0; k < operands.size(); ++k)
     if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
   if (!masked.empty()) s += ",\"masked_grads\":[" + masked + "]";
+  std::string cols;
+  for (size_t k = 0; k < operands.size(); ++k)
+    if (operands[k].col_major) cols += fmt::format("{}{}", cols.empty() ? "" : ",", k);
+  if (!cols.empty()) s += ",\"col_major\":[" + cols + "]";
   return s + "}";
 }
 
@@ -418,6 +438,11 @@ RegionGradient region_gradient(const std::string& text, int k) {
   for (char c : target.letters)
     if (present.find(c) != std::string::npos) r.produced += c;
   g.out = r.produced;
+  // A compressed matrix whose first letter this program sums away and whose second it keeps: column order.
+  for (RegionOperand& o : g.operands)
+    o.col_major = (o.kind == RegionOperand::Kind::sparse || o.kind == RegionOperand::Kind::pattern) &&
+                  o.letters.size() == 2 && o.expand == 0 && o.packed.empty() &&
+                  g.out.find(o.letters[0]) == std::string::npos && g.out.find(o.letters[1]) != std::string::npos;
   g.coef = p.coef;
   g.frozen = p.frozen;
   g.name = p.name + ".grad" + std::to_string(k);
