@@ -105,8 +105,14 @@ void push_lines(Stmts& out, const std::string& text) {
 
 // Per-thread buffers, the output's row positions and the flags of the region, before it.
 const char* kPrologue = R"(int nthreads = args->num_threads > 0 ? args->num_threads : 1;
+// A thread's buffers kept from one call to the next (a slot per thread number, taken and put back atomically, so
+// calls running at once never share one): its entries' buffers and the dense workspace (kept zero between rows),
+// whose pages are then not faulted in and cleared again at every call. Buffers past kKeepEntries are not kept.
+struct Scratch { idx_t* crd; val_t* val; int64_t cap; val_t* wv; unsigned char* wf; uint64_t* wb; int64_t wcols; };
+static Scratch* scratch_slots[64];
+const int64_t kKeepEntries = (int64_t)1 << 23;
 // One thread's entries: its rows' coordinates and values, in row order.
-struct Chunk { idx_t* crd; val_t* val; int64_t n, cap; int failed; };
+struct Chunk { idx_t* crd; val_t* val; int64_t n, cap; int failed; Scratch* s; };
 Chunk* chunks = (Chunk*)calloc(nthreads, sizeof(Chunk));
 int64_t* shares = (int64_t*)calloc(nthreads + 1, sizeof(int64_t));
 idx_t* out_pos = (idx_t*)malloc((size_t)(R + 1) * sizeof(idx_t));
@@ -117,7 +123,7 @@ ub[0] = 0;
 idx_t* out_crd = nullptr;
 val_t* out_val = nullptr;
 int64_t total = 0;
-int bad_index = 0, input_bad = 0, failed = 0, too_many = 0;)";
+int bad_index = 0, input_bad = 0, failed = 0, too_many = 0, given = 0;)";
 
 // After each thread computed its rows: thread 0's buffers grow into the result, the others are copied in,
 // and row counts become positions. Inside the region.
@@ -130,27 +136,43 @@ const char* kGather = R"(#pragma omp barrier
   if (!ok || failed) {
   } else if (sizeof(idx_t) < 8 && total > (int64_t)std::numeric_limits<idx_t>::max()) {
     too_many = 1;
-  } else {
-    // realloc of a large block remaps its pages: thread 0's entries are not copied.
+  } else if (chunks[0].cap > kKeepEntries || !chunks[0].s) {
+    // Thread 0's buffers are not kept: they grow into the result (realloc of a large block remaps its pages,
+    // so thread 0's entries are not copied).
     idx_t* c0 = (idx_t*)realloc(chunks[0].crd, (size_t)(total + 1) * sizeof(idx_t));
     if (c0) chunks[0].crd = c0;
     val_t* v0 = (val_t*)realloc(chunks[0].val, (size_t)(total + 1) * sizeof(val_t));
     if (v0) chunks[0].val = v0;
-    if (c0 && v0) { out_crd = c0; out_val = v0; chunks[0].crd = nullptr; chunks[0].val = nullptr; }
+    if (c0 && v0) { out_crd = c0; out_val = v0; chunks[0].crd = nullptr; chunks[0].val = nullptr; chunks[0].cap = 0; given = 1; }
     else failed = 1;
+  } else {
+    out_crd = (idx_t*)malloc((size_t)(total + 1) * sizeof(idx_t));
+    out_val = (val_t*)malloc((size_t)(total + 1) * sizeof(val_t));
+    if (!out_crd || !out_val) { free(out_crd); free(out_val); out_crd = nullptr; out_val = nullptr; failed = 1; }
   }
 }
+// Each thread copies its entries in (the result's pages first touched by the threads together).
 if (out_crd) {
   const int64_t off = shares[tid];
-  if (tid > 0 && ch.n > 0) {
+  if (ch.n > 0 && !(tid == 0 && given)) {
     memcpy(out_crd + off, ch.crd, (size_t)ch.n * sizeof(idx_t));
     memcpy(out_val + off, ch.val, (size_t)ch.n * sizeof(val_t));
   }
   int64_t at = off;
   for (int64_t i = lo; i < hi; ++i) { at += (int64_t)out_pos[i + 1]; out_pos[i + 1] = (idx_t)at; }
 }
-free(ch.crd);
-free(ch.val);
+if (ch.s && ch.cap <= kKeepEntries) {
+  ch.s->crd = ch.crd; ch.s->val = ch.val; ch.s->cap = ch.cap;
+} else {
+  free(ch.crd); free(ch.val);
+  if (ch.s) { ch.s->crd = nullptr; ch.s->val = nullptr; ch.s->cap = 0; }
+}
+if (ch.s) {
+  Scratch* none = nullptr;
+  if (tid >= 64 || !__atomic_compare_exchange_n(&scratch_slots[tid], &none, ch.s, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    free(ch.s->crd); free(ch.s->val); free(ch.s->wv); free(ch.s->wf); free(ch.s->wb); free(ch.s);
+  }
+}
 if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);)";
 
 // After the region: the result handed over (assemble.h's protocol) or everything freed.
@@ -213,9 +235,15 @@ int64_t hi = tid + 1 == nt ? R : std::lower_bound(ub, ub + R + 1, (int64_t)((__i
 if (!ok) hi = lo;
 // 3. This thread's rows into its own buffers; each row's count into out_pos[i + 1].
 Chunk& ch = chunks[tid];
+ch.s = tid < 64 ? __atomic_exchange_n(&scratch_slots[tid], (Scratch*)nullptr, __ATOMIC_ACQ_REL) : nullptr;
+if (!ch.s) ch.s = (Scratch*)calloc(1, sizeof(Scratch));
+if (ch.s) { ch.crd = ch.s->crd; ch.val = ch.s->val; ch.cap = ch.s->cap; ch.s->crd = nullptr; ch.s->val = nullptr; }
 val_t* wv = nullptr;         // dense workspace: a value, a byte and a bit per output column (at first use)
 uint64_t* wb = nullptr;
 unsigned char* wf = nullptr;
+if (ch.s && ch.s->wv && ch.s->wcols == C) { wv = ch.s->wv; wf = ch.s->wf; wb = ch.s->wb; }
+else if (ch.s) { free(ch.s->wv); free(ch.s->wf); free(ch.s->wb); }
+if (ch.s) { ch.s->wv = nullptr; ch.s->wf = nullptr; ch.s->wb = nullptr; ch.s->wcols = 0; }
 idx_t* hk = nullptr;         // hash table: keys (-1: empty) and values, hcap slots (grown as needed)
 val_t* hv = nullptr;
 int64_t hcap = 0;
@@ -230,8 +258,9 @@ for (int64_t i = lo; i < hi; ++i) {
     // First the thread's upper bound (its rows' multiply-adds, or columns times rows if fewer), so that the
     // buffers need not grow, up to 2^24 entries; past that, doubling.
     const int64_t bound = (int64_t)std::min<double>((double)(ub[hi] - ub[lo]), (double)C * (double)(hi - lo));
-    int64_t cap = ch.cap ? 2 * ch.cap : std::max<int64_t>(4096, std::min<int64_t>(bound, (int64_t)1 << 24));
+    int64_t cap = std::max<int64_t>(2 * ch.cap, std::max<int64_t>(4096, std::min<int64_t>(bound, (int64_t)1 << 24)));
     if (cap < n + most) cap = n + most;
+    if (n == 0) { free(ch.crd); free(ch.val); ch.crd = nullptr; ch.val = nullptr; }  // kept buffers: nothing to copy
     idx_t* c2 = (idx_t*)realloc(ch.crd, (size_t)cap * sizeof(idx_t));
     if (c2) ch.crd = c2;
     val_t* v2 = (val_t*)realloc(ch.val, (size_t)cap * sizeof(val_t));
@@ -374,7 +403,9 @@ for (int64_t i = lo; i < hi; ++i) {
   n += m;
 }
 ch.n = n;
-free(wv); free(wf); free(wb); free(hk); free(hv);)";
+if (ch.s && !ch.failed && wv) { ch.s->wv = wv; ch.s->wf = wf; ch.s->wb = wb; ch.s->wcols = C; }
+else { free(wv); free(wf); free(wb); }
+free(hk); free(hv);)";
 
 // Merge: the region's body from the row checks to the thread's rows computed (before kGather).
 const char* kMerge = R"(const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -403,13 +434,20 @@ auto first_row = [&](int t) -> int64_t {
 };
 const int64_t lo = ok ? first_row(tid) : 0;
 int64_t hi = ok ? first_row(tid + 1) : 0;
-// 3. This thread's rows into its own buffers, of exactly the entries both operands store in them.
+// 3. This thread's rows into its own buffers, of at least the entries both operands store in them.
 Chunk& ch = chunks[tid];
+ch.s = tid < 64 ? __atomic_exchange_n(&scratch_slots[tid], (Scratch*)nullptr, __ATOMIC_ACQ_REL) : nullptr;
+if (!ch.s) ch.s = (Scratch*)calloc(1, sizeof(Scratch));
+if (ch.s) { ch.crd = ch.s->crd; ch.val = ch.s->val; ch.cap = ch.s->cap; ch.s->crd = nullptr; ch.s->val = nullptr; }
 {
-  const int64_t cap = lo < hi ? ((int64_t)ap[hi] - (int64_t)ap[lo]) + ((int64_t)bp[hi] - (int64_t)bp[lo]) : 0;
-  ch.crd = (idx_t*)malloc((size_t)(cap + 1) * sizeof(idx_t));
-  ch.val = (val_t*)malloc((size_t)(cap + 1) * sizeof(val_t));
-  if (!ch.crd || !ch.val) { ch.failed = 1; hi = lo; }
+  const int64_t cap = 1 + (lo < hi ? ((int64_t)ap[hi] - (int64_t)ap[lo]) + ((int64_t)bp[hi] - (int64_t)bp[lo]) : 0);
+  if (!ch.s || ch.cap < cap) {
+    free(ch.crd); free(ch.val);
+    ch.crd = (idx_t*)malloc((size_t)cap * sizeof(idx_t));
+    ch.val = (val_t*)malloc((size_t)cap * sizeof(val_t));
+    ch.cap = cap;
+  }
+  if (!ch.s || !ch.crd || !ch.val) { ch.failed = 1; hi = lo; }
 }
 int64_t n = 0;
 for (int64_t i = lo; i < hi; ++i) {

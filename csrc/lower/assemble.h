@@ -27,10 +27,14 @@
 //      prefix sum; threads then split the rows so that each gets about the same number of multiply-adds.
 //      merge: threads split the rows by the stored entries of both operands;
 //   3. each thread computes its rows into its own crd/value buffers and writes each row's count into pos;
-//   4. one thread sums the threads' counts and grows thread 0's buffers into the whole result (realloc of a
-//      large block remaps pages, it does not copy); the other threads copy theirs in after it and turn their
-//      rows' counts into positions.
-// So the entries are written once, plus one copy of what threads other than the first computed.
+//   4. one thread sums the threads' counts and allocates the result; every thread copies its entries in (the
+//      result's pages first touched by all threads at once) and turns its rows' counts into positions. When
+//      thread 0's buffers are too large to keep (below), they grow into the result instead (realloc of a large
+//      block remaps its pages) and only the other threads copy theirs.
+// So the entries are written twice: once into the thread's buffers, once into the result. A thread's buffers
+// (up to 2^23 entries) and its dense workspace are kept from one call to the next in a slot per thread number,
+// taken and put back atomically (calls running at once never share one), so that their pages are not faulted in
+// and cleared again at every call: that, not the copy, was what the result's assembly cost.
 //
 // The workspace of a gustavson row, chosen per row from its upper bound u (entries it may produce) and the
 // dense workspace's size: a row of one entry is B's row scaled (already sorted: no workspace); otherwise, if a

@@ -298,3 +298,36 @@ def test_sddmm_gathers_rows_past_l2(monkeypatch):
             torch.testing.assert_close(out.to_dense().double(), ref, rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(old)
+
+
+def test_kept_buffers_between_calls(monkeypatch):
+    """A kernel keeps each thread's buffers and dense workspace from one call to the next: calls of one kernel
+    on different column counts (the workspace reallocated or reused, and left zero by each), after a larger and
+    a smaller result, and from several Python threads at once, each give their own exact result."""
+    import concurrent.futures
+
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(11)
+        cases = []
+        for cols, dens in [(5000, 0.01), (40, 0.5), (5000, 0.002), (70_000, 0.0005), (40, 0.05), (5000, 0.01)]:
+            A = sp.random_array((120, 300), density=0.05, format="csr", dtype=np.float64, random_state=rng)
+            B = sp.random_array((300, cols), density=dens, format="csr", dtype=np.float64, random_state=rng)
+            cases.append((A, B))
+        for A, B in cases:
+            scipy_check(sb.einsum("ij,jk->ik", sb.sparse(A, "csr"), sb.sparse(B, "csr")), A @ B)
+            scipy_check(sb.compute("C(i,j) = A(i,j) + B(i,j)", A=sb.sparse(A, "csr"), B=sb.sparse(A[::-1], "csr")),
+                        A + A[::-1])
+
+        def run(k):
+            A, B = cases[k % len(cases)]
+            out = sb.einsum("ij,jk->ik", sb.sparse(A, "csr"), sb.sparse(B, "csr"))
+            scipy_check(out, A @ B)
+            return True
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(run, range(24)))
+    finally:
+        torch.set_num_threads(old)
