@@ -651,6 +651,8 @@ LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, c
     if (n == 1) return fmt::format("{}[{}]", v, lo);
     return "(" + tree(lo, n / 2, v) + " + " + tree(lo + n / 2, n - n / 2, v) + ")";
   };
+  // Whether n entries' sums are reduced together (a power of two of at least 2, at most the lanes).
+  auto butterfly = [&](int n) { return n >= 2 && n <= w && (n & (n - 1)) == 0 && (w & (w - 1)) == 0; };
   // The code for `n` entries at once starting at position e (n = G in the main loop, 1 for the rest).
   auto entries = [&](int n) {
     std::string c;
@@ -672,6 +674,52 @@ LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, c
     c += fmt::format("if (kk + {0} <= K) {{\n  const vec_t x0 = vload(pr + kk);\n", w);
     for (int x = 0; x < n; ++x) c += fmt::format("  a{0}_0 += x0 * vload(q{0} + kk);\n", x);
     c += fmt::format("  kk += {};\n}}\n", w);
+    if (butterfly(n)) {
+      // The n sums reduced together: pairs of vectors folded into one (each half of the result a half-sum of
+      // one vector), until one vector holds n segments of w / n lanes, entry x's in segment x; then each segment
+      // folded onto its first lane. n - 1 + log2(w / n) shuffle-adds for the n entries, not w - 1 adds each.
+      std::vector<std::string> cur;
+      for (int x = 0; x < n; ++x) {
+        c += fmt::format("const vec_t t{0} = a{0}_0 + a{0}_1;\n", x);
+        cur.push_back(fmt::format("t{}", x));
+      }
+      int seg = w, level = 0;
+      while (cur.size() > 1) {
+        const int h = seg / 2, per = w / seg;  // segments of `seg` lanes in each input vector
+        std::vector<int> lo_m, hi_m;
+        for (int l = 0; l < w; ++l) {
+          const int out_seg = l / h, within = l % h;
+          const int src = out_seg < per ? 0 : 1, sseg = out_seg < per ? out_seg : out_seg - per;
+          lo_m.push_back(src * w + sseg * seg + within);
+          hi_m.push_back(src * w + sseg * seg + h + within);
+        }
+        std::vector<std::string> next;
+        for (size_t j = 0; j + 1 < cur.size(); j += 2) {
+          const std::string v = fmt::format("u{}_{}", level, j / 2);
+          c += fmt::format("const vec_t {0} = __builtin_shufflevector({1}, {2}, {3}) + __builtin_shufflevector({1}, {2}, {4});\n",
+                           v, cur[j], cur[j + 1], fmt::join(lo_m, ", "), fmt::join(hi_m, ", "));
+          next.push_back(v);
+        }
+        cur = next;
+        seg = h;
+        ++level;
+      }
+      std::string r = cur[0];
+      for (; seg > 1; seg /= 2, ++level) {
+        const int h = seg / 2;
+        std::vector<int> m;
+        for (int l = 0; l < w; ++l) m.push_back(l % seg < h ? l + h : l);
+        const std::string v = fmt::format("u{}_0", level);
+        c += fmt::format("const vec_t {0} = {1} + __builtin_shufflevector({1}, {1}, {2});\n", v, r, fmt::join(m, ", "));
+        r = v;
+      }
+      for (int x = 0; x < n; ++x) {
+        c += fmt::format("{{\n  val_t d = {}[{}];\n", r, x * (w / n));
+        c += fmt::format("  for (int64_t r = kk; r < K; ++r) d += pr[r] * q{0}[r];\n", x);
+        c += fmt::format("  sampled_out[e + {}] = {} * d;\n}}\n", x, subst(sv, {{"$G", std::to_string(x)}}));
+      }
+      return c;
+    }
     for (int x = 0; x < n; ++x) {
       c += fmt::format("{{\n  const vec_t t = a{0}_0 + a{0}_1;\n  val_t d = {1};\n", x, tree(0, w, "t"));
       c += fmt::format("  for (int64_t r = kk; r < K; ++r) d += pr[r] * q{0}[r];\n", x);
