@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _C
 from .region import Program, _capture_hook, _captures, gradient_program, grouped_plan, parse_program, run
 
 # --- chains: products joined by elementwise ops, grouped by one sparse 2-D factor ----------------------------
@@ -161,10 +162,9 @@ def _run_sequence(plans, operands, differentiable: bool) -> torch.Tensor:
     """Each step a region call (the op's own choice of path), its elementwise ops applied in place on the
     step's fresh result; `differentiable`: through the autograd op and out-of-place ops (the gradient)."""
     r = None
-    for pl in plans:
+    for pl, text in plans:
         args = [operands[i] if i >= 0 else r for i in pl.inputs]
-        text = pl.prog.text()
-        r = torch.ops.scorch.region(text, args) if differentiable else run(text, args)
+        r = torch.ops.scorch.region(text, args) if differentiable else _C.region_run(text, args, "")
         for f in pl.then:
             r = CHAIN_ELEMENTWISE[f](r) if differentiable or f not in _IN_PLACE else _IN_PLACE[f](r)
     return r
@@ -277,7 +277,7 @@ def run_chain(text: str, operands, differentiable: bool = True) -> torch.Tensor:
     steps in place only when not `differentiable`)."""
     chain, plans, s = parse_chain(text)
     if chain.kind == "sequence":
-        return _run_sequence(plans, operands, differentiable)
+        return _run_sequence(tuple(zip(plans, (st.program for st in chain.steps))), operands, differentiable)
     dtype = _chain_dtype(plans, operands)
     p0 = plans[0]
     so, src = p0.prog.operands[s], operands[p0.inputs[s]]

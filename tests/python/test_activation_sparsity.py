@@ -86,13 +86,13 @@ def test_relu_mlp_training_graph_before_and_after():
 def test_relu_mlp_inference_graph_before_and_after():
     before, after, _, _ = rewritten(ReluMLP(), _x(), training=False)
     assert before == [("linear",), ("relu",), ("linear",)]
-    # without gradients fc1 has nothing sparse of its own: it joins fc2's region as the first step of a chain
-    # (test_chains.py: sequences); without chains it stays a linear for Inductor
-    assert after == [("chain.default",)]
+    # without gradients fc1 has nothing sparse of its own: it stays a linear for Inductor; with the option
+    # "sequences" it joins fc2's region as the first step of a chain (test_chains.py: sequences)
+    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
     gm, ex = capture(ReluMLP(), _x())
     with torch.no_grad():
-        transform(gm, ex, _options({"sparse_threshold": THRESHOLD, "chains": "never"}))
-    assert calls(gm) == [("linear",), ("relu",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
+        transform(gm, ex, _options({"sparse_threshold": THRESHOLD, "sequences": True}))
+    assert calls(gm) == [("chain.default",)]
 
 
 @kernel_path
@@ -231,8 +231,7 @@ def test_activation_that_turns_out_dense_runs_dense(monkeypatch):
         sparse_before, dense_before = R.stats["sparse_runs"], R.stats["dense_runs"]
         model.fc1.bias.add_(5.0)  # most pre-activations positive now: the ReLU output is dense
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-3)
-        # fc1 -> ReLU -> fc2 is one chain (test_chains.py: sequences): fc1's step always runs dense, fc2's now too
-        assert R.stats["dense_runs"] == dense_before + 2 and R.stats["sparse_runs"] == sparse_before
+        assert R.stats["dense_runs"] == dense_before + 1 and R.stats["sparse_runs"] == sparse_before
     torch._dynamo.reset()
 
 
@@ -251,5 +250,5 @@ def test_explain_in_training_shows_the_gradient_regions():
                for r in rep.regions)
     text = str(rep)
     assert "gradient:  its output's gradient is mostly zeros" in text and "then:      + " not in text
-    rep = sb.explain(ReluMLP(), _x(), repeat=1)  # inference: fc1 joins fc2 as a chain, and no gradients
-    assert [r.label for r in rep.regions] == ["fc2 (Linear): linear, relu"] and not rep.regions[0].gradients
+    rep = sb.explain(ReluMLP(), _x(), repeat=1)  # inference: fc1 has nothing sparse, and no gradients
+    assert [r.label for r in rep.regions] == ["fc2 (Linear): linear"] and len(rep.regions[0].gradients) == 1

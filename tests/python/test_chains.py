@@ -193,7 +193,7 @@ def test_relu_mlp_graph_before_and_after_one_sequence_chain():
     assert [t for t, _ in _calls(gm)] == ["linear", "relu", "linear"]
     with torch.no_grad():
         expected = gm(*ex)
-        report = transform(gm, ex, _options(None))
+        report = transform(gm, ex, _options({"sequences": True}))
         got = gm(*ex)
     # After: one chain call reading the input, fc1's weight and bias, fc2's weight and bias.
     assert _calls(gm) == [("chain.default", ["l_x_", "l_self_modules_fc1_parameters_weight_",
@@ -209,18 +209,19 @@ def test_relu_mlp_graph_before_and_after_one_sequence_chain():
     assert [st.inputs for st in steps] == [(0, 1, 2), (-1, 3, 4)] and [st.then for st in steps] == [("aten.relu",), ()]
     assert [op.split("(")[0] for op in r.ops] == ["linear", "relu", "linear"]
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
-    # without chains: fc1 stays a linear for the fallback, fc2 a region of its own
-    gm, ex = capture(case.model, *case.inputs)
-    with torch.no_grad():
-        report = transform(gm, ex, _options({"chains": "never"}))
-    assert [t for t, _ in _calls(gm)] == ["linear", "relu", "region.default"]
+    # by default (and without chains): fc1 stays a linear for the fallback, fc2 a region of its own
+    for opts in (None, {"chains": "never", "sequences": True}):
+        gm, ex = capture(case.model, *case.inputs)
+        with torch.no_grad():
+            transform(gm, ex, _options(opts))
+        assert [t for t, _ in _calls(gm)] == ["linear", "relu", "region.default"]
 
 
 def test_relu_mlp_sequence_not_built_in_training_nor_where_the_activation_escapes():
     case = zoo.make("relu_mlp_sparse")
     gm, ex = capture(case.model, *case.inputs)
     with torch.enable_grad():  # training: fc1 is a region of its own (its output gradient is sparse)
-        assert [r.kind for r in transform(gm, ex, _options(None)).regions] == ["product", "product"]
+        assert [r.kind for r in transform(gm, ex, _options({"sequences": True})).regions] == ["product", "product"]
 
     class Escapes(torch.nn.Module):
         def __init__(self, m):
@@ -233,7 +234,7 @@ def test_relu_mlp_sequence_not_built_in_training_nor_where_the_activation_escape
 
     gm, ex = capture(Escapes(case.model), *case.inputs)
     with torch.no_grad():
-        assert all(r.kind == "product" for r in transform(gm, ex, _options(None)).regions)
+        assert all(r.kind == "product" for r in transform(gm, ex, _options({"sequences": True})).regions)
 
 
 def _sequence(then=("aten.relu",)):
@@ -276,12 +277,14 @@ def test_sequence_op_rejects_bad_programs():
     d["kind"] = "zigzag"
     with pytest.raises(ValueError, match="unknown chain kind"):
         torch.ops.scorch.chain(__import__("json").dumps(d), ops)
+    with pytest.raises(ValueError, match="'sequences'"):
+        _options({"sequences": "yes"})
 
 
 def test_relu_mlp_sequence_values_match_eager_and_explain_shows_one_region():
     case = zoo.make("relu_mlp_sparse")
-    check_model(case, train=False, extra_inputs=[case.make_inputs(5)])
-    rep = sb.explain(case.model, *case.inputs, repeat=2)
+    check_model(case, options={"sequences": True}, train=False, extra_inputs=[case.make_inputs(5)])
+    rep = sb.explain(case.model, *case.inputs, repeat=2, options={"sequences": True})
     (r,) = rep.regions
     assert r.equation == "chain: ac,bc->ab + b -> relu => ac,bc->ab + b" and r.path == "sequence"
     assert [op.split("(")[0] for op in r.ops] == ["linear", "relu", "linear"]

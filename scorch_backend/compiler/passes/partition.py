@@ -251,13 +251,13 @@ _logger = _log.get("passes.partition")
 
 
 def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False,
-              chains: bool | None = None):
+              chains: bool | None = None, sequences: bool = False):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense. `chains` False
     keeps every product a region of its own; None (the backend's default) joins chains in inference graphs
     only (a chain's gradient recomputes its forward pass; see _chains)."""
     if chains is None:
         chains = not training
-    regions, decisions = _partition(gm, attrs, threshold, frozen, training, chains)
+    regions, decisions = _partition(gm, attrs, threshold, frozen, training, chains, sequences)
     if _logger.isEnabledFor(10):
         for r in regions:
             _logger.debug("%s: %d op(s), estimated speedup %.2fx", r.title, len(r.members), r.estimated_speedup)
@@ -266,7 +266,8 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
     return regions, decisions
 
 
-def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool, chains: bool):
+def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool, chains: bool,
+               sequences: bool = False):
     regions, decisions, spares = [], [], []
     taken = set(mutated_values(gm))  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
@@ -339,7 +340,8 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         taken.update(m.name for m in members)
     if chains:
         regions = _chains(regions, spares, decisions, taken, order)
-        regions = _sequences(gm, regions, decisions, taken, order, attrs, threshold, frozen)
+        if sequences:
+            regions = _sequences(gm, regions, decisions, taken, order, attrs, threshold, frozen)
     return regions, decisions
 
 
