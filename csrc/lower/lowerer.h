@@ -457,8 +457,8 @@ class Lowerer {
   // an order no hardware prefetcher predicts, and once the dense operand outgrows L2 the loop waits on each
   // one (measured on an AVX2 Zen 3: 25 -> 33 GFLOP/s for a 4096x4096 CSR at 10% times 4096x64). The
   // distance covers about 4 KB of tiles ahead (4 to 16 entries). Only when the gathered operand spans more
-  // than half of this CPU's L2 (read at run time): below that the rows are cached and prefetching costs
-  // more than it saves. Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
+  // than this CPU's L2 (read at run time): below that the rows stay cached and prefetching costs more than
+  // it saves (register_tile.cpp). Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
   // buffer cannot make this read anything.
   // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
   std::pair<Stmts, Stmts> vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const LExpr& k,

@@ -11,7 +11,7 @@ enum scorch_kernel_status { SCORCH_STATUS_OK = 0, SCORCH_STATUS_NO_MEMORY = 1, S
 namespace {
 
 // Bytes of this CPU's per-core L2 cache (read where the kernel runs; 256 KB when the system does not say).
-// Register-tiled loops prefetch the dense rows they gather only when those rows outgrow half of it.
+// Register-tiled loops prefetch the dense rows they gather only when those rows outgrow it.
 inline int64_t l2_cache_bytes() {
   static const int64_t bytes = [] {
 #ifdef _SC_LEVEL2_CACHE_SIZE
