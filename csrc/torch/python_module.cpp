@@ -562,6 +562,8 @@ PYBIND11_MODULE(_C, m) {
     d["grouped_runs"] = s.grouped_runs;
     d["measured"] = s.measured;
     d["measured_dense"] = s.measured_dense;
+    d["measured_contended"] = s.measured_contended;
+    d["remeasured"] = s.remeasured;
     return d;
   });
   m.def("region_clear_cache", &glue::region_clear_cache);

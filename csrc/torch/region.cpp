@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <limits>
 #include <list>
@@ -23,6 +22,8 @@
 #include <fmt/format.h>
 
 #include "convert.h"
+#include "region_addends.h"
+#include "region_measure.h"
 #include "region_operands.h"
 #include "runtime/settings.h"
 
@@ -463,100 +464,6 @@ bool shares_memory(const at::Tensor& a, at::TensorList others) {
 
 }  // namespace
 
-namespace {
-
-// The operands of a program's product (a program with addends): the product's slots, then the index buffers.
-std::vector<at::Tensor> product_args(const RegionProgram& p, at::TensorList all) {
-  SCORCH_CHECK(all.size() == p.operands.size() + static_cast<size_t>(p.packed_buffers),
-               "scorch::region {}: {} operands expected ({} index buffers of packed operands included), got {}",
-               p.title, p.operands.size() + p.packed_buffers, p.packed_buffers, all.size());
-  std::vector<at::Tensor> args;
-  for (int k : p.product_operands) args.push_back(all[static_cast<size_t>(k)]);
-  for (size_t k = p.operands.size(); k < all.size(); ++k) args.push_back(all[k]);
-  return args;
-}
-
-// An addend viewed in the output's letter order, sizes of 1 where it has no letter (broadcastable to `out`).
-at::Tensor addend_view(const RegionProgram& p, size_t k, const at::Tensor& a) {
-  const RegionOperand& o = p.operands[k];
-  SCORCH_CHECK(a.dim() == static_cast<int64_t>(o.letters.size()),
-               "scorch::region {}: addend {} has {} dimensions, the program gives it {} ('{}')", p.title, k, a.dim(),
-               o.letters.size(), o.letters);
-  std::string ordered;
-  for (char c : p.out)
-    if (o.letters.find(c) != std::string::npos) ordered += c;
-  std::vector<int64_t> perm, shape;
-  for (char c : ordered) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
-  const at::Tensor v = a.permute(perm);
-  for (char c : p.out) {
-    const size_t at = ordered.find(c);
-    shape.push_back(at == std::string::npos ? 1 : v.size(static_cast<int64_t>(at)));
-  }
-  return v.reshape(shape);
-}
-
-// A product of two dense matrices plus addends (a dense forward that a region takes for its gradients: a linear
-// whose output's gradient is sparse): one addmm, which starts the product from the first addend (no pass of
-// its own over the output). nullopt when the program is not that shape.
-std::optional<at::Tensor> dense_matmul_with_addends(const RegionProgram& p, at::TensorList all) {
-  if (p.packed_buffers || p.product_operands.size() != 2 || p.out.size() != 2) return std::nullopt;
-  const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
-  if (dtype != at::kFloat && dtype != at::kDouble) return std::nullopt;
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    const RegionOperand& o = p.operands[k];
-    if (all[k].scalar_type() != dtype || o.expand) return std::nullopt;
-    if (o.kind != RegionOperand::Kind::dense && o.kind != RegionOperand::Kind::add) return std::nullopt;
-    if (o.kind == RegionOperand::Kind::dense && (o.letters.size() != 2 || all[k].dim() != 2)) return std::nullopt;
-  }
-  const RegionOperand& a = p.operands[p.product_operands[0]];
-  const RegionOperand& b = p.operands[p.product_operands[1]];
-  const char r = p.out[0], c = p.out[1];
-  const bool a_left = a.letters.find(r) != std::string::npos;
-  const RegionOperand& left = a_left ? a : b;
-  const RegionOperand& right = a_left ? b : a;
-  const at::Tensor& lt = all[p.product_operands[a_left ? 0 : 1]];
-  const at::Tensor& rt = all[p.product_operands[a_left ? 1 : 0]];
-  if (left.letters.find(r) == std::string::npos) return std::nullopt;
-  // left holds r and the contracted letter, right holds that letter and c
-  const char kl = left.letters[0] == r ? left.letters[1] : left.letters[0];
-  if (right.letters.find(c) == std::string::npos || right.letters.find(kl) == std::string::npos || kl == c ||
-      right.letters.find(r) != std::string::npos || left.letters.find(c) != std::string::npos)
-    return std::nullopt;
-  const at::Tensor L = left.letters[0] == r ? lt : lt.t();   // (r, k)
-  const at::Tensor R = right.letters[0] == kl ? rt : rt.t();  // (k, c)
-  if (L.size(1) != R.size(0)) return std::nullopt;
-  at::Tensor out;
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    if (p.operands[k].kind != RegionOperand::Kind::add) continue;
-    const at::Tensor v = addend_view(p, k, all[k]);
-    if (!out.defined()) {
-      out = at::addmm(v, L, R, 1, p.coef);
-    } else {
-      out.add_(v);
-    }
-  }
-  return out;
-}
-
-// The product's result (requested order, a tensor of its own) plus the addends, each broadcast along the output
-// letters it lacks: one pass over the output, in this op call.
-at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList all) {
-  const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
-  if (out.scalar_type() != dtype) out = out.to(dtype);
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    if (p.operands[k].kind != RegionOperand::Kind::add) continue;
-    const at::Tensor v = addend_view(p, k, all[k]);
-    for (int64_t d = 0; d < v.dim(); ++d)
-      SCORCH_CHECK(v.size(d) == 1 || v.size(d) == out.size(d),
-                   "scorch::region {}: addend {} has size {} for letter '{}', the output {}", p.title, k, v.size(d),
-                   p.out[static_cast<size_t>(d)], out.size(d));
-    out.add_(v.to(dtype));
-  }
-  return out;
-}
-
-}  // namespace
-
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
   if (p.has_addends()) return region_sparse_call(p.product_text, product_args(p, operands));
@@ -612,71 +519,6 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
   return run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
 }
 
-// --- decisions corrected by measurement -------------------------------------------------------------------
-// The density rule is an estimate. The first time a program runs at a size (sizes bucketed by powers of two,
-// densities by 5%, per thread count) and the rule picks a kernel path, both that path and the dense one are
-// timed on the real operands (one warm-up, then the best of three each, interleaved) and the faster is kept
-// for every later call in that bucket. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off.
-constexpr size_t kMaxDecisions = 4096;
-std::mutex decisions_mu;
-std::map<std::vector<int64_t>, std::string> decisions;  // bucket key -> path
-std::atomic<int64_t> n_measured{0}, n_measured_dense{0};
-
-// The program (interned: its address names it), the path, each letter's size bucket (power of two), each
-// compressed operand's density in 5% steps, the thread count. Integers: looked up on every call.
-std::vector<int64_t> decision_key(const RegionProgram& p, const Slots& s, const std::vector<double>& densities,
-                                  const std::string& path) {
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), path == "grouped" ? 1 : 0};
-  for (const auto& [letter, size] : letter_sizes(p, s)) {
-    int64_t bucket = 0;
-    for (int64_t n = size; n > 1; n = (n + 1) / 2) ++bucket;
-    key.push_back(letter * 64 + bucket);
-  }
-  for (double d : densities) key.push_back(static_cast<int64_t>(d * 20));
-  key.push_back(at::get_num_threads());
-  return key;
-}
-
-double best_ms(const std::function<void()>& f, int repeats) {
-  double best = 1e300;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-std::string measured_path(const RegionProgram& p, const std::string& text, const Slots& s,
-                          const std::vector<EntryPtr>& entries, at::ScalarType dtype, const std::string& path) {
-  const auto densities = densities_of(p, s, entries);
-  const std::vector<int64_t> key = decision_key(p, s, densities, path);
-  {
-    std::lock_guard lock(decisions_mu);
-    auto it = decisions.find(key);
-    if (it != decisions.end()) return it->second;
-  }
-  auto kernel = [&] { run_path(p, text, s, entries, dtype, path, false); };
-  auto dense = [&] { run_path(p, text, s, entries, dtype, "dense", false); };
-  kernel();  // warm-up: compiles or loads the kernel, fills the caches
-  dense();
-  double t_kernel = 1e300, t_dense = 1e300;
-  for (int r = 0; r < 3; ++r) {
-    t_kernel = std::min(t_kernel, best_ms(kernel, 1));
-    t_dense = std::min(t_dense, best_ms(dense, 1));
-  }
-  const std::string chosen = t_dense < t_kernel ? "dense" : path;
-  ++n_measured;
-  if (chosen == "dense") ++n_measured_dense;
-  {
-    std::lock_guard lock(decisions_mu);
-    if (decisions.size() >= kMaxDecisions) decisions.clear();
-    decisions.emplace(key, chosen);
-  }
-  if (hooks.note_measured) hooks.note_measured(text, chosen, t_kernel, t_dense);
-  return chosen;
-}
-
 }  // namespace
 
 at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
@@ -704,8 +546,16 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   const at::ScalarType dtype = region_dtype(p, operands);
   const auto entries = entries_of(p, operands);
   std::string path = force.empty() ? choose_path(p, text, s, entries) : force;
-  if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions())
-    path = measured_path(p, text, s, entries, dtype, path);
+  if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions()) {
+    Timing t;
+    bool fresh = false;
+    const std::string chosen = measured_region_path(
+        p, letter_sizes(p, s), densities_of(p, s, entries), path,
+        [&] { run_path(p, text, s, entries, dtype, path, false); },
+        [&] { run_path(p, text, s, entries, dtype, "dense", false); }, &t, &fresh);
+    if (fresh && hooks.note_measured) hooks.note_measured(text, chosen, t.kernel_ms, t.dense_ms);
+    path = chosen;
+  }
   if (hooks.note_path && debug_level() >= 1) hooks.note_path(text, path, densities_of(p, s, entries), all);
   at::Tensor out = run_path(p, text, s, entries, dtype, path, true);
   if (path == "dense" && shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
@@ -730,8 +580,9 @@ double cached_density(const at::Tensor& t, bool frozen) {
 }
 
 RegionStats region_stats() {
-  return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load(), n_measured.load(),
-          n_measured_dense.load()};
+  const MeasureStats m = region_measure_stats();
+  return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load(), m.measured,
+          m.kept_dense, m.contended, m.remeasured};
 }
 
 RegionCacheSizes region_cache_sizes() {

@@ -1,0 +1,73 @@
+// Dense-or-kernel decisions settled by timing both paths on the real operands, once per bucket of calls.
+// Used by the region op (region_measure.cpp) and by eager calls near the crossover (executor.cpp); each keeps
+// a table of its own and builds its own keys from the parts below.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace scorch::torch_glue {
+
+// The parts of a bucket key: a size by power of two, a density by 5%.
+int64_t size_bucket(int64_t n);
+int64_t density_bucket(double density);
+
+// One measurement: the best time of each path (ms) and whether it looked contended (the machine busy: the
+// repeats of a path disagreed by more than kContendedSpread).
+struct Timing {
+  double kernel_ms = 0, dense_ms = 0;
+  bool contended = false;
+};
+
+struct MeasureStats {
+  int64_t measured = 0;    // measurements taken (re-measurements included)
+  int64_t kept_dense = 0;  // of those, how many kept the dense path
+  int64_t contended = 0;   // of those, how many looked contended
+  int64_t remeasured = 0;  // of those, how many re-measured a contended decision
+};
+
+class MeasuredChoices {
+ public:
+  // Warm-up runs, then timed runs of each path, interleaved; a path's time is the best of its runs.
+  static constexpr int kRepeats = 3;
+  // A path whose slowest timed run took more than this times its fastest was timed on a busy machine.
+  static constexpr double kContendedSpread = 1.5;
+  // A contended decision is measured again on a later call at least this long after, at most this often.
+  static constexpr std::chrono::milliseconds kRemeasureAfter{1000};
+  static constexpr int kMaxRemeasures = 3;
+  static constexpr size_t kMaxDecisions = 4096;
+
+  // The decision stored for `key` (true: dense); nullopt when there is none, or when it was contended and is
+  // due for another measurement (the caller then measures; the first caller to ask gets the nullopt).
+  std::optional<bool> known(const std::vector<int64_t>& key);
+
+  // Times both paths (`kernel` and `dense` run the call each way) and stores the faster for `key`.
+  // Returns true when dense was kept.
+  bool measure(const std::vector<int64_t>& key, const std::function<void()>& kernel, const std::function<void()>& dense,
+               Timing* timing = nullptr);
+
+  MeasureStats stats() const;
+  void clear();
+
+ private:
+  struct Entry {
+    bool dense = false;
+    bool contended = false;
+    int remeasures = 0;
+    bool remeasuring = false;
+    std::chrono::steady_clock::time_point at;
+  };
+  mutable std::mutex mu_;
+  std::map<std::vector<int64_t>, Entry> table_;
+  MeasureStats stats_;
+};
+
+// Times two ways of running one call (exposed for tests: no table involved).
+Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense);
+
+}  // namespace scorch::torch_glue

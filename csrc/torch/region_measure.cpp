@@ -1,0 +1,45 @@
+// --- a region's decisions corrected by measurement ---------------------------------------------------------
+// The density rule is an estimate. The first time a program runs at a size (sizes bucketed by powers of two,
+// densities by 5%, per thread count) and the rule picks a kernel path, both that path and the dense one are
+// timed on the real operands (measured_choice.h: one warm-up, then the best of three each, interleaved) and the
+// faster is kept for every later call in that bucket; a timing that looked contended is taken again later, a
+// few times at most. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off (region.cpp: run_region).
+#include "region_measure.h"
+
+#include <ATen/Parallel.h>
+
+namespace scorch::torch_glue {
+namespace {
+
+MeasuredChoices& table() {
+  static MeasuredChoices t;
+  return t;
+}
+
+// The program (interned: its address names it), the path, each letter's size bucket, each compressed
+// operand's density bucket, the thread count. Integers: looked up on every call.
+std::vector<int64_t> decision_key(const RegionProgram& p, const std::map<char, int64_t>& sizes,
+                                  const std::vector<double>& densities, const std::string& path) {
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), path == "grouped" ? 1 : 0};
+  for (const auto& [letter, size] : sizes) key.push_back(letter * 64 + size_bucket(size));
+  for (double d : densities) key.push_back(density_bucket(d));
+  key.push_back(at::get_num_threads());
+  return key;
+}
+
+}  // namespace
+
+std::string measured_region_path(const RegionProgram& p, const std::map<char, int64_t>& sizes,
+                                 const std::vector<double>& densities, const std::string& path,
+                                 const std::function<void()>& run_path, const std::function<void()>& run_dense,
+                                 Timing* timing, bool* fresh) {
+  const std::vector<int64_t> key = decision_key(p, sizes, densities, path);
+  *fresh = false;
+  if (auto dense = table().known(key)) return *dense ? "dense" : path;
+  *fresh = true;
+  return table().measure(key, run_path, run_dense, timing) ? "dense" : path;
+}
+
+MeasureStats region_measure_stats() { return table().stats(); }
+
+}  // namespace scorch::torch_glue

@@ -1,0 +1,25 @@
+// The region op's decisions corrected by measurement (region_measure.cpp); internal to the region op's files.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "measured_choice.h"
+#include "region.h"
+
+namespace scorch::torch_glue {
+
+// The path a call takes once measured: `path` (the density rule's kernel or grouped choice) or "dense".
+// The first call in a bucket (program, path, each letter's size by power of two, each compressed operand's
+// density by 5%, thread count) runs `run_path` and `run_dense` and keeps the faster; `timing` is set (and
+// `*fresh` true) when this call measured.
+std::string measured_region_path(const RegionProgram& p, const std::map<char, int64_t>& sizes,
+                                 const std::vector<double>& densities, const std::string& path,
+                                 const std::function<void()>& run_path, const std::function<void()>& run_dense,
+                                 Timing* timing, bool* fresh);
+
+MeasureStats region_measure_stats();
+
+}  // namespace scorch::torch_glue
