@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include "attention.h"
+#include "chain.h"
 #include "executor.h"
 #include "kernel_call.h"
 #include "region.h"
@@ -353,7 +354,7 @@ py::object compute_call(const std::string& text, const std::vector<std::string>&
 // --- regions -----------------------------------------------------------------------------------------------
 py::object operand_to_py(glue::Operand&& o) { return result_to_py(std::move(o)); }
 
-// Python's side of regions: the grouped execution, explain's recording and the run-time path's log line.
+// Python's side of regions: explain's recording and the run-time path's log lines.
 // Every hook takes the GIL (the op may be called from C++ code holding none).
 // Python objects kept by C++ hooks: released with the GIL held, and never after the interpreter is gone.
 std::shared_ptr<py::object> keep_py(py::object f) {
@@ -373,23 +374,9 @@ void set_calibration_hook(py::object calibrate) {
   });
 }
 
-void install_region_hooks(py::object groupable, py::object grouped_worth, py::object run_grouped, py::object capture,
-                          py::object note_path, py::object note_measured) {
-  auto g = keep_py(std::move(groupable)), w = keep_py(std::move(grouped_worth)), r = keep_py(std::move(run_grouped)),
-       c = keep_py(std::move(capture)), n = keep_py(std::move(note_path)), m = keep_py(std::move(note_measured));
+void install_region_hooks(py::object capture, py::object note_path, py::object note_measured) {
+  auto c = keep_py(std::move(capture)), n = keep_py(std::move(note_path)), m = keep_py(std::move(note_measured));
   glue::RegionHooks h;
-  h.groupable = [g](const std::string& text) {
-    py::gil_scoped_acquire gil;
-    return py::cast<bool>((*g)(text));
-  };
-  h.grouped_worth = [w](const std::string& text, at::TensorList ops, double density) {
-    py::gil_scoped_acquire gil;
-    return py::cast<bool>((*w)(text, ops.vec(), density));
-  };
-  h.run_grouped = [r](const std::string& text, at::TensorList ops) {
-    py::gil_scoped_acquire gil;
-    return py::cast<at::Tensor>((*r)(text, ops.vec()));
-  };
   h.capture = [c](const std::string& text, at::TensorList ops) {
     py::gil_scoped_acquire gil;
     (*c)(text, ops.vec());
@@ -536,6 +523,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("region_sparse_call", &region_sparse_call, py::arg("text"), py::arg("operands"),
         "The kernel equation and operands (compressed from the cache) of a region's sparse path.");
   m.def("region_layout", &region_layout, py::arg("text"));
+  m.def("region_grouped_plan", [](const std::string& text) -> py::object {
+    const auto g = glue::grouped_plan(glue::region_program(text));
+    if (!g) return py::none();
+    return py::make_tuple(g->s, std::string(1, g->p), std::string(1, g->q));
+  }, py::arg("text"), "(index of the grouping factor S, p, q) when the program can run grouped, else None.");
+  m.def("chain_check", [](const std::string& text) { glue::chain_program(text); }, py::arg("text"),
+        "Check a chain program (ValueError naming the problem); parsed once per text.");
   m.def("region_gradient", [](const std::string& text, int k) {
     const auto g = glue::region_gradient(text, k);
     return py::make_tuple(g.text, g.operands, g.produced);

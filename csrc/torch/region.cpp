@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "chain.h"
 #include "convert.h"
 #include "region_addends.h"
 #include "region_measure.h"
@@ -394,20 +395,6 @@ std::vector<Operand> sparse_args(const RegionProgram& p, const Slots& s, const s
   return args;
 }
 
-bool groupable(const std::string& text) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, bool> known;
-  {
-    std::lock_guard lock(mu);
-    auto it = known.find(text);
-    if (it != known.end()) return it->second;
-  }
-  const bool g = hooks.groupable && hooks.groupable(text);
-  std::lock_guard lock(mu);
-  known.emplace(text, g);
-  return g;
-}
-
 // The compressed operands' densities (cached or packed).
 std::vector<double> densities_of(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries) {
   const at::TensorList slots = s.slots;
@@ -441,8 +428,7 @@ std::string choose_path(const RegionProgram& p, const std::string& text, const S
   }
   if (empty || densities.empty()) return "dense";
   if (choose_by_density(densities, elements, at::get_num_threads(), false).dense) return "dense";
-  if (p.packed_buffers == 0 && dispatch_mode() != DispatchMode::sparse && groupable(text) && hooks.grouped_worth &&
-      hooks.grouped_worth(text, operands, densities[0]))
+  if (p.packed_buffers == 0 && dispatch_mode() != DispatchMode::sparse && grouped_worth(p, operands, densities[0]))
     return "grouped";
   return "sparse";
 }
@@ -488,11 +474,10 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
   const at::TensorList operands = s.slots;
   at::Tensor out;
   if (path == "grouped") {
-    SCORCH_CHECK(static_cast<bool>(hooks.run_grouped), "scorch::region {}: the grouped path needs Python", p.title);
     SCORCH_CHECK(p.packed_buffers == 0, "scorch::region {}: a program with packed operands cannot run grouped",
                  p.title);
     if (count) ++n_grouped;
-    out = hooks.run_grouped(text, operands);  // in the requested order
+    out = run_grouped_chain(grouped_region_chain(text), operands, false);  // in the requested order
     std::vector<int64_t> to_storage;
     for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
     return out.permute(to_storage);
@@ -598,5 +583,8 @@ void region_clear_cache() {
 
 void set_region_hooks(RegionHooks h) { hooks = std::move(h); }
 void set_region_capture(bool on) { capturing = on; }
+void region_capture(const std::string& text, at::TensorList operands) {
+  if (capturing && hooks.capture) hooks.capture(text, operands);
+}
 
 }  // namespace scorch::torch_glue

@@ -3,9 +3,8 @@
 // by more region calls. The program text is the JSON the backend writes (scorch_backend/custom_ops/region.py: Program);
 // it is parsed once per text.
 //
-// Python is asked for two things only, through hooks the _C module installs: the grouped dense execution of a
-// one-hot gated product (a mixture of experts; scorch_backend/custom_ops/region.py) and the recording of operands that
-// `explain` asks for. A program without Python (TorchScript from C++) runs the other paths.
+// Python is asked only for the recording of operands that `explain` asks for and log lines, through hooks the _C
+// module installs; every path (the grouped one of a one-hot gated product included: grouped.cpp) runs in C++.
 #pragma once
 
 #include <functional>
@@ -120,11 +119,6 @@ RegionCacheSizes region_cache_sizes();
 void region_clear_cache();
 
 struct RegionHooks {
-  // Is the program of this text one that can run grouped at all (asked once per text)? Does grouping pay
-  // for these operands (given the compressed one's density)? Run it (the result in the requested order).
-  std::function<bool(const std::string&)> groupable;
-  std::function<bool(const std::string&, at::TensorList, double)> grouped_worth;
-  std::function<at::Tensor(const std::string&, at::TensorList)> run_grouped;
   std::function<void(const std::string&, at::TensorList)> capture;  // while `explain` records
   // The run-time path while SCORCH_DEBUG >= 1 (logged once per region and path; loop IR dumped at 2).
   std::function<void(const std::string&, const std::string&, const std::vector<double>&, at::TensorList)> note_path;
@@ -133,5 +127,7 @@ struct RegionHooks {
 };
 void set_region_hooks(RegionHooks hooks);
 void set_region_capture(bool on);
+// Hand a program's operands to `explain`'s recorder while it records (scorch::chain's too).
+void region_capture(const std::string& text, at::TensorList operands);
 
 }  // namespace scorch::torch_glue

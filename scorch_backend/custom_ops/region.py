@@ -164,15 +164,6 @@ def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
     return lay["storage"], tuple(lay["back"])
 
 
-def _result_dtype(p: Program, operands) -> torch.dtype:
-    dtype = None
-    for o, t in zip(p.operands, operands):
-        if o.kind == "pattern" or not t.is_floating_point():
-            continue
-        dtype = t.dtype if dtype is None else torch.promote_types(dtype, t.dtype)
-    return dtype or torch.float32
-
-
 # --- compressed operands, cached by tensor version ------------------------------------------------------
 # Graph inputs (weights, buffers, data) are compressed once per version. The key is the memory and layout
 # (data pointer, shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other
@@ -203,19 +194,6 @@ class _Stats(Mapping):
 
 
 stats = _Stats()
-
-
-def _dense_factor(t: torch.Tensor, o: Operand, dtype: torch.dtype) -> torch.Tensor:
-    if o.kind == "pattern":
-        return (t != 0).to(dtype)
-    return t if t.dtype == dtype else t.to(dtype)
-
-
-def _sizes(p: Program, operands) -> dict:
-    sizes = {}
-    for o, t in zip(p.operands, operands):
-        sizes.update(zip(o.tensor_letters, t.shape))
-    return sizes
 
 
 def _compressed_format(rank: int) -> str:
@@ -250,102 +228,11 @@ def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
     return _C.plan_einsum(eq, descs, "strided", dtype == torch.float64, False)["spec"]
 
 
-# --- grouped dense execution -----------------------------------------------------------------------------
-# A sparse factor S(p, q) whose nonzeros gate a whole matrix per q (one-hot expert dispatch: S = gates(b, n),
-# W(n, d, h)) is best run as one dense product per q over the rows p where S(:, q) is nonzero: gather those
-# rows, multiply at dense speed, scatter the result back. The plan below says when a program has that shape.
-
-@functools.lru_cache(maxsize=4096)
 def grouped_plan(text: str):
-    """(index of S, p, q) when the program can run grouped, else None."""
-    p = parse_program(text)
-    if p.addends:  # the op groups its product (the addends come after)
-        return None
-    sparse = [k for k, o in enumerate(p.operands) if o.kind != "dense"]
-    if len(sparse) != 1 or len(p.operands[sparse[0]].letters) != 2:
-        return None
-    s = sparse[0]
-    for pl, ql in (tuple(p.operands[s].letters), tuple(reversed(p.operands[s].letters))):
-        operands = [o.tensor_letters for k, o in enumerate(p.operands) if k != s]
-        # a matrix per q that does not depend on p (each group is a real matrix product), and p read by
-        # some other operand (the rows to gather)
-        if any(ql in t and pl not in t and len(t) >= 3 for t in operands + [p.out]) and \
-                any(pl in t for t in operands):
-            return s, pl, ql
-    return None
-
-
-GROUPED_MIN_ROWS = 8
-
-
-def _run_grouped(p: Program, text: str, operands, dtype) -> torch.Tensor:
-    s, pl, ql = grouped_plan(text)
-    so = p.operands[s]
-    S = operands[s].detach()
-    if so.letters != pl + ql:
-        S = S.t()
-    S = (S != 0).to(dtype) if so.kind == "pattern" else S.to(dtype)
-    nz = S.t().nonzero()  # (q, p) pairs, sorted by q
-    qs, ps = nz[:, 0], nz[:, 1]
-    counts = torch.bincount(qs, minlength=S.shape[1]).tolist()
-    sizes = _sizes(p, operands)
-    out = operands[0].new_zeros([sizes[c] for c in p.out], dtype=dtype)
-    # Every group reads the other operands: cast them (patterns to 0/1) once, not once per group.
-    others = [(o, _dense_factor(t, o, dtype)) for k, (o, t) in enumerate(zip(p.operands, operands)) if k != s]
-    if counts and len(counts) * max(counts) <= 1.5 * len(ps) + len(counts):
-        return _run_padded(p, pl, ql, so.kind == "pattern", S, qs, ps, counts, others, out, dtype)
-    start = 0
-    for q, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = ps[start:start + n]
-        start += n
-        args, letters = [], []
-        for o, t in others:
-            lt = o.tensor_letters
-            if ql in lt:
-                t = t.select(lt.index(ql), q)
-                lt = lt.replace(ql, "")
-            if pl in lt:
-                t = t.index_select(lt.index(pl), rows)
-            args.append(t)
-            letters.append(lt)
-        target = out.select(p.out.index(ql), q) if ql in p.out else out
-        tl = p.out.replace(ql, "")
-        scale = None
-        if so.kind != "pattern":
-            vals = S[rows, q]
-            # Fold the gate values into the smallest tensor indexed by p: a third einsum operand would make
-            # torch.einsum build a (p, ...) outer product first.
-            holders = [k for k, lt in enumerate(letters) if pl in lt]
-            result_size = target.numel() // max(target.shape[tl.index(pl)], 1) * n if pl in tl else 0
-            if pl in tl and (not holders or result_size <= min(args[k].numel() for k in holders)):
-                scale = vals.reshape([-1 if c == pl else 1 for c in tl])
-            elif holders:
-                k = min(holders, key=lambda j: args[j].numel())
-                args[k] = args[k] * vals.reshape([-1 if c == pl else 1 for c in letters[k]])
-            else:
-                args.append(vals)
-                letters.append(pl)
-        r = torch.einsum(",".join(letters) + "->" + tl, *args)
-        if scale is not None:
-            r = r.mul_(scale)
-        if pl in tl:
-            target.index_add_(tl.index(pl), rows, r)
-        else:
-            target.add_(r)
-    return out
-
-
-def _grouped_worth_it(text: str, operands, density: float) -> bool:
-    plan = grouped_plan(text)
-    if plan is None or density <= 0:
-        return False
-    s, pl, ql = plan
-    S = operands[s]
-    q_size = S.shape[parse_program(text).operands[s].letters.index(ql)]
-    rows_per_group = density * S.numel() / max(q_size, 1)
-    return rows_per_group >= GROUPED_MIN_ROWS
+    """(index of S, p, q) when the program can run grouped by its sparse 2-D factor S(p, q) (one-hot expert
+    dispatch: one dense product per group q over the rows p where S(:, q) is nonzero), else None. The C++ grouped
+    runner's own rule (csrc/torch/chain_program.cpp)."""
+    return _C.region_grouped_plan(text)
 
 
 def choose_path(text: str, operands) -> str:
@@ -353,58 +240,9 @@ def choose_path(text: str, operands) -> str:
     return _C.region_choose(text, list(operands))
 
 
-def _run_padded(p: Program, pl: str, ql: str, pattern: bool, S, qs, ps, counts, others, out, dtype):
-    """All groups in one batched product: each group's rows gathered into a slot of a (groups, most rows)
-    block, padding slots weighted 0 (their scattered contributions are zeros)."""
-    Q, most = len(counts), max(counts)
-    starts = torch.cumsum(torch.tensor(counts), 0) - torch.tensor(counts)
-    slot = torch.arange(len(ps)) - starts[qs]
-    idx = torch.zeros(Q, most, dtype=torch.long)
-    idx[qs, slot] = ps
-    w = torch.zeros(Q, most, dtype=dtype)
-    w[qs, slot] = 1 if pattern else S[ps, qs]
-    group = torch.arange(Q).unsqueeze(1)
-    args, letters = [], []
-    for o, t in others:
-        lt = o.tensor_letters
-        if pl in lt:
-            rest = "".join(c for c in lt if c not in (pl, ql))
-            if ql in lt:
-                t = t.movedim((lt.index(pl), lt.index(ql)), (0, 1))[idx, group]
-            else:
-                t = t.movedim(lt.index(pl), 0)[idx]
-            lt = ql + pl + rest
-        args.append(t)
-        letters.append(lt)
-    holders = [k for k, lt in enumerate(letters) if pl in lt]
-    if holders:  # the gate values (0 on padding) scale the smallest gathered operand
-        k = min(holders, key=lambda j: args[j].numel())
-        args[k] = args[k] * w.reshape(Q, most, *([1] * (args[k].dim() - 2)))
-    else:
-        args.append(w)
-        letters.append(ql + pl)
-    rest_out = "".join(c for c in p.out if c not in (pl, ql))
-    if pl in p.out:
-        r = torch.einsum(",".join(letters) + "->" + ql + pl + rest_out, *args)[qs, slot]  # the real slots
-        if ql in p.out:  # each (p, q) is one stored entry of S: a plain scatter
-            view = out.movedim((p.out.index(pl), p.out.index(ql)), (0, 1))
-            view.index_put_((ps, qs), r)
-        else:  # a row p may sit in several groups: sum
-            out.movedim(p.out.index(pl), 0).index_add_(0, ps, r)
-        return out
-    tl = (ql if ql in p.out else "") + rest_out
-    r = torch.einsum(",".join(letters) + "->" + tl, *args)
-    return r.permute([tl.index(c) for c in p.out]).contiguous()
-
-
 def run(text: str, operands: list[torch.Tensor], force: str | None = None) -> torch.Tensor:
     """Run a region program (below autograd); `force` ("dense", "sparse" or "grouped") overrides the choice."""
     return _C.region_run(text, list(operands), force or "")
-
-
-def _run_grouped_hook(text: str, operands) -> torch.Tensor:
-    p = parse_program(text)
-    return _run_grouped(p, text, operands, _result_dtype(p, operands))
 
 
 _logger = _log.get("region")
@@ -495,7 +333,8 @@ def _capture_hook(text: str, operands) -> None:
 
 # --- the op ----------------------------------------------------------------------------------------------
 # scorch::region is a C++ op (csrc/torch/region.cpp): CPU, Meta and Autograd kernels; its gradient is another
-# region call. Python supplies the grouped execution and explain's recording through these hooks.
+# region call; its grouped path is the C++ grouped runner (csrc/torch/grouped.cpp). Python supplies explain's
+# recording and the log lines through these hooks.
 region = torch.ops.scorch.region
 
 
@@ -515,8 +354,7 @@ def _log_measured(text: str, path: str, kernel_ms: float, dense_ms: float) -> No
                      kernel_ms, dense_ms)
 
 
-_C.install_region_hooks(lambda text: grouped_plan(text) is not None, _grouped_worth_it, _run_grouped_hook,
-                        _capture_hook, _log_path, _log_measured)
+_C.install_region_hooks(_capture_hook, _log_path, _log_measured)
 
 
 def gradient_program(text: str, k: int) -> tuple[str, list[int], str]:
