@@ -47,6 +47,24 @@ class CompressedLevel final : public LevelKind {
     return children;
   }
 
+  IndexReport find_bad_index(std::span<const IndexSpan> b, std::span<const std::string> names, int64_t parent_count,
+                             int64_t size) const override {
+    const IndexSpan& pos = b[0];
+    const IndexSpan& crd = b[1];
+    for (int64_t p = 0; p <= parent_count && p < pos.size; ++p) {
+      if (pos[p] < 0 || pos[p] > crd.size)
+        return {fmt::format("index buffer {} holds {} at position {}, outside [0, {}] (the length of {})", names[0],
+                            pos[p], p, crd.size, names[1])};
+      if (p > 0 && pos[p] < pos[p - 1])
+        return {fmt::format("index buffer {} decreases: {} at position {} after {}", names[0], pos[p], p, pos[p - 1])};
+    }
+    for (int64_t k = 0; k < crd.size; ++k)
+      if (crd[k] < 0 || crd[k] >= size)
+        return {fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[1], crd[k], k,
+                            size)};
+    return {"", crd.size};
+  }
+
   int64_t validate(std::span<const IndexSpan> b, int64_t parent_count, int64_t size,
                    const std::string& where) const override {
     const IndexSpan& pos = b[0];

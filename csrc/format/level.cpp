@@ -26,6 +26,15 @@ Registry& registry() {
 
 }  // namespace
 
+LevelKind::IndexReport LevelKind::find_bad_index(std::span<const IndexSpan> buffers, std::span<const std::string>,
+                                                 int64_t parent_count, int64_t size) const {
+  try {
+    return {"", validate(buffers, parent_count, size, name() + " level")};
+  } catch (const Error& e) {
+    return {e.what(), 0};
+  }
+}
+
 void register_level_kind(const std::string& name, LevelFactory factory) {
   auto& r = registry();
   std::lock_guard lock(r.mu);

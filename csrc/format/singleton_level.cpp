@@ -31,6 +31,16 @@ class SingletonLevel final : public LevelKind {
     return {parents.begin(), parents.end()};
   }
 
+  IndexReport find_bad_index(std::span<const IndexSpan> b, std::span<const std::string> names, int64_t parent_count,
+                             int64_t size) const override {
+    const IndexSpan& crd = b[0];
+    for (int64_t k = 0; k < crd.size; ++k)
+      if (crd[k] < 0 || crd[k] >= size)
+        return {fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[0], crd[k], k,
+                            size)};
+    return {"", parent_count};
+  }
+
   int64_t validate(std::span<const IndexSpan> b, int64_t parent_count, int64_t size,
                    const std::string& where) const override {
     const IndexSpan& crd = b[0];

@@ -107,34 +107,18 @@ std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape,
   const auto spans = spans_of(bufs);
   const auto sizes = f.level_sizes(shape);
   const auto names = f.buffer_names();
+  // Each level reads its own buffers (LevelKind::find_bad_index): no level kind is named here.
   int64_t parents = 1;
   size_t at = 0;
   for (size_t l = 0; l < f.levels().size(); ++l) {
-    const std::string kind = f.levels()[l].kind->name();
-    const int64_t n = sizes[l];
-    if (kind == "dense") {
-      parents *= n;
-    } else if (kind == "compressed") {
-      const IndexSpan& pos = spans[at];
-      const IndexSpan& crd = spans[at + 1];
-      for (int64_t p = 0; p <= parents && p < pos.size; ++p) {
-        if (pos[p] < 0 || pos[p] > crd.size)
-          return fmt::format("index buffer {} holds {} at position {}, outside [0, {}] (the length of {})", names[at],
-                             pos[p], p, crd.size, names[at + 1]);
-        if (p > 0 && pos[p] < pos[p - 1])
-          return fmt::format("index buffer {} decreases: {} at position {} after {}", names[at], pos[p], p, pos[p - 1]);
-      }
-      for (int64_t k = 0; k < crd.size; ++k)
-        if (crd[k] < 0 || crd[k] >= n)
-          return fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[at + 1], crd[k], k, n);
-      parents = crd.size;
-    } else if (kind == "singleton") {
-      const IndexSpan& crd = spans[at];
-      for (int64_t k = 0; k < crd.size; ++k)
-        if (crd[k] < 0 || crd[k] >= n)
-          return fmt::format("index buffer {} holds coordinate {} at position {}, outside [0, {})", names[at], crd[k], k, n);
-    }
-    at += f.levels()[l].kind->buffer_names().size();
+    const LevelKind& kind = *f.levels()[l].kind;
+    const size_t n = kind.buffer_names().size();
+    if (at + n > spans.size()) break;  // fewer buffers than the format stores: validate below says so
+    const auto r = kind.find_bad_index(std::span(spans).subspan(at, n), std::span(names).subspan(at, n), parents,
+                                       sizes[l]);
+    if (!r.problem.empty()) return r.problem;
+    parents = r.positions;
+    at += n;
   }
   try {
     validate(f, shape, spans, value_count);
