@@ -11,7 +11,9 @@ Kernels (float32 values, int32 Scorch indices):
     spgemm  C = A A^T                        sb.einsum("ij,jk->ik", A, At)          (sparse output)
     spadd   C = A + A^T (square A only)      sb.compute("C(i,j) = A(i,j) + B(i,j)", A=A, B=At)
     mttkrp  M = T_(1) (B kr C), rank 32      sb.einsum("ikl,kj,lj->ij", T, B, C), T in CSF (generated)
-    ttm     Y = T x_3 U, rank 32             sb.einsum("ijk,kr->ijr", T, U), T in CSF (generated), Y dense
+    ttm     Y = T x_3 U, rank 32             sb.einsum("ijk,kr->ijr", T, U), T in CSF (generated); Scorch's Y
+            shares T's (i, j) fibers with a dense r below each (no value where T has no fiber), the contenders'
+            Y is a dense I x J x R array (their COO emulation has nowhere else to put it)
     bsr     C = A B, A block-pruned (90%)    sb.einsum("ij,jk->ik", A, B), A stored BSR 4x4 / 16x16 (generated,
             DLMC-sized 512x512 and 1024x1024 weights, B 128 columns); the block kernel runs natively. Its
             columns differ: "torch CSR" is torch's BSR mm (torch.sparse_bsr @ B), "torch COO" is Scorch's own
@@ -440,8 +442,9 @@ def setup_mttkrp(name, idx, vals, shape, args) -> dict:
 
 
 def setup_ttm(name, idx, vals, shape, args) -> dict:
-    """Tensor-times-matrix along the last mode: Y(i,j,r) = sum_k T(i,j,k) U(k,r), Y dense (I, J, R) for every
-    contender (the unfolded CSR product and the COO emulation give the same dense array)."""
+    """Tensor-times-matrix along the last mode: Y(i,j,r) = sum_k T(i,j,k) U(k,r). Scorch's Y is stored as T's
+    (i, j) fibers with R values each (the planner's output format); every contender's Y is dense (I, J, R) (the
+    unfolded CSR product and the COO emulation give the same dense array). Checked after to_dense()."""
     I, J, K = shape
     U = torch.randn(K, RANK_MTTKRP, generator=torch.Generator().manual_seed(0))
     T = sb.from_coordinates(idx, vals, shape, "csf")
@@ -594,6 +597,8 @@ def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
     try:
         if ref is None:
             ok, msg = None, "no torch CSR result to compare with"
+        elif isinstance(out, sb.SparseTensor) and not ref.is_sparse and ref.layout == torch.strided:
+            ok, msg = check_dense(out.to_dense(), ref)  # a sparse result of a dense contender (TTM's fibers)
         elif isinstance(out, sb.SparseTensor):
             ok, msg = check_sparse(out, case.get("ref_transform", scipy_of_torch)(ref))
         else:

@@ -172,8 +172,7 @@ std::vector<int64_t> check_levels(const Format& f, const std::vector<int64_t>& s
 
 }  // namespace
 
-void check_lengths(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
-                   int64_t value_count) {
+int64_t stored_positions(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers) {
   const auto sizes = f.level_sizes(shape);
   const auto per_level = split_buffers(f, buffers);
   int64_t parents = 1;
@@ -187,6 +186,12 @@ void check_lengths(const Format& f, std::span<const int64_t> shape, std::span<co
       parents = kind.check_lengths(per_level[l], parents, sizes[l], level_name(f, l));
     }
   }
+  return parents;
+}
+
+void check_lengths(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                   int64_t value_count) {
+  const int64_t parents = stored_positions(f, shape, buffers);
   SCORCH_CHECK(value_count == parents, "values has {} entries but the index buffers describe {} stored positions",
                value_count, parents);
 }

@@ -28,6 +28,10 @@ Packed pack(const Format& format, std::span<const int64_t> shape, std::span<cons
 void validate(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
               int64_t value_count);
 
+// The number of stored values the buffers describe (the positions of the last level), from the length checks
+// of validate.
+int64_t stored_positions(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers);
+
 // Only the length checks of validate (O(levels) for the built-in kinds).
 void check_lengths(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
                    int64_t value_count);

@@ -5,6 +5,17 @@
 
 namespace scorch {
 namespace lowering {
+namespace {
+
+// Counts a loop that covers its output variable for as long as the loop's code is being made.
+struct Covering {
+  int& n;
+  bool on;
+  Covering(int& count, bool covers) : n(count), on(covers) { n += on; }
+  ~Covering() { n -= on; }
+};
+
+}  // namespace
 
 Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   const int n = static_cast<int>(sched_.order.size());
@@ -218,12 +229,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     const bool covers = all_iters.empty() && lattice.size() == 1 && lattice.front().iterators.empty() &&
                         d == covering_ && current_sink_ == Sink::dense &&
                         std::count(st_.out_vars.begin(), st_.out_vars.end(), v) > 0;
-    struct Covering {
-      int& n;
-      bool on;
-      ~Covering() { n -= on; }
-    } covering{covering_, covers};
-    covering_ += covers;
+    const Covering covering(covering_, covers);
     const bool span_here = span_tensor_ >= 0 && span_var_ == v;
     const bool vector_rows = span_here && machine_.vector_bytes > 0;
     if (span_here) {  // the first copy: vector sums where the target has vectors, else interleaved ones
@@ -334,6 +340,12 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       if (iterators_subset(q.iterators, P.iterators)) cases.push_back(&q);
     if (P.iterators.size() == 1 && cases.size() == 1) {
       const int id = P.iterators[0];
+      // A loop over one of the levels a fibers output shares with this operand visits each of the output's
+      // positions there once, as a dense loop visits each coordinate (covering_, above).
+      const bool covers = sched_.output == OutputMode::fibers && lattice.size() == 1 && d < sched_.shared_levels &&
+                          d == covering_ && current_sink_ == Sink::dense &&
+                          parts.at(id).tensor == sched_.sampled_tensor && parts.at(id).unique;
+      const Covering covering(covering_, covers);
       Stmts body;
       std::map<int, LExpr> ends;
       ends[id] = run_end(id, body);

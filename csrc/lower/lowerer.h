@@ -72,7 +72,7 @@ class Lowerer {
   // a reduction (SpMM's j inside k): the tile of output columns then stays in registers.
   void choose_tile() {
     const int n = static_cast<int>(sched_.order.size());
-    if (!spec_.output.strided() || n < 2) return;
+    if (!dense_values() || n < 2) return;
     const int j = sched_.order[n - 1], k = sched_.order[n - 2];
     if (!std::count(st_.out_vars.begin(), st_.out_vars.end(), j) || std::count(st_.out_vars.begin(), st_.out_vars.end(), k))
       return;
@@ -99,7 +99,7 @@ class Lowerer {
     current_sink_ = sched_.output == OutputMode::coords ? Sink::stream : Sink::dense;
     k.nest = wrap_emission(-1, states, [&] { return lower_depth(0, st_.rhs, states); });
     if (!parallel_ && sched_.parallel) reasons_.push_back(parallel_why_);
-    out.overwrites_output = !out.sparse_output && assigned_output_ && !added_output_;
+    out.overwrites_output = dense_values() && assigned_output_ && !added_output_;
     k.parallel = parallel_;
     out.reasons = reasons_;
   }
@@ -129,6 +129,10 @@ class Lowerer {
   // Above this many lattice points (an upper bound, see lattice_points_bound) a union is merged linearly.
   static constexpr int64_t kLatticeLimit = 8;
 
+  // The output's values are updated in place through `o` (a dense output, or the dense blocks under a sparse
+  // factor's positions: OutputMode::fibers).
+  bool dense_values() const { return spec_.output.strided() || sched_.output == OutputMode::fibers; }
+
   std::string size_of(int v) const { return fmt::format("N{}", v); }
   std::string var(int v) const { return fmt::format("i{}", v); }
   LExpr size_expr(int v) const { return V(size_of(v)); }
@@ -155,9 +159,16 @@ class Lowerer {
   Stmts wrap_emission(int depth, const States& inside, F&& inner) {
     const bool here = depth == sched_.emit_depth &&
                       (sched_.output == OutputMode::append || sched_.output == OutputMode::workspace ||
-                       sched_.output == OutputMode::sampled);
+                       sched_.output == OutputMode::sampled || sched_.output == OutputMode::fibers);
     if (!here) return inner();
     Stmts out;
+    if (sched_.output == OutputMode::fibers) {
+      // The position of the shared levels' last one: the output's dense block below it starts at ofib * its size.
+      out.push_back(loops::decl("const int64_t", "ofib", sampled_position(inside)));
+      Stmts body = inner();
+      out.insert(out.end(), body.begin(), body.end());
+      return out;
+    }
     const Sink saved = current_sink_;
     auto accumulator = [](bool void_any) {
       Stmts parts{loops::decl("val_t", "acc", I(0)), loops::decl("bool", "any", loops::boolean(false))};
@@ -166,10 +177,7 @@ class Lowerer {
     };
     if (sched_.output == OutputMode::sampled) {
       // The sampling operand's position: every level walked, its state points at its value.
-      LExpr pos;
-      for (const auto& [id, a] : access_)
-        if (a.tensor == sched_.sampled_tensor && inside.count(id)) pos = inside.at(id).b;
-      SCORCH_ASSERT(pos != nullptr, "sampled output: the sampling operand is not walked at the emission depth");
+      const LExpr pos = sampled_position(inside);
       current_sink_ = Sink::scalar;
       out.push_back(accumulator(true));
       Stmts body = inner();
@@ -198,6 +206,15 @@ class Lowerer {
     }
     current_sink_ = saved;
     return out;
+  }
+
+  // The sampling operand's position at the emission depth (sampled, fibers outputs).
+  LExpr sampled_position(const States& inside) const {
+    LExpr pos;
+    for (const auto& [id, a] : access_)
+      if (a.tensor == sched_.sampled_tensor && inside.count(id)) pos = inside.at(id).b;
+    SCORCH_ASSERT(pos != nullptr, "sampled output: the sampling operand is not walked at the emission depth");
+    return pos;
   }
 
   loops::Exprs out_coords() const {
@@ -386,10 +403,21 @@ class Lowerer {
   // The loops for order[d..]; `states` holds the accesses still in `e`.
   // The dense output's index of the current element; `tile_var` (when given) stands for the tiled variable.
   LExpr dense_out_index(const LExpr& tile_var = nullptr) const {
+    auto at = [&](int v) { return v == tile_var_ && tile_var ? tile_var : var_expr(v); };
+    if (sched_.output == OutputMode::fibers) {
+      // Below the shared levels' position ofib, the output's dense levels located one by one (b * N + i).
+      const auto& levels = spec_.output.format->levels();
+      LExpr index = V("ofib");
+      for (size_t l = static_cast<size_t>(sched_.shared_levels); l < levels.size(); ++l) {
+        const int v = st_.out_vars[levels[l].expr.dim];
+        index = loops::paren(loops::add(loops::mul(index, size_expr(v)), at(v)));
+      }
+      return index;
+    }
     std::vector<LExpr> terms;
     for (size_t d = 0; d < st_.out_vars.size(); ++d) {
       const int v = st_.out_vars[d];
-      terms.push_back(loops::mul(v == tile_var_ && tile_var ? tile_var : var_expr(v), V(fmt::format("os{}", d))));
+      terms.push_back(loops::mul(at(v), V(fmt::format("os{}", d))));
     }
     return sum_of(terms, I(0));
   }

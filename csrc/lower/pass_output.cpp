@@ -18,7 +18,8 @@ void output_assembly(KernelIR& k) {
   const KernelSpec& spec = *k.spec;
   const Schedule& sched = *k.sched;
   // Sparse outputs come back through per-thread streams, except a sampled one, written in place.
-  const bool sparse_output = !spec.output.strided() && sched.output != OutputMode::sampled;
+  const bool sparse_output = !spec.output.strided() && sched.output != OutputMode::sampled &&
+                             sched.output != OutputMode::fibers;
 
   // One thread's part.
   Stmts thread;
@@ -43,13 +44,15 @@ void output_assembly(KernelIR& k) {
     thread.push_back(loops::if_chain({loops::text("tid != 0 && !o"), nullptr},
                                      {{line("args->status = SCORCH_STATUS_NO_MEMORY;")}, inner}));
   } else {
-    if (spec.output.strided()) thread.push_back(line("val_t* __restrict o = out;"));
+    if (spec.output.strided() || sched.output == OutputMode::fibers) thread.push_back(line("val_t* __restrict o = out;"));
     thread.push_back(loops::block(inner));
   }
   k.thread = thread;
   k.nest.clear();
 
   // Before the threads: buffers they share.
+  if (sched.output == OutputMode::fibers)
+    k.setup.push_back(line("val_t* __restrict out = (val_t*)args->out_dense;  // a dense block under each shared position"));
   if (sched.output == OutputMode::sampled)
     k.setup.push_back(line("val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size"));
   if (sched.private_output && k.parallel)

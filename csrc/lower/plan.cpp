@@ -246,6 +246,50 @@ void choose_by_cost(const ir::Statement& st, const std::vector<OperandDesc>& ops
   spec = best_spec;
 }
 
+// A sparse output that shares the leading levels of the statement's one sparse factor and is dense below them
+// (OutputMode::fibers), when the statement sums a sparse factor against dense ones but keeps the variables of
+// its first levels: TTM's Y(i,j,r) = X(i,j,k) U(k,r) on a CSF X stores r densely under each (i, j) fiber X has,
+// instead of a dense I x J x R result that is zero wherever X has no fiber. Only when the factor stores at most
+// half as many values as its shared levels have coordinates (I x J), so that at least half the fibers are
+// certainly missing: a matrix's rows (SpMV, SpMM, MTTKRP's i) are usually all there, and a dense result is
+// what those callers get. The format's text, or empty.
+std::string shared_fibers_format(const KernelSpec& spec, const std::vector<const ir::Expr*>& acc,
+                                 const std::vector<OperandDesc>& ops, const std::vector<int64_t>& var_sizes) {
+  const ir::Statement& st = spec.stmt;
+  const ir::Expr* only = nullptr;
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided() || s.format->all_dense()) continue;
+    if (only) return "";
+    only = a;
+  }
+  if (!only) return "";
+  const auto& levels = spec.operands[only->tensor].format->levels();
+  const auto lv = level_vars(*spec.operands[only->tensor].format, only->vars);
+  auto out_dim = [&](int v) {
+    return static_cast<int>(std::find(st.out_vars.begin(), st.out_vars.end(), v) - st.out_vars.begin());
+  };
+  std::string text;
+  std::vector<bool> placed(st.out_vars.size(), false);
+  size_t shared = 0;
+  while (shared + 1 < levels.size() && out_dim(lv[shared]) < static_cast<int>(st.out_vars.size())) {
+    const int d = out_dim(lv[shared]);
+    text += (shared ? "," : "") + level_text(levels[shared], d);
+    placed[d] = true;
+    ++shared;
+  }
+  if (shared == 0) return "";
+  double coordinates = 1;
+  for (size_t l = 0; l < shared; ++l) coordinates *= static_cast<double>(var_sizes[lv[l]]);
+  if (2.0 * static_cast<double>(ops[only->tensor].nnz) > coordinates) return "";
+  for (size_t d = 0; d < st.out_vars.size(); ++d)
+    if (!placed[d]) text += fmt::format(",dense({})", d);
+  KernelSpec trial = spec;
+  trial.output.format = Format::parse(text, static_cast<int>(st.out_vars.size()));
+  if (shared_fibers(trial).tensor < 0 || make_schedule(trial).output != OutputMode::fibers) return "";
+  return text;
+}
+
 }  // namespace
 
 Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, const std::string& out_format, bool f64,
@@ -414,6 +458,12 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
         if (bounded == Format::parse(out, out_rank).str()) plan.reasons.push_back(fmt::format("sparse output stored as {}", out));
         out = bounded;
       }
+    } else if (const std::string fibers = out_rank > 0 ? shared_fibers_format(spec, acc, ops, plan.var_sizes) : ""; !fibers.empty()) {
+      out = fibers;
+      plan.reasons.push_back(fmt::format("output stored as {}: its leading levels are those of the sparse factor, "
+                                         "dense below (no values where the factor has no fiber, and it stores "
+                                         "too few values to have half of them)",
+                                         Format::parse(out, out_rank).short_name()));
     } else {
       out = "strided";
       plan.reasons.push_back(out_rank == 0 ? "scalar output is dense"

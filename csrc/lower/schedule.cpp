@@ -88,6 +88,47 @@ int sampling_operand(const KernelSpec& spec) {
   return only->tensor;
 }
 
+SharedFibers shared_fibers(const KernelSpec& spec) {
+  if (spec.output.strided() || !is_product(spec.stmt.rhs)) return {};
+  std::vector<const ir::Expr*> acc;
+  ir::collect_accesses(spec.stmt.rhs, acc);
+  const ir::Expr* only = nullptr;
+  for (const ir::Expr* a : acc) {
+    const Storage& s = spec.operands[a->tensor];
+    if (s.strided() || s.format->all_dense()) continue;
+    if (only) return {};
+    only = a;
+  }
+  if (!only) return {};
+  const auto& in = spec.operands[only->tensor].format->levels();
+  const auto& out = spec.output.format->levels();
+  const auto in_vars = level_vars(*spec.operands[only->tensor].format, only->vars);
+  const auto out_vars = level_vars(*spec.output.format, spec.stmt.out_vars);
+  size_t shared = 0;
+  while (shared < out.size() && shared + 1 < in.size()) {
+    const Level& a = in[shared];
+    const Level& b = out[shared];
+    const auto& pa = a.kind->properties();
+    if (a.kind->name() != b.kind->name() || !(pa == b.kind->properties()) || !pa.unique || !pa.ordered ||
+        a.expr.part != LevelExpr::Part::whole || b.expr.part != LevelExpr::Part::whole ||
+        in_vars[shared] != out_vars[shared])
+      break;
+    ++shared;
+  }
+  if (shared == 0) return {};
+  for (size_t l = shared; l < out.size(); ++l) {
+    const Level& b = out[l];
+    if (b.kind->walk() != LevelWalk::locate || !b.kind->buffer_names().empty() || b.expr.part != LevelExpr::Part::whole ||
+        contains(in_vars, out_vars[l]))
+      return {};
+  }
+  // At least one shared level stores positions of its own (else the output is dense in all but name).
+  bool sparse = false;
+  for (size_t l = 0; l < shared; ++l) sparse |= in[l].kind->walk() != LevelWalk::locate;
+  if (!sparse) return {};
+  return {only->tensor, static_cast<int>(shared)};
+}
+
 std::vector<int> choose_loop_order(const KernelSpec& spec, const std::vector<std::pair<int, int>>& constraints) {
   const int n = spec.stmt.num_vars();
   const auto sparse = sparse_vars(spec);
@@ -159,6 +200,14 @@ Schedule make_schedule(const KernelSpec& spec) {
     s.reasons.push_back(fmt::format("output has the pattern of operand t{} (a product with it, same format and "
                                     "indices): each value is written at its position, its index buffers shared",
                                     t));
+  } else if (const SharedFibers f = shared_fibers(spec); f.tensor >= 0 && prefix_is(out_vars, f.levels)) {
+    s.output = OutputMode::fibers;
+    s.emit_depth = f.levels - 1;
+    s.sampled_tensor = f.tensor;
+    s.shared_levels = f.levels;
+    s.reasons.push_back(fmt::format("output shares the first {} level(s) of operand t{}, the rest dense: a block of "
+                                    "values under each of its positions, updated in place, its index buffers copied",
+                                    f.levels, f.tensor));
   } else if (prefix_is(out_vars, m)) {
     s.output = OutputMode::append;
     s.emit_depth = m - 1;
@@ -195,7 +244,8 @@ Schedule make_schedule(const KernelSpec& spec) {
                                     st.var_names[outer]));
   } else {
     s.reasons.push_back(fmt::format("outer loop {} split among threads{}", st.var_names[outer],
-                                    spec.output.strided() ? " (each writes its own output entries)"
+                                    spec.output.strided() || s.output == OutputMode::fibers
+                                        ? " (each writes its own output entries)"
                                     : assembled           ? " (each writes its own rows of the output)"
                                                           : " (per-thread output streams, joined in order)"));
   }
@@ -294,7 +344,7 @@ double estimate_nest_cost(const KernelSpec& spec, const std::vector<int>& order,
 std::string Schedule::str(const ir::Statement& st) const {
   std::string s = "order:";
   for (int v : order) s += " " + st.var_names[v];
-  const char* modes[] = {"dense", "append", "workspace", "coords", "sampled"};
+  const char* modes[] = {"dense", "append", "workspace", "coords", "sampled", "fibers"};
   s += fmt::format("; output: {}", modes[static_cast<int>(output)]);
   if (workspace_var >= 0) s += fmt::format(" over {}", st.var_names[workspace_var]);
   s += parallel ? "; parallel outer loop" : "; serial";

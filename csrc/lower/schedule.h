@@ -15,6 +15,8 @@ enum class OutputMode {
   workspace,  // sparse output whose last variable is reached out of order: a dense row workspace per thread
   coords,     // anything else: coordinates appended in any order, sorted and summed afterwards
   sampled,    // the output has the pattern of a sparse factor (SDDMM): values written at its positions
+  fibers,     // the output shares a sparse factor's leading levels, its other levels dense (TTM's Y(i,j,r) on
+              // X(i,j,k)): a dense block of values under each position of the shared levels, updated in place
 };
 
 struct Schedule {
@@ -22,7 +24,8 @@ struct Schedule {
   OutputMode output = OutputMode::dense;
   int emit_depth = -1;          // append/workspace: depth whose loop body emits (-1: around the whole nest)
   int workspace_var = -1;       // workspace: the output variable the workspace is indexed by
-  int sampled_tensor = -1;      // sampled: the operand whose index buffers the output shares
+  int sampled_tensor = -1;      // sampled, fibers: the operand whose index buffers the output shares
+  int shared_levels = 0;        // fibers: how many of its leading levels (the output's first levels)
   bool parallel = false;        // the outermost loop is split among threads
   bool private_output = false;  // dense output with an outer reduction: per-thread copies, summed at the end
   std::vector<std::string> reasons;
@@ -54,6 +57,18 @@ double estimate_nest_cost(const KernelSpec& spec, const std::vector<int>& order,
 // The operand whose pattern a sparse output has by construction (the statement is a product with it, the
 // output has its format and indices), or -1.
 int sampling_operand(const KernelSpec& spec);
+
+// A sparse output that shares the leading levels of a sparse factor and stores the rest densely
+// (OutputMode::fibers): the statement is a product with exactly one level-format factor, the output's first
+// `levels` levels are that factor's first levels (same kinds, unique and ordered, same index variables), its
+// other levels are dense over variables none of the factor's levels walks, and the factor has levels left
+// below them (which the product sums over). Every output value then lies under a position of the factor's
+// level `levels - 1`, so the output's index buffers are copies of the factor's first ones. tensor -1: none.
+struct SharedFibers {
+  int tensor = -1;
+  int levels = 0;
+};
+SharedFibers shared_fibers(const KernelSpec& spec);
 
 // Level variables of an access of a level-format operand: the index variable of each level, in level order.
 std::vector<int> level_vars(const Format& f, const std::vector<int>& access_vars);

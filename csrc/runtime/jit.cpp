@@ -361,7 +361,13 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
   k.overwrites_output = l.kernel.overwrites_output;
   k.assembled_output = l.kernel.assembled_output;
   k.sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
-  k.sampled_operand = l.schedule.output == OutputMode::sampled ? l.schedule.sampled_tensor : -1;
+  const bool sampled = l.schedule.output == OutputMode::sampled || l.schedule.output == OutputMode::fibers;
+  k.sampled_operand = sampled ? l.schedule.sampled_tensor : -1;
+  if (sampled) {
+    const auto& levels = l.spec.operands[l.schedule.sampled_tensor].format->levels();
+    const size_t shared = l.schedule.output == OutputMode::fibers ? l.schedule.shared_levels : levels.size();
+    for (size_t q = 0; q < shared; ++q) k.sampled_buffers += static_cast<int>(levels[q].kind->buffer_names().size());
+  }
   k.input_pointers = input_pointer_count(l.spec);
 }
 

@@ -33,6 +33,8 @@ struct CompiledKernel {
   bool assembled_output = false;   // sparse output returned as the format's own buffers (lower/assemble.h)
   int sampled_operand = -1;     // >= 0: the sparse output has this operand's pattern; the caller passes a
                                 // zeroed values array of its size as out_dense and reuses its index buffers
+  int sampled_buffers = 0;      // how many of them: all, or those of the leading levels the output shares
+                                // (OutputMode::fibers: the values are a dense block under each of their positions)
   int input_pointers = 0;
   double seconds = 0;           // time to get it: codegen + compile, or codegen + load
   bool compiled = false;        // false: loaded from the disk cache

@@ -239,12 +239,18 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     scorch_kernel_args args{ptrs.data(), sizes.data(), strides.data(), nullptr, 0, nullptr, nullptr,
                             static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, lengths.data()};
     const int sampled = e.kernel->sampled_operand;
+    std::vector<at::Tensor> shared;  // the sampling operand's index buffers the output shares
     if (spec.output.strided()) {
       // A kernel that stores every element once gets the output unzeroed (a pass over it saved).
       dense = e.kernel->overwrites_output ? at::empty(out_shape, opts) : at::zeros(out_shape, opts);
       args.out_dense = dense.data_ptr();
-    } else if (sampled >= 0) {  // values at the sampling operand's positions
-      dense = at::zeros({operand_nnz[sampled]}, opts);
+    } else if (sampled >= 0) {  // values at the sampling operand's positions (or a dense block under each
+                                // position of its leading levels: the output shares only those buffers)
+      const auto& all = operand_buffers[sampled];
+      shared.assign(all.begin(), all.begin() + e.kernel->sampled_buffers);
+      const int64_t n = shared.size() == all.size() ? operand_nnz[sampled]
+                                                    : stored_positions(*spec.output.format, out_shape, spans_of(shared));
+      dense = e.kernel->overwrites_output ? at::empty({n}, opts) : at::zeros({n}, opts);
       args.out_dense = dense.data_ptr();
     }
     {
@@ -270,7 +276,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     if (spec.output.strided()) return std::make_tuple(dense, std::vector<at::Tensor>{});
     if (sampled >= 0) {
       std::vector<at::Tensor> buffers;
-      for (const auto& b : operand_buffers[sampled]) buffers.push_back(b.clone());  // outputs never alias inputs
+      for (const auto& b : shared) buffers.push_back(b.clone());  // outputs never alias inputs
       return std::make_tuple(dense, buffers);
     }
     const int64_t nnz = args.out_nnz;

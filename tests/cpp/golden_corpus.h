@@ -50,6 +50,8 @@ inline const std::vector<Case>& corpus() {
       {"vector_add_dense", "out(i0) = t0(i0) + t1(i0); t0=compressed(0); t1=strided; out=strided; f32; i64"},
       {"mttkrp_csf", "out(i0,i1) = t0(i0,i2,i3) * t1(i2,i1) * t2(i3,i1); t0=csf; t1=strided; t2=strided; out=strided; f32; i32"},
       {"ttm_csf", "out(i0,i1,i2) = t0(i0,i1,i3) * t1(i3,i2); t0=csf; t1=strided; out=strided; f32; i32"},
+      {"ttm_csf_fibers", "out(i0,i1,i2) = t0(i0,i1,i3) * t1(i3,i2); t0=csf; t1=strided; out=compressed(0),compressed(1),dense(2); f32; i32"},
+      {"ttv_csf_fibers", "out(i0,i1) = t0(i0,i1,i2) * t1(i2); t0=csf; t1=strided; out=compressed(0),compressed(1); f64; i64"},
       {"row_sums", "out(i0) = t0(i0,i1); t0=csr; out=strided; f32; i32"},
       {"col_sums", "out(i1) = t0(i0,i1); t0=csr; out=strided; f32; i32"},
       {"total_sum", "out() = t0(i0,i1); t0=csr; out=strided; f64; i64"},

@@ -1,0 +1,194 @@
+"""Outputs that share a sparse factor's leading levels and are dense below them (OutputMode::fibers).
+
+TTM's Y(i,j,r) = sum_k X(i,j,k) U(k,r) on a CSF X has a value only under the (i, j) fibers X stores: the planner
+stores Y with X's first levels (their index buffers copied) and a dense block of R values under each of their
+positions, written in place by the kernel (no dense I x J x R result). Each case checks the format the planner
+chose, that the shared buffers equal X's, and the values against dense torch, for odd sizes, widths that are not
+a multiple of the vector width, empty tensors, fibers without entries below them, output orders other than the
+operand's, a summed last level (TTV, no dense level), float32/float64, int32/int64 indices, under
+SCORCH_DISPATCH=sparse and the default automatic dispatch; gradients; corrupted index buffers.
+"""
+
+import pytest
+import torch
+
+import scorch_backend as sb
+
+DISPATCH_MODES = ("sparse", "auto")
+
+
+def random_tensor3(shape, nnz, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    total = shape[0] * shape[1] * shape[2]
+    lin = torch.unique(torch.randint(0, max(total, 1), (nnz,), generator=g)) if total and nnz else torch.zeros(0, dtype=torch.long)
+    idx = torch.stack([lin // (shape[1] * shape[2]), (lin // shape[2]) % shape[1], lin % shape[2]]) if lin.numel() \
+        else torch.zeros(3, 0, dtype=torch.long)
+    vals = (torch.rand(lin.numel(), generator=g, dtype=torch.float64) + 0.5).to(dtype)
+    dense = torch.zeros(shape, dtype=dtype)
+    if lin.numel():
+        dense[idx[0], idx[1], idx[2]] = vals
+    return idx, vals, dense
+
+
+def fibers_of(dense3):
+    """The (i, j) pairs of a dense 3-D tensor that have an entry, in row-major order."""
+    return (dense3 != 0).any(dim=2).nonzero()
+
+
+def check_fibers(Y, ref, X, shared_buffers):
+    """Y holds ref's values under X's fibers, with X's first buffers."""
+    if not isinstance(Y, sb.SparseTensor):  # the automatic dispatch may run dense
+        torch.testing.assert_close(Y, ref, rtol=1e-5, atol=1e-5)
+        return
+    for name in shared_buffers:
+        assert torch.equal(Y.level_buffers[name], X.level_buffers[name]), name
+    torch.testing.assert_close(Y.to_dense(), ref, rtol=1e-5, atol=1e-5)
+
+
+SHAPES = [(7, 9, 11), (1, 1, 1), (13, 5, 40), (30, 30, 30)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("R", [1, 5, 16, 37, 130])
+def test_ttm_csf(shape, R, scorch_dispatch):
+    idx, vals, dense = random_tensor3(shape, max(1, shape[0] * shape[1] // 4), seed=R)
+    X = sb.from_coordinates(idx, vals, shape, "csf")
+    U = torch.randn(shape[2], R, generator=torch.Generator().manual_seed(1))
+    ref = torch.einsum("ijk,kr->ijr", dense, U)
+    Y = sb.einsum("ijk,kr->ijr", X, U)
+    if scorch_dispatch == "sparse" and 2 * vals.numel() <= shape[0] * shape[1]:
+        assert isinstance(Y, sb.SparseTensor)
+        assert Y.format.canonical == "compressed(0),compressed(1),dense(2)", Y.format
+        assert Y.nnz == fibers_of(dense).shape[0] * R
+    check_fibers(Y, ref, X, ["pos0", "crd0", "pos1", "crd1"])
+
+
+def test_plan_reason():
+    idx, vals, _ = random_tensor3((20, 20, 20), 50)
+    X = sb.from_coordinates(idx, vals, (20, 20, 20), "csf")
+    p = sb.plan_einsum("ijk,kr->ijr", X, torch.randn(20, 8))
+    assert p["out_format"] == "compressed(0),compressed(1),dense(2)"
+    assert any("leading levels are those of the sparse factor" in r for r in p["reasons"]), p["reasons"]
+    # A factor with as many values as fibers could be there: dense, as SpMM's rows.
+    idx, vals, _ = random_tensor3((4, 4, 20), 200)
+    X = sb.from_coordinates(idx, vals, (4, 4, 20), "csf")
+    assert sb.plan_einsum("ijk,kr->ijr", X, torch.randn(20, 8))["out_format"] == "strided"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_dtypes(dtype, index_dtype, scorch_dispatch):
+    shape = (11, 12, 13)
+    idx, vals, dense = random_tensor3(shape, 30, dtype=dtype)
+    X = sb.from_coordinates(idx, vals, shape, "csf", index_dtype=index_dtype)
+    U = torch.randn(13, 19, dtype=dtype)
+    Y = sb.einsum("ijk,kr->ijr", X, U)
+    assert Y.dtype == dtype
+    if scorch_dispatch == "sparse":  # (a dense run converted by the caller takes its own index type)
+        assert Y.index_dtype == index_dtype
+    check_fibers(Y, torch.einsum("ijk,kr->ijr", dense, U), X, ["pos0", "crd0", "pos1", "crd1"])
+
+
+def test_dense_first_level():
+    """X stored dense(0),compressed(1),compressed(2): the output shares the dense level and the compressed one."""
+    shape = (6, 40, 9)
+    idx, vals, dense = random_tensor3(shape, 40)
+    X = sb.from_coordinates(idx, vals, shape, "dense(0),compressed(1),compressed(2)")
+    U = torch.randn(9, 7)
+    Y = sb.einsum("ijk,kr->ijr", X, U)
+    assert Y.format.canonical == "dense(0),compressed(1),dense(2)", Y.format
+    check_fibers(Y, torch.einsum("ijk,kr->ijr", dense, U), X, ["pos1", "crd1"])
+
+
+def test_output_order_and_ttv():
+    shape = (10, 11, 12)
+    idx, vals, dense = random_tensor3(shape, 25)
+    X = sb.from_coordinates(idx, vals, shape, "csf")
+    U = torch.randn(12, 6)
+    # r first in the output: the dense level is the output's dimension 0, stored below the fibers.
+    Y = sb.einsum("ijk,kr->rij", X, U)
+    assert Y.format.canonical == "compressed(1),compressed(2),dense(0)", Y.format
+    torch.testing.assert_close(Y.to_dense(), torch.einsum("ijk,kr->rij", dense, U), rtol=1e-5, atol=1e-5)
+    # TTV: k summed, no dense level: one value per fiber.
+    x = torch.randn(12)
+    Z = sb.einsum("ijk,k->ij", X, x)
+    assert Z.format.canonical == "compressed(0),compressed(1)", Z.format
+    assert Z.nnz == fibers_of(dense).shape[0]
+    torch.testing.assert_close(Z.to_dense(), torch.einsum("ijk,k->ij", dense, x), rtol=1e-5, atol=1e-5)
+    # Two dense factors under the fibers.
+    w = torch.randn(6)
+    W = sb.einsum("ijk,kr,r->ijr", X, U, w)
+    torch.testing.assert_close(W.to_dense(), torch.einsum("ijk,kr,r->ijr", dense, U, w), rtol=1e-5, atol=1e-5)
+
+
+def test_empty():
+    X = sb.from_coordinates(torch.zeros(3, 0, dtype=torch.long), torch.zeros(0), (5, 6, 7), "csf")
+    Y = sb.einsum("ijk,kr->ijr", X, torch.randn(7, 4))
+    assert Y.nnz == 0 and torch.equal(Y.to_dense(), torch.zeros(5, 6, 4))
+
+
+def test_fiber_without_entries():
+    """A fiber whose k segment is empty gets zeros (the kernel stores every value once, into unzeroed memory)."""
+    shape = (3, 4, 5)
+    idx, vals, dense = random_tensor3(shape, 6, seed=3)
+    X = sb.from_coordinates(idx, vals, shape, "csf")
+    b = dict(X.level_buffers)
+    # Drop the first fiber's entries: its segment [pos2[0], pos2[1]) becomes empty.
+    pos2 = b["pos2"]
+    if pos2.numel() < 3:
+        pytest.skip("needs two fibers")
+    first = int(pos2[1] - pos2[0])
+    pos2 = (pos2 - first).clamp(min=0)
+    keep = b["crd2"][first:]
+    v = X.stored_values[first:]
+    Z = sb.SparseTensor(X.format, shape, [b["pos0"], b["crd0"], b["pos1"], b["crd1"], pos2, keep], v)
+    ref = Z.to_dense()
+    torch.manual_seed(0)
+    for _ in range(3):  # fresh outputs over freed, dirty memory
+        junk = torch.full((10000,), float("nan"))
+        del junk
+        U = torch.randn(5, 37)
+        Y = sb.einsum("ijk,kr->ijr", Z, U)
+        out = Y.to_dense()
+        assert not torch.isnan(out).any()
+        torch.testing.assert_close(out, torch.einsum("ijk,kr->ijr", ref, U), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients():
+    shape = (6, 7, 8)
+    idx, vals, dense = random_tensor3(shape, 12, dtype=torch.float64)
+    U = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    X = sb.from_coordinates(idx, vals, shape, "csf")
+    Y = sb.einsum("ijk,kr->ijr", X, U)
+    Y.to_dense().sum().backward() if isinstance(Y, sb.SparseTensor) else Y.sum().backward()
+    ref_U = U.detach().clone().requires_grad_(True)
+    torch.einsum("ijk,kr->ijr", dense, ref_U).sum().backward()
+    torch.testing.assert_close(U.grad, ref_U.grad)
+
+
+def test_bad_index_buffer():
+    shape = (5, 6, 7)
+    idx, vals, _ = random_tensor3(shape, 10)
+    X = sb.from_coordinates(idx, vals, shape, "csf")
+    b = dict(X.level_buffers)
+    crd2 = b["crd2"].clone()
+    crd2[0] = 1000
+    bad = sb.SparseTensor(X.format, shape, [b["pos0"], b["crd0"], b["pos1"], b["crd1"], b["pos2"], crd2],
+                          X.stored_values, validate=False)
+    with pytest.raises((ValueError, IndexError)):
+        sb.einsum("ijk,kr->ijr", bad, torch.randn(7, 3))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads(threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        shape = (50, 40, 30)
+        idx, vals, dense = random_tensor3(shape, 300, seed=threads)
+        X = sb.from_coordinates(idx, vals, shape, "csf")
+        U = torch.randn(30, 20)
+        check_fibers(sb.einsum("ijk,kr->ijr", X, U), torch.einsum("ijk,kr->ijr", dense, U), X,
+                     ["pos0", "crd0", "pos1", "crd1"])
+    finally:
+        torch.set_num_threads(old)
