@@ -1,10 +1,10 @@
 #include "executor.h"
+#include "measured_choice.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <atomic>
 #include <charconv>
-#include <chrono>
 #include <functional>
 #include <map>
 #include <cmath>
@@ -131,24 +131,33 @@ std::vector<int> ndims_of(const std::vector<Operand>& ops) {
   return n;
 }
 
-at::ScalarType compute_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
-
 at::ScalarType index_dtype(const std::vector<Operand>& ops) {
-  constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
   for (const auto& o : ops) {
-    if (o.sparse() && ((!o.buffers.empty() && o.buffers[0].scalar_type() == at::kLong) || o.nnz() > int32_max))
-      return at::kLong;
-    if (o.sparse() && o.buffers.empty()) {
-      // an all-dense format has no buffers; int64 is what SparseTensor.index_dtype reports then
-      return at::kLong;
-    }
-    for (auto s : o.shape)
-      if (s > int32_max) return at::kLong;
+    const bool long_buffers = o.sparse() && !o.buffers.empty() && o.buffers[0].scalar_type() == at::kLong;
+    if (long_buffers || needs_index64(o.format, o.sparse() ? o.nnz() : 0, o.shape)) return at::kLong;
   }
   return at::kInt;
 }
 
 }  // namespace
+
+at::ScalarType compute_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+bool needs_index64(const FormatRef* format, int64_t nnz, const std::vector<int64_t>& shape) {
+  constexpr int64_t int32_max = std::numeric_limits<int32_t>::max();
+  // an all-dense format has no buffers; int64 is what SparseTensor.index_dtype reports then
+  if (format && (nnz > int32_max || format->format.all_dense())) return true;
+  for (auto s : shape)
+    if (s > int32_max) return true;
+  return false;
+}
+
+Plan plan_einsum(const std::string& equation, const std::vector<OperandDesc>& descs, const std::string& out_format,
+                 bool f64, bool idx64) {
+  std::vector<int> ndims;
+  for (const auto& d : descs) ndims.push_back(static_cast<int>(d.shape.size()));
+  return make_plan(ir::parse_einsum(equation, ndims), descs, out_format, f64, idx64);
+}
 
 Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx) {
   SCORCH_ASSERT(x.sparse(), "the plan converts only sparse operands");
@@ -385,10 +394,10 @@ namespace {
 constexpr double kMeasureWindow = 3.0;
 constexpr int64_t kMeasureMaxElements = int64_t{1} << 25;
 constexpr double kMeasureMaxFlops = 4.0e9;
-constexpr size_t kMaxEagerDecisions = 4096;
-std::mutex eager_decisions_mu;
-std::map<std::vector<int64_t>, bool> eager_decisions;  // bucket key -> dense
-std::atomic<int64_t> n_eager_measured{0}, n_eager_measured_dense{0};
+MeasuredChoices& eager_decisions() {
+  static MeasuredChoices t;
+  return t;
+}
 
 // Each index letter's size, from the equation's input terms and the operands' shapes; empty when the
 // equation has an ellipsis or does not match the shapes (then nothing is measured).
@@ -411,15 +420,12 @@ std::map<char, int64_t> letter_sizes(const std::string& equation, const std::vec
   return sizes;
 }
 
-double run_seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
-EagerMeasureStats eager_measure_stats() { return {n_eager_measured.load(), n_eager_measured_dense.load()}; }
+EagerMeasureStats eager_measure_stats() {
+  const MeasureStats m = eager_decisions().stats();
+  return {m.measured, m.kept_dense, m.contended, m.remeasured};
+}
 
 namespace {
 
@@ -449,24 +455,16 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
 
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&entry), threads};
-  for (const auto& [letter, n] : sizes) {
-    int64_t bucket = 0;
-    for (int64_t m = n; m > 1; m = (m + 1) / 2) ++bucket;
-    key.push_back(static_cast<int64_t>(letter) * 64 + bucket);
-  }
-  for (double x : densities) key.push_back(static_cast<int64_t>(x * 20));
-  {
-    std::lock_guard lock(eager_decisions_mu);
-    auto it = eager_decisions.find(key);
-    if (it != eager_decisions.end()) {
-      // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
-      if (it->second && !d.dense && !all_finite(ops)) return d;
-      if (explain && it->second != d.dense)
-        d.why = fmt::format("{} (measured on an earlier call of this size and density: {} is faster)", d.why,
-                            it->second ? "dense" : "the sparse kernel");
-      d.dense = it->second;
-      return d;
-    }
+  for (const auto& [letter, n] : sizes) key.push_back(static_cast<int64_t>(letter) * 64 + size_bucket(n));
+  for (double x : densities) key.push_back(density_bucket(x));
+  if (auto known = eager_decisions().known(key)) {
+    // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
+    if (*known && !d.dense && !all_finite(ops)) return d;
+    if (explain && *known != d.dense)
+      d.why = fmt::format("{} (measured on an earlier call of this size and density: {} is faster)", d.why,
+                          *known ? "dense" : "the sparse kernel");
+    d.dense = *known;
+    return d;
   }
   if (!all_finite(ops)) return d;  // the rule keeps such calls on the kernel; nothing to measure
   const at::ScalarType result = result_dtype(ops);
@@ -480,24 +478,11 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
     }
     at::einsum(equation, t);
   };
-  kernel();  // warm-up: compiles or loads the kernel, fills the caches
-  dense();
-  double t_kernel = 1e300, t_dense = 1e300;
-  for (int r = 0; r < 3; ++r) {
-    t_kernel = std::min(t_kernel, run_seconds(kernel));
-    t_dense = std::min(t_dense, run_seconds(dense));
-  }
-  const bool chosen_dense = t_dense < t_kernel;
-  ++n_eager_measured;
-  if (chosen_dense) ++n_eager_measured_dense;
-  {
-    std::lock_guard lock(eager_decisions_mu);
-    if (eager_decisions.size() >= kMaxEagerDecisions) eager_decisions.clear();
-    eager_decisions.emplace(std::move(key), chosen_dense);
-  }
+  Timing t;
+  const bool chosen_dense = eager_decisions().measure(key, kernel, dense, &t);
   if (explain)
     d.why = fmt::format("{}; measured on this call: kernel {:.3g} ms, dense {:.3g} ms (densifying included): {}", d.why,
-                        t_kernel * 1e3, t_dense * 1e3, chosen_dense ? "dense" : "sparse kernel");
+                        t.kernel_ms, t.dense_ms, chosen_dense ? "dense" : "sparse kernel");
   d.dense = chosen_dense;
   return d;
 }
@@ -518,10 +503,8 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   key += f64 ? "|d" : "|f";
   key += idx == at::kLong ? 'L' : 'I';
   append_descs(key, ops);
-  auto entry = cached_plan(key, [&] {
-    const auto st = ir::parse_einsum(equation, ndims_of(ops));
-    return make_entry(make_plan(st, descs_of(ops), out_format, f64, idx == at::kLong), ops);
-  });
+  auto entry = cached_plan(
+      key, [&] { return make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops); });
 
   Outcome out;
   out.plan = &entry->plan;

@@ -90,6 +90,7 @@ RouteCounts route_counts();
 // and how many of those kept the dense path.
 struct EagerMeasureStats {
   int64_t measured = 0, kept_dense = 0;
+  int64_t contended = 0, remeasured = 0;  // timed on a busy machine; taken again for that (measured_choice.h)
 };
 EagerMeasureStats eager_measure_stats();
 
@@ -111,5 +112,16 @@ Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType inde
 
 // The result dtype of a call (type promotion over the operands' values) and the dtype kernels compute in.
 at::ScalarType result_dtype(const std::vector<Operand>& ops);
+// The dtype kernels compute in for a result dtype (float or double).
+at::ScalarType compute_dtype(at::ScalarType result);
+
+// The kernel plan for an einsum over operands so described: run_einsum plans through it (once per equation,
+// formats, shapes and sizes), and so does a prediction of the kernels a call will run (region_kernel_specs).
+Plan plan_einsum(const std::string& equation, const std::vector<OperandDesc>& descs, const std::string& out_format,
+                 bool f64, bool idx64);
+
+// Whether an operand (format null: dense) makes a call index in int64: more stored entries or a larger
+// dimension than int32 holds, or an all-dense format (no buffers). Int64 index buffers do too.
+bool needs_index64(const FormatRef* format, int64_t nnz, const std::vector<int64_t>& shape);
 
 }  // namespace scorch::torch_glue

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/error.h"
+
 namespace scorch::torch_glue {
 
 int64_t size_bucket(int64_t n) {
@@ -22,19 +24,23 @@ double ms_of(const std::function<void()>& f) {
 
 }  // namespace
 
+Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms) {
+  SCORCH_CHECK(!kernel_ms.empty() && !dense_ms.empty(), "timing_of: no runs");
+  const auto [k_lo, k_hi] = std::minmax_element(kernel_ms.begin(), kernel_ms.end());
+  const auto [d_lo, d_hi] = std::minmax_element(dense_ms.begin(), dense_ms.end());
+  const double spread = MeasuredChoices::kContendedSpread;
+  return {*k_lo, *d_lo, *k_hi > spread * *k_lo || *d_hi > spread * *d_lo};
+}
+
 Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense) {
   kernel();  // warm-up: compiles or loads the kernel, fills the caches
   dense();
-  double k_lo = 1e300, k_hi = 0, d_lo = 1e300, d_hi = 0;
+  std::vector<double> k, d;
   for (int r = 0; r < MeasuredChoices::kRepeats; ++r) {
-    const double k = ms_of(kernel), d = ms_of(dense);
-    k_lo = std::min(k_lo, k);
-    k_hi = std::max(k_hi, k);
-    d_lo = std::min(d_lo, d);
-    d_hi = std::max(d_hi, d);
+    k.push_back(ms_of(kernel));
+    d.push_back(ms_of(dense));
   }
-  const double spread = MeasuredChoices::kContendedSpread;
-  return {k_lo, d_lo, k_hi > spread * k_lo || d_hi > spread * d_lo};
+  return timing_of(k, d);
 }
 
 std::optional<bool> MeasuredChoices::known(const std::vector<int64_t>& key) {
@@ -42,9 +48,11 @@ std::optional<bool> MeasuredChoices::known(const std::vector<int64_t>& key) {
   auto it = table_.find(key);
   if (it == table_.end()) return std::nullopt;
   Entry& e = it->second;
-  if (e.contended && !e.remeasuring && e.remeasures < kMaxRemeasures &&
-      std::chrono::steady_clock::now() - e.at >= kRemeasureAfter) {
-    e.remeasuring = true;  // one caller measures again; the others keep the stored decision meanwhile
+  if (e.contended && e.remeasures < kMaxRemeasures && std::chrono::steady_clock::now() - e.at >= remeasure_after_) {
+    // This caller measures again; the others keep the stored decision meanwhile (`at` moves on).
+    ++e.remeasures;
+    e.at = std::chrono::steady_clock::now();
+    ++stats_.remeasured;
     return std::nullopt;
   }
   return e.dense;
@@ -53,24 +61,22 @@ std::optional<bool> MeasuredChoices::known(const std::vector<int64_t>& key) {
 bool MeasuredChoices::measure(const std::vector<int64_t>& key, const std::function<void()>& kernel,
                               const std::function<void()>& dense, Timing* timing) {
   const Timing t = time_both(kernel, dense);
-  const bool chosen_dense = t.dense_ms < t.kernel_ms;
-  {
-    std::lock_guard lock(mu_);
-    if (table_.size() >= kMaxDecisions && !table_.count(key)) table_.clear();
-    Entry& e = table_[key];
-    const bool again = e.remeasuring;
-    e.dense = chosen_dense;
-    e.contended = t.contended;
-    e.remeasuring = false;
-    e.remeasures += again ? 1 : 0;
-    e.at = std::chrono::steady_clock::now();
-    ++stats_.measured;
-    stats_.kept_dense += chosen_dense;
-    stats_.contended += t.contended;
-    stats_.remeasured += again;
-  }
   if (timing) *timing = t;
-  return chosen_dense;
+  return record(key, t);
+}
+
+bool MeasuredChoices::record(const std::vector<int64_t>& key, const Timing& t) {
+  const bool dense = t.dense_ms < t.kernel_ms;
+  std::lock_guard lock(mu_);
+  if (table_.size() >= kMaxDecisions && !table_.count(key)) table_.clear();
+  Entry& e = table_[key];
+  e.dense = dense;
+  e.contended = t.contended;
+  e.at = std::chrono::steady_clock::now();
+  ++stats_.measured;
+  stats_.kept_dense += dense;
+  stats_.contended += t.contended;
+  return dense;
 }
 
 MeasureStats MeasuredChoices::stats() const {

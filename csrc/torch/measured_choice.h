@@ -28,7 +28,7 @@ struct MeasureStats {
   int64_t measured = 0;    // measurements taken (re-measurements included)
   int64_t kept_dense = 0;  // of those, how many kept the dense path
   int64_t contended = 0;   // of those, how many looked contended
-  int64_t remeasured = 0;  // of those, how many re-measured a contended decision
+  int64_t remeasured = 0;  // contended decisions handed back for another measurement
 };
 
 class MeasuredChoices {
@@ -46,10 +46,15 @@ class MeasuredChoices {
   // due for another measurement (the caller then measures; the first caller to ask gets the nullopt).
   std::optional<bool> known(const std::vector<int64_t>& key);
 
-  // Times both paths (`kernel` and `dense` run the call each way) and stores the faster for `key`.
+  explicit MeasuredChoices(std::chrono::milliseconds remeasure_after = kRemeasureAfter)
+      : remeasure_after_(remeasure_after) {}
+
+  // Times both paths (`kernel` and `dense` run the call each way: time_both) and records the faster for `key`.
   // Returns true when dense was kept.
   bool measure(const std::vector<int64_t>& key, const std::function<void()>& kernel, const std::function<void()>& dense,
                Timing* timing = nullptr);
+  // Records a timing taken for `key`; true when dense was kept (the faster one).
+  bool record(const std::vector<int64_t>& key, const Timing& t);
 
   MeasureStats stats() const;
   void clear();
@@ -59,15 +64,18 @@ class MeasuredChoices {
     bool dense = false;
     bool contended = false;
     int remeasures = 0;
-    bool remeasuring = false;
     std::chrono::steady_clock::time_point at;
   };
+  std::chrono::milliseconds remeasure_after_;
   mutable std::mutex mu_;
   std::map<std::vector<int64_t>, Entry> table_;
   MeasureStats stats_;
 };
 
-// Times two ways of running one call (exposed for tests: no table involved).
+// Times two ways of running one call: one warm-up each, then kRepeats timed runs of each, interleaved.
 Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense);
+// The timing those runs give (each path's best; contended when a path's slowest run took more than
+// kContendedSpread times its fastest).
+Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms);
 
 }  // namespace scorch::torch_glue

@@ -21,6 +21,7 @@
 #include "executor.h"
 #include "kernel_call.h"
 #include "region.h"
+#include "region_kernels.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
 
@@ -507,6 +508,8 @@ PYBIND11_MODULE(_C, m) {
     const auto e = glue::eager_measure_stats();
     d["measured"] = e.measured;
     d["measured_dense"] = e.kept_dense;
+    d["measured_contended"] = e.contended;
+    d["remeasured"] = e.remeasured;
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
   m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),
@@ -530,6 +533,11 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("text"), "(index of the grouping factor S, p, q) when the program can run grouped, else None.");
   m.def("chain_check", [](const std::string& text) { glue::chain_program(text); }, py::arg("text"),
         "Check a chain program (ValueError naming the problem); parsed once per text.");
+  m.def("region_kernel_specs", &glue::region_kernel_specs, py::arg("text"), py::arg("shapes"), py::arg("dtype"),
+        py::arg("grads") = std::vector<bool>{}, py::arg("densities") = std::vector<double>{},
+        py::arg("grad_density") = 1.0,
+        "Every kernel spec a region call runs on its sparse path (forward, and the gradient programs of the "
+        "operands flagged in grads), from shapes and estimated densities: the run path's own planning.");
   m.def("region_gradient", [](const std::string& text, int k) {
     const auto g = glue::region_gradient(text, k);
     return py::make_tuple(g.text, g.operands, g.produced);

@@ -24,6 +24,7 @@
 #include "chain.h"
 #include "convert.h"
 #include "region_addends.h"
+#include "region_kernels.h"
 #include "region_measure.h"
 #include "region_operands.h"
 #include "runtime/settings.h"
@@ -266,7 +267,7 @@ Operand compress(const at::Tensor& src, const at::Tensor& counts = {}) {
       std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
                                                       c10::string_view, at::ScalarType)>();
   const int nd = static_cast<int>(src.dim());
-  const FormatRef& f = interned_format(nd >= 2 ? "csr" : nd == 1 ? "compressed(0)" : "dense", nd);
+  const FormatRef& f = region_compressed_format(nd);
   if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
   if (nd >= 2)
     if (auto fast = compress_rows(src, f, counts)) return *fast;
@@ -308,7 +309,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
       (src.scalar_type() == at::kFloat || src.scalar_type() == at::kDouble)) {
     // The positions of the nonzeros, read off the tensor itself (no 0/1 copy of it first), with ones as values.
-    if (auto fast = compress_rows(src, interned_format("csr", static_cast<int>(src.dim())), counts)) {
+    if (auto fast = compress_rows(src, region_compressed_format(static_cast<int>(src.dim())), counts)) {
       Operand c = fast->with_values(at::ones({fast->values.numel()}, fast->values.options().dtype(dtype)));
       e.sparse.emplace(key, c);
       return c;

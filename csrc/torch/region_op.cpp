@@ -7,6 +7,7 @@
 
 #include "convert.h"
 #include "region.h"
+#include "region_kernels.h"
 #include "region_operands.h"
 
 namespace scorch::torch_glue {
@@ -91,7 +92,10 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
     for (size_t k = 0; k < operands.size(); ++k) {
       const auto& o = p.operands[k];
       const at::Tensor& t = operands[k];
-      if (!ctx->needs_input_grad(k) || !o.grad || !o.packed.empty() || !t.is_floating_point()) continue;
+      if (!ctx->needs_input_grad(k) || !t.is_floating_point()) continue;
+      // an addend's gradient is the output's, summed; the rest run their gradient program (region_kernels.h)
+      const bool addend = o.kind == RegionOperand::Kind::add && o.grad;
+      if (!addend && !gradient_by_program(o)) continue;
       if (!grad.defined()) {
         result[1 + k] = at::zeros_like(t);
         continue;

@@ -36,6 +36,7 @@ from .. import _C, config, cost_model
 from .. import log as _log
 from ..custom_ops import attention, region
 from .passes import discover, example_run, partition, propagate, rewrite
+from .passes.partition import grad_density
 from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
 
@@ -62,6 +63,7 @@ class GraphReport:
     options: dict
     dense_ops: list = field(default_factory=list)
     kernels: list = field(default_factory=list)  # specs of the kernels compiled ahead of the first call
+    grad_densities: dict = field(default_factory=dict)  # training: region name -> its output gradient's density
 
 
 _recorders: list[list] = []
@@ -191,10 +193,13 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     dense_ops = [describe(n) for n in gm.graph.nodes
                  if n.op in ("call_function", "call_method") and n.name not in in_regions
                  and op_of(n).name != "aten.getitem"]
+    # estimated before the rewrite changes the regions' users (the kernels compiled ahead need it)
+    grad_densities = {r.name: grad_density(r.root, attrs) for r in regions if r.fused is not None} if training else {}
     rewrite(gm, regions)
     if dump:
         dump.write("rewrite", _graph_and_table("after rewrite: what Inductor (or eager) gets", gm, attrs))
-    return GraphReport(regions, decisions, attrs, before, str(gm.graph), threshold, opts, dense_ops)
+    return GraphReport(regions, decisions, attrs, before, str(gm.graph), threshold, opts, dense_ops,
+                       grad_densities=grad_densities)
 
 
 # --- kernels compiled ahead of the first call, with progress on a terminal ----------------------------------
@@ -205,9 +210,10 @@ def _hint(n) -> int:
     return int(n)
 
 
-def _region_kernels(r, training: bool) -> list[str]:
-    """The specs of the kernels a region will run on its sparse path: its own, and in training the gradient
-    programs that keep a compressed operand."""
+def _region_kernels(r, training: bool, grad_density: float = 1.0) -> list[str]:
+    """The specs of the kernels a region will run on its sparse path: its own, and in training its gradient
+    programs' (C++ plans them as the calls will, from the estimated densities; `grad_density`: the output
+    gradient's)."""
     if r.chain is not None:
         return []  # grouped dense products: no kernel
     if r.fused is None:
@@ -226,21 +232,12 @@ def _region_kernels(r, training: bool) -> list[str]:
         if o.kind != "pattern" and v.is_floating_point():
             dtype = v.dtype if dtype is None else torch.promote_types(dtype, v.dtype)
     dtype = dtype or torch.float32
-    specs = [region.kernel_spec(text, shapes, dtype)]
-    if training:
-        sizes = {}
-        for o, shape in zip(p.operands, shapes):
-            sizes.update(zip(o.tensor_letters, shape))
-        out_shape = tuple(sizes[c] for c in p.out)
-        for k, (o, v) in enumerate(zip(p.operands, values)):
-            if not o.grad or o.kind == "add" or not v.requires_grad or not v.is_floating_point():
-                continue
-            g, which, _ = region.gradient_program(text, k)
-            specs.append(region.kernel_spec(g, [out_shape if j < 0 else shapes[j] for j in which], dtype))
-    return [s for s in specs if s is not None]
+    grads = [training and v.requires_grad and v.is_floating_point() for v in values]
+    densities = [min(max(float(d), 0.0), 1.0) for d in f.densities] if len(f.densities) == len(values) else []
+    return region.kernel_specs(text, shapes, dtype, grads, densities, grad_density)
 
 
-def precompile_regions(regions, training: bool, started: float | None = None) -> list[str]:
+def precompile_regions(regions, training: bool, started: float | None = None, grad_densities=None) -> list[str]:
     """Compile (or load from the disk cache) the kernels the regions will need, a few at a time, showing
     "kernels compiled k/n" on a terminal once the compile has taken a second. Returns the specs. A kernel that
     fails to build is only logged here: its first call reports the error."""
@@ -248,7 +245,7 @@ def precompile_regions(regions, training: bool, started: float | None = None) ->
     specs: list[str] = []
     for r in regions:
         try:
-            found = _region_kernels(r, training)
+            found = _region_kernels(r, training, (grad_densities or {}).get(r.name, 1.0))
         except Exception as e:  # noqa: BLE001 - compiling ahead is an optimization; the calls plan again
             logger.debug("%s: no kernel compiled ahead (%s)", r.title, e)
             continue
@@ -306,7 +303,8 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
         number = dump.number if dump is not None else next(_graph_numbers)
         _log_report(number, report, time.perf_counter() - started)
         if report.regions and config.dispatch_mode() != "dense":
-            report.kernels = precompile_regions(report.regions, torch.is_grad_enabled(), started)
+            report.kernels = precompile_regions(report.regions, torch.is_grad_enabled(), started,
+                                                report.grad_densities)
     # SparseTensor products take the eager rules (gradients at stored positions), not ATen's formulas
 
     route_sparse_calls(gm)

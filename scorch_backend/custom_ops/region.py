@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -204,28 +203,17 @@ def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
     """The spec of the kernel `run` would use on the sparse path for operands of these shapes (as the op
     receives them) and result dtype, found without data: for compiling kernels ahead of the first call.
     None when the program has no compressed operand (it never runs a kernel)."""
+    specs = kernel_specs(text, shapes, dtype)
+    return specs[0] if specs else None
 
-    p = parse_program(text)
-    if p.addends:
-        p, keep = p.product()
-        text, shapes = p.text(), [shapes[k] for k in keep]
-    if all(o.kind == "dense" for o in p.operands):
-        return None
-    sizes = {}
-    for o, shape in zip(p.operands, shapes):
-        sizes.update(zip(o.tensor_letters, (int(n) for n in shape)))
-    lay = layout(text)
-    eq, letters = lay["kernel_equation"], lay["kernel_letters"]
-    descs = []
-    for o, want in zip(p.operands, letters):
-        shape = [sizes[c] for c in want]
-        n = math.prod(shape)
-        # The planner's choices do not depend on the number of stored entries: the full size stands in.
-        descs.append((_compressed_format(len(shape)), shape, n) if o.kind != "dense" else ("strided", shape, n))
-    idx64 = any(n > 2**31 - 1 for n in sizes.values()) or any(d[2] > 2**31 - 1 for d in descs if d[0] != "strided")
-    if idx64:
-        return None  # the run-time path picks its index type from the data; not worth guessing
-    return _C.plan_einsum(eq, descs, "strided", dtype == torch.float64, False)["spec"]
+
+def kernel_specs(text: str, shapes, dtype: torch.dtype, grads=(), densities=(), grad_density: float = 1.0) -> list[str]:
+    """Every kernel spec a call runs on its sparse path: the forward's, and the gradient programs' of the
+    operands flagged in `grads` (one bool per operand), as the C++ backward runs them. The run path's own
+    planning (csrc/torch/region_kernels.h), so the prediction cannot drift from it. The planner weighs stored
+    entries: `densities` (per operand) and `grad_density` (the output gradient's) are the estimates it takes."""
+    return _C.region_kernel_specs(text, [[int(n) for n in s] for s in shapes], dtype, [bool(g) for g in grads],
+                                  [float(d) for d in densities], float(grad_density))
 
 
 def grouped_plan(text: str):
