@@ -9,6 +9,8 @@ For SpMV (y = A x) and SpMM (C = A B, B with 64 columns) on random CSR matrices 
     kernel     the compiled kernel alone, called from C++ (`_C.time_kernel`: output zero-fill + kernel)
     op         torch.ops.scorch.kernel with prepared inputs (Python op call, checks, output allocation)
     einsum     sb.einsum("ij,j->i", A, x): the whole eager call
+    region     torch.ops.scorch.region on that module's region program with the same operands: the region
+               call alone (operand cache lookup, choice, kernel call), without the compiled graph around it
     compiled   torch.compile(model, backend="scorch") of a module whose weight is the same matrix stored
                dense (the backend finds it sparse and runs a region)
     torch_csr  A_csr @ x with torch.sparse CSR
@@ -34,6 +36,8 @@ import torch  # noqa: E402
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
+from scorch_backend.compiler import backend  # noqa: E402
+from scorch_backend.custom_ops import region  # noqa: E402
 from scorch_backend.tools import timing  # noqa: E402
 
 
@@ -75,14 +79,25 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int) -> dict:
     expect = At @ rhs
     got = sb.einsum(eq, A, rhs)
     torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4)
-    model = torch.compile(_Product(dense.clone()), backend="scorch")
-    torch.testing.assert_close(model(rhs), expect, rtol=1e-4, atol=1e-4)
+    weight = dense.clone()
+    model = torch.compile(_Product(weight), backend="scorch")
+    reports: list = []
+    backend._recorders.append(reports)
+    try:
+        torch.testing.assert_close(model(rhs), expect, rtol=1e-4, atol=1e-4)
+    finally:
+        backend._recorders.remove(reports)
+    text = next(r.program_text for rep in reports for r in rep.regions if r.fused is not None)
+    # the program's compressed operand is the weight (the parameter itself, as the compiled graph hands it)
+    operands = [model._orig_mod.weight if o.kind != "dense" else rhs for o in region.parse_program(text).operands]
+    torch.testing.assert_close(torch.ops.scorch.region(text, operands), expect, rtol=1e-4, atol=1e-4)
     kernel = statistics.median(_C.time_kernel(plan["spec"], inputs, plan["var_sizes"], threads, 200)
                                for _ in range(repeats))
     row = {
         "n": n, "kind": kind, "nnz": A.nnz, "kernel": kernel,
         "op": per_call(lambda: torch.ops.scorch.kernel(plan["spec"], inputs, plan["var_sizes"], threads), repeats),
         "einsum": per_call(lambda: sb.einsum(eq, A, rhs), repeats),
+        "region": per_call(lambda: torch.ops.scorch.region(text, operands), repeats),
         "compiled": per_call(lambda: model(rhs), repeats),
         "torch_csr": per_call(lambda: At @ rhs, repeats),
     }
@@ -104,16 +119,17 @@ def main(argv=None) -> int:
         sb.set_target(args.target)
     print(sb.describe_machine(args.threads))
     print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches")
-    print(f"{'case':<14}{'nnz':>9}{'kernel':>10}{'op':>10}{'einsum':>10}{'compiled':>10}{'torch CSR':>11}"
-          f"{'einsum-kernel':>15}{'compiled-kernel':>17}{'CSR/einsum':>12}")
+    print(f"{'case':<14}{'nnz':>9}{'kernel':>10}{'op':>10}{'einsum':>10}{'region':>10}{'compiled':>10}"
+          f"{'torch CSR':>11}{'einsum-kernel':>15}{'region-kernel':>15}{'compiled-kernel':>17}{'CSR/einsum':>12}")
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         for kind in ("spmv", "spmm"):
             r = run(n, kind, args.density, args.threads, args.repeats)
             rows.append(r)
-            us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "compiled", "torch_csr")}
+            us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "region", "compiled", "torch_csr")}
             print(f"{kind + ' ' + str(n):<14}{r['nnz']:>9}{us['kernel']:>9.1f}u{us['op']:>9.1f}u{us['einsum']:>9.1f}u"
-                  f"{us['compiled']:>9.1f}u{us['torch_csr']:>10.1f}u{us['einsum'] - us['kernel']:>14.1f}u"
+                  f"{us['region']:>9.1f}u{us['compiled']:>9.1f}u{us['torch_csr']:>10.1f}u"
+                  f"{us['einsum'] - us['kernel']:>14.1f}u{us['region'] - us['kernel']:>14.1f}u"
                   f"{us['compiled'] - us['kernel']:>16.1f}u{r['torch_csr'] / r['einsum']:>11.2f}x")
             sys.stdout.flush()
     spmv = [r["torch_csr"] / r["einsum"] for r in rows if r["kind"] == "spmv"]
