@@ -5,15 +5,18 @@
 #include <fmt/format.h>
 
 #include <functional>
-#include <sstream>
 #include <utility>
 
 #include "common/error.h"
+#include "lower/form_text.h"
 #include "lower/kernel_frame.h"
 
 namespace scorch {
 
-using loops::line;
+using forms::distinct_vars;
+using forms::product_factors;
+using forms::push_lines;
+using forms::subst;
 using loops::Stmts;
 
 bool csr_like(const Format& f) {
@@ -30,17 +33,6 @@ bool csr_like(const Format& f) {
 }
 
 namespace {
-
-// The factors of a product tree (accesses, literals; negations folded into the sign).
-bool product_factors(const ir::ExprPtr& e, std::vector<const ir::Expr*>& accesses, double& scale) {
-  switch (e->kind) {
-    case ir::ExprKind::access: accesses.push_back(e.get()); return true;
-    case ir::ExprKind::literal: scale *= e->value; return true;
-    case ir::ExprKind::neg: scale = -scale; return product_factors(e->a, accesses, scale);
-    case ir::ExprKind::mul: return product_factors(e->a, accesses, scale) && product_factors(e->b, accesses, scale);
-    default: return false;
-  }
-}
 
 // A linear combination: every term of the sum (through +, - and negation) a product with exactly one access.
 bool linear_terms(const ir::ExprPtr& e, std::vector<const ir::Expr*>& accesses) {
@@ -84,23 +76,6 @@ std::string present_value(const ir::ExprPtr& e, const std::function<bool(const i
     }
   }
   return "";
-}
-
-bool distinct_vars(const ir::Expr* a) { return a->vars.size() == 2 && a->vars[0] != a->vars[1]; }
-
-// Replace $NAME tokens (longest names first is not needed: every name ends where a non-name character follows).
-std::string subst(std::string text, const std::vector<std::pair<std::string, std::string>>& vars) {
-  for (const auto& [k, v] : vars) {
-    for (size_t at = text.find(k); at != std::string::npos; at = text.find(k, at + v.size())) text.replace(at, k.size(), v);
-  }
-  return text;
-}
-
-// One statement per line of `text` (generated code written as a block of C++).
-void push_lines(Stmts& out, const std::string& text) {
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) out.push_back(line(l));
 }
 
 // Per-thread buffers, the output's row positions and the flags of the region, before it.
@@ -597,205 +572,6 @@ const int64_t ac_n = $A_CRD_n, bc_n = $B_CRD_n;)",
         spec.stmt.tensor_names[m.a], spec.stmt.tensor_names[m.b]));
     out.reasons.push_back("rows split among threads by the entries both operands store");
   }
-  return out;
-}
-
-std::optional<SampledDotMatch> match_sampled_dot(const KernelSpec& spec, const Schedule& sched,
-                                                 const VectorShape& machine) {
-  const ir::Statement& st = spec.stmt;
-  if (sched.output != OutputMode::sampled || machine.vector_bytes <= 0 || machine.tile_vectors <= 0) return std::nullopt;
-  if (spec.output.strided() || !csr_like(*spec.output.format) || st.out_vars.size() != 2) return std::nullopt;
-  std::vector<const ir::Expr*> acc;
-  double scale = 1;
-  if (!product_factors(st.rhs, acc, scale) || acc.size() != 3) return std::nullopt;
-  SampledDotMatch m;
-  const ir::Expr* sa = nullptr;
-  for (const ir::Expr* a : acc)
-    if (a->tensor == sched.sampled_tensor) sa = a;
-  if (!sa || !distinct_vars(sa) || spec.operands[sa->tensor].strided() || !csr_like(*spec.operands[sa->tensor].format))
-    return std::nullopt;
-  const auto lv = level_vars(*spec.operands[sa->tensor].format, sa->vars);
-  m.s = sa->tensor;
-  m.p = lv[0];
-  m.q = lv[1];
-  for (const ir::Expr* a : acc) {
-    if (a == sa) continue;
-    if (!spec.operands[a->tensor].strided() || !distinct_vars(a) || a->tensor == m.s) return std::nullopt;
-    const int first = a->vars[0], last = a->vars[1];
-    if (last == m.p || last == m.q) return std::nullopt;  // the summed variable must be contiguous (last)
-    if (m.k >= 0 && last != m.k) return std::nullopt;
-    m.k = last;
-    if (first == m.p && m.p_op < 0) m.p_op = a->tensor;
-    else if (first == m.q && m.q_op < 0) m.q_op = a->tensor;
-    else return std::nullopt;
-  }
-  if (m.p_op < 0 || m.q_op < 0 || m.p_op == m.q_op || m.k == m.p || m.k == m.q) return std::nullopt;
-  return m;
-}
-
-LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, const SampledDotMatch& m,
-                                const VectorShape& machine) {
-  (void)sched;
-  LoweredKernel out;
-  out.sparse_output = true;
-  out.body = unpack_arguments(spec);
-  const int elem = spec.f64 ? 8 : 4;
-  const int w = machine.vector_bytes / elem;
-  const int g = std::max(1, machine.tile_vectors / 2);
-  std::vector<const ir::Expr*> acc;
-  double scale = 1;
-  product_factors(spec.stmt.rhs, acc, scale);
-  const std::string sv = scale == 1 ? "sv[e + $G]" : "((val_t)" + ir::format_literal(scale) + " * sv[e + $G])";
-  // The lanes of a vector summed as a balanced tree.
-  std::function<std::string(int, int, const std::string&)> tree = [&](int lo, int n, const std::string& v) -> std::string {
-    if (n == 1) return fmt::format("{}[{}]", v, lo);
-    return "(" + tree(lo, n / 2, v) + " + " + tree(lo + n / 2, n - n / 2, v) + ")";
-  };
-  // Whether n entries' sums are reduced together (a power of two of at least 2, at most the lanes).
-  auto butterfly = [&](int n) { return n >= 2 && n <= w && (n & (n - 1)) == 0 && (w & (w - 1)) == 0; };
-  // The code for `n` entries at once starting at position e (n = G in the main loop, 1 for the rest).
-  auto entries = [&](int n) {
-    std::string c;
-    for (int x = 0; x < n; ++x) c += fmt::format("const val_t* __restrict q{0} = Qd + (int64_t)sc[e + {0}] * K;\n", x);
-    if (n > 1) {
-      c += "if (pf) {\n";
-      for (int x = 0; x < n; ++x)
-        c += fmt::format("  if (e + {0} + {1} < pend) {{ const char* f = (const char*)(Qd + (int64_t)sc[e + {0} + {1}] * K); "
-                         "for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(f + b); }}\n", n, x);
-      c += "}\n";
-    }
-    std::string decl = "vec_t ";
-    for (int x = 0; x < n; ++x) decl += fmt::format("{}a{}_0 = {{}}, a{}_1 = {{}}", x ? ", " : "", x, x);
-    c += decl + ";\nint64_t kk = 0;\n";
-    c += fmt::format("for (; kk + {0} <= K; kk += {0}) {{\n  const vec_t x0 = vload(pr + kk), x1 = vload(pr + kk + {1});\n", 2 * w, w);
-    for (int x = 0; x < n; ++x)
-      c += fmt::format("  a{0}_0 += x0 * vload(q{0} + kk); a{0}_1 += x1 * vload(q{0} + kk + {1});\n", x, w);
-    c += "}\n";
-    c += fmt::format("if (kk + {0} <= K) {{\n  const vec_t x0 = vload(pr + kk);\n", w);
-    for (int x = 0; x < n; ++x) c += fmt::format("  a{0}_0 += x0 * vload(q{0} + kk);\n", x);
-    c += fmt::format("  kk += {};\n}}\n", w);
-    if (butterfly(n)) {
-      // The n sums reduced together: pairs of vectors folded into one (each half of the result a half-sum of
-      // one vector), until one vector holds n segments of w / n lanes, entry x's in segment x; then each segment
-      // folded onto its first lane. n - 1 + log2(w / n) shuffle-adds for the n entries, not w - 1 adds each.
-      std::vector<std::string> cur;
-      for (int x = 0; x < n; ++x) {
-        c += fmt::format("const vec_t t{0} = a{0}_0 + a{0}_1;\n", x);
-        cur.push_back(fmt::format("t{}", x));
-      }
-      int seg = w, level = 0;
-      while (cur.size() > 1) {
-        const int h = seg / 2, per = w / seg;  // segments of `seg` lanes in each input vector
-        std::vector<int> lo_m, hi_m;
-        for (int l = 0; l < w; ++l) {
-          const int out_seg = l / h, within = l % h;
-          const int src = out_seg < per ? 0 : 1, sseg = out_seg < per ? out_seg : out_seg - per;
-          lo_m.push_back(src * w + sseg * seg + within);
-          hi_m.push_back(src * w + sseg * seg + h + within);
-        }
-        std::vector<std::string> next;
-        for (size_t j = 0; j + 1 < cur.size(); j += 2) {
-          const std::string v = fmt::format("u{}_{}", level, j / 2);
-          c += fmt::format("const vec_t {0} = __builtin_shufflevector({1}, {2}, {3}) + __builtin_shufflevector({1}, {2}, {4});\n",
-                           v, cur[j], cur[j + 1], fmt::join(lo_m, ", "), fmt::join(hi_m, ", "));
-          next.push_back(v);
-        }
-        cur = next;
-        seg = h;
-        ++level;
-      }
-      std::string r = cur[0];
-      for (; seg > 1; seg /= 2, ++level) {
-        const int h = seg / 2;
-        std::vector<int> m;
-        for (int l = 0; l < w; ++l) m.push_back(l % seg < h ? l + h : l);
-        const std::string v = fmt::format("u{}_0", level);
-        c += fmt::format("const vec_t {0} = {1} + __builtin_shufflevector({1}, {1}, {2});\n", v, r, fmt::join(m, ", "));
-        r = v;
-      }
-      for (int x = 0; x < n; ++x) {
-        c += fmt::format("{{\n  val_t d = {}[{}];\n", r, x * (w / n));
-        c += fmt::format("  for (int64_t r = kk; r < K; ++r) d += pr[r] * q{0}[r];\n", x);
-        c += fmt::format("  sampled_out[e + {}] = {} * d;\n}}\n", x, subst(sv, {{"$G", std::to_string(x)}}));
-      }
-      return c;
-    }
-    for (int x = 0; x < n; ++x) {
-      c += fmt::format("{{\n  const vec_t t = a{0}_0 + a{0}_1;\n  val_t d = {1};\n", x, tree(0, w, "t"));
-      c += fmt::format("  for (int64_t r = kk; r < K; ++r) d += pr[r] * q{0}[r];\n", x);
-      c += fmt::format("  sampled_out[e + {}] = {} * d;\n}}\n", x, subst(sv, {{"$G", std::to_string(x)}}));
-    }
-    return c;
-  };
-  std::string code = R"(// SDDMM: $G entries of a row at a time, S's value applied to each dot product once.
-const int64_t R = $R, NQ = $NQ, K = $K;
-const idx_t* __restrict sp = $S_POS;
-const idx_t* __restrict sc = $S_CRD;
-const val_t* __restrict sv = $S_VALS;
-const val_t* __restrict Pd = $P_DATA;
-const val_t* __restrict Qd = $Q_DATA;
-const int64_t sc_n = $S_CRD_n;
-val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size
-int nthreads = args->num_threads > 0 ? args->num_threads : 1;
-int bad_index = 0;
-const int64_t row_bytes = K * (int64_t)sizeof(val_t);
-// Q's rows are gathered by S's columns: prefetched ahead when they outgrow half of L2.
-const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
-#pragma omp parallel num_threads(nthreads)
-{
-  const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-  int bad = 0;
-  const int64_t lo = balanced_bound(sp, R, tid, nt);
-  int64_t hi = balanced_bound(sp, R, tid + 1, nt);
-  if (!rows_in_range(sp, sc, lo, hi, sc_n, NQ, bad)) hi = lo;
-  const int64_t pend = sp[hi];
-  for (int64_t i = lo; i < hi; ++i) {
-    const val_t* __restrict pr = Pd + i * K;
-    int64_t e = sp[i];
-    const int64_t ee = sp[i + 1];
-    for (; e + $G <= ee; e += $G) {
-$GROUP
-    }
-    for (; e < ee; ++e) {
-$ONE
-    }
-  }
-  if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
-}
-if (bad_index) return SCORCH_STATUS_BAD_INDEX;
-return SCORCH_STATUS_OK;)";
-  auto indent = [](const std::string& t, int n) {
-    std::string o, pad(n, ' ');
-    std::istringstream in(t);
-    for (std::string l; std::getline(in, l);) o += pad + l + "\n";
-    if (!o.empty()) o.pop_back();
-    return o;
-  };
-  code = subst(code, {{"$GROUP", indent(entries(g), 6)}, {"$ONE", indent(entries(1), 6)}});
-  code = subst(code, {{"$S_CRD_n", fmt::format("t{}_crd1_n", m.s)},
-                      {"$S_POS", fmt::format("t{}_pos1", m.s)},
-                      {"$S_CRD", fmt::format("t{}_crd1", m.s)},
-                      {"$S_VALS", fmt::format("t{}_vals", m.s)},
-                      {"$P_DATA", fmt::format("t{}_data", m.p_op)},
-                      {"$Q_DATA", fmt::format("t{}_data", m.q_op)},
-                      {"$R", fmt::format("N{}", m.p)},
-                      {"$NQ", fmt::format("N{}", m.q)},
-                      {"$K", fmt::format("N{}", m.k)},
-                      {"$G", std::to_string(g)}});
-  // The parallel region as loop IR, the rest as lines.
-  const size_t open = code.find("#pragma omp parallel");
-  const size_t body_start = code.find("{\n", open) + 2;
-  const size_t body_end = code.rfind("\n}\nif (bad_index)");
-  push_lines(out.body, code.substr(0, open));
-  Stmts region;
-  push_lines(region, code.substr(body_start, body_end - body_start));
-  out.body.push_back(loops::parallel("nthreads", region));
-  push_lines(out.body, code.substr(body_end + 3));
-  out.reasons.push_back(fmt::format(
-      "sampled dot products (SDDMM) natively: {} entries of a row at a time, two {}-lane accumulators each, S's "
-      "value applied once per entry, the next entries' rows of {} prefetched when it outgrows half of L2",
-      g, w, spec.stmt.tensor_names[m.q_op]));
-  out.reasons.push_back(fmt::format("outer loop split among threads by nonzeros of {}", spec.stmt.tensor_names[m.s]));
   return out;
 }
 

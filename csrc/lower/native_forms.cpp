@@ -3,6 +3,7 @@
 #include "lower/assemble.h"
 #include "lower/blocked.h"
 #include "lower/nm.h"
+#include "lower/sampled_dot.h"
 
 namespace scorch {
 
