@@ -147,6 +147,31 @@ def test_chain_op_matches_the_steps_run_densely_with_gradients(skewed, gates_kin
     assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.chain(text, [ops[0], *a]), (x, w1, w2, soft))
 
 
+def test_chain_op_top2_dispatch_and_empty_groups_match_dense_with_gradients():
+    """Rows in two groups each (summed back), a group with no rows, and a last step that keeps the group letter
+    but sums the rows away (one result per group, zero for the empty one); forward and recorded gradient."""
+    g = torch.Generator().manual_seed(3)
+    b, n, d, h = 20, 4, 5, 6
+    mask = torch.zeros(b, n, dtype=torch.float64)
+    first = torch.randint(0, 2, (b,), generator=g)
+    mask[torch.arange(b), first] = 1
+    mask[torch.arange(b), 2] = 1  # every row in group 2 as well; group 3 has none
+    vals = mask * torch.rand(b, n, dtype=torch.float64, generator=g)
+    x = torch.randn(b, d, dtype=torch.float64, generator=g)
+    w1 = torch.randn(n, d, h, dtype=torch.float64, generator=g)
+    w2 = torch.randn(n, h, d, dtype=torch.float64, generator=g)
+    P, O = R.Program, R.Operand
+    s0 = Ch.ChainStep(P((O("pq", "sparse"), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.tanh",))
+    rows_back = Ch.ChainStep(P((O("abh"), O("bhd")), "ad").text(), (-1, 3))  # rows summed over groups
+    per_group = Ch.ChainStep(P((O("abh"), O("bhd")), "bd").text(), (-1, 3))  # rows summed within groups
+    for last in (rows_back, per_group):
+        text = Ch.ChainProgram((s0, last), "t").text()
+        ops = [vals, x, w1, w2]
+        torch.testing.assert_close(torch.ops.scorch.chain(text, ops), Ch.run_chain_dense(text, ops))
+        args = [t.clone().requires_grad_() for t in ops[1:]]
+        assert torch.autograd.gradcheck(lambda *a: torch.ops.scorch.chain(text, [vals, *a]), args)
+
+
 def test_chain_op_passes_opcheck_and_rejects_bad_programs():
     text, ops = _moe_chain()
     torch.library.opcheck(CHAIN, (text, [ops[0]] + [t.clone().requires_grad_() for t in ops[1:]]))
