@@ -454,9 +454,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   for (int64_t n : entry.plan.out_shape) out_elements *= n;
   if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
 
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(&entry), threads};
-  for (const auto& [letter, n] : sizes) key.push_back(static_cast<int64_t>(letter) * 64 + size_bucket(n));
-  for (double x : densities) key.push_back(density_bucket(x));
+  const std::vector<int64_t> key = bucket_key(&entry, 0, sizes, densities, threads);
   if (auto known = eager_decisions().known(key)) {
     // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
     if (*known && !d.dense && !all_finite(ops)) return d;

@@ -14,6 +14,16 @@ int64_t size_bucket(int64_t n) {
 
 int64_t density_bucket(double density) { return static_cast<int64_t>(density * 20); }
 
+std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<char, int64_t>& sizes,
+                                const std::vector<double>& densities, int64_t threads) {
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(owner), tag};
+  key.reserve(3 + sizes.size() + densities.size());
+  for (const auto& [letter, n] : sizes) key.push_back(static_cast<int64_t>(letter) * 64 + size_bucket(n));
+  for (double d : densities) key.push_back(density_bucket(d));
+  key.push_back(threads);
+  return key;
+}
+
 namespace {
 
 double ms_of(const std::function<void()>& f) {

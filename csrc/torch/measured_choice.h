@@ -17,6 +17,12 @@ namespace scorch::torch_glue {
 int64_t size_bucket(int64_t n);
 int64_t density_bucket(double density);
 
+// A decision's bucket: what is decided (`owner`, an interned program or plan, and a `tag` of the caller's),
+// each index letter's size bucket, each compressed operand's density bucket, the thread count. Integers: a
+// key is looked up on every call.
+std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<char, int64_t>& sizes,
+                                const std::vector<double>& densities, int64_t threads);
+
 // One measurement: the best time of each path (ms) and whether it looked contended (the machine busy: the
 // repeats of a path disagreed by more than kContendedSpread).
 struct Timing {

@@ -16,24 +16,14 @@ MeasuredChoices& table() {
   return t;
 }
 
-// The program (interned: its address names it), the path, each letter's size bucket, each compressed
-// operand's density bucket, the thread count. Integers: looked up on every call.
-std::vector<int64_t> decision_key(const RegionProgram& p, const std::map<char, int64_t>& sizes,
-                                  const std::vector<double>& densities, const std::string& path) {
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), path == "grouped" ? 1 : 0};
-  for (const auto& [letter, size] : sizes) key.push_back(letter * 64 + size_bucket(size));
-  for (double d : densities) key.push_back(density_bucket(d));
-  key.push_back(at::get_num_threads());
-  return key;
-}
-
 }  // namespace
 
 std::string measured_region_path(const RegionProgram& p, const std::map<char, int64_t>& sizes,
                                  const std::vector<double>& densities, const std::string& path,
                                  const std::function<void()>& run_path, const std::function<void()>& run_dense,
                                  Timing* timing, bool* fresh) {
-  const std::vector<int64_t> key = decision_key(p, sizes, densities, path);
+  // the program (interned: its address names it) and the path the rule took
+  const std::vector<int64_t> key = bucket_key(&p, path == "grouped" ? 1 : 0, sizes, densities, at::get_num_threads());
   *fresh = false;
   if (auto dense = table().known(key)) return *dense ? "dense" : path;
   *fresh = true;

@@ -170,4 +170,11 @@ TEST(MeasuredChoices, TimingTakesTheBestAndFlagsASpread) {
   EXPECT_EQ(glue::size_bucket(64), 6);
   EXPECT_EQ(glue::size_bucket(65), 7);
   EXPECT_EQ(glue::density_bucket(0.07), 1);
+  const int owner = 0;
+  const auto key = glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.11}, 2);
+  EXPECT_EQ(key, glue::bucket_key(&owner, 0, {{'i', 120}, {'j', 64}}, {0.14}, 2));  // same buckets
+  EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 130}, {'j', 60}}, {0.11}, 2));  // i: 128 < 130
+  EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.16}, 2));
+  EXPECT_NE(key, glue::bucket_key(&owner, 1, {{'i', 100}, {'j', 60}}, {0.11}, 2));
+  EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.11}, 1));
 }
