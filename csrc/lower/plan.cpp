@@ -253,16 +253,10 @@ void choose_by_cost(const ir::Statement& st, const std::vector<OperandDesc>& ops
 // half as many values as its shared levels have coordinates (I x J), so that at least half the fibers are
 // certainly missing: a matrix's rows (SpMV, SpMM, MTTKRP's i) are usually all there, and a dense result is
 // what those callers get. The format's text, or empty.
-std::string shared_fibers_format(const KernelSpec& spec, const std::vector<const ir::Expr*>& acc,
-                                 const std::vector<OperandDesc>& ops, const std::vector<int64_t>& var_sizes) {
+std::string shared_fibers_format(const KernelSpec& spec, const std::vector<OperandDesc>& ops,
+                                 const std::vector<int64_t>& var_sizes) {
   const ir::Statement& st = spec.stmt;
-  const ir::Expr* only = nullptr;
-  for (const ir::Expr* a : acc) {
-    const Storage& s = spec.operands[a->tensor];
-    if (s.strided() || s.format->all_dense()) continue;
-    if (only) return "";
-    only = a;
-  }
+  const ir::Expr* only = sole_sparse_factor(spec);
   if (!only) return "";
   const auto& levels = spec.operands[only->tensor].format->levels();
   const auto lv = level_vars(*spec.operands[only->tensor].format, only->vars);
@@ -458,7 +452,7 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
         if (bounded == Format::parse(out, out_rank).str()) plan.reasons.push_back(fmt::format("sparse output stored as {}", out));
         out = bounded;
       }
-    } else if (const std::string fibers = out_rank > 0 ? shared_fibers_format(spec, acc, ops, plan.var_sizes) : ""; !fibers.empty()) {
+    } else if (const std::string fibers = out_rank > 0 ? shared_fibers_format(spec, ops, plan.var_sizes) : ""; !fibers.empty()) {
       out = fibers;
       plan.reasons.push_back(fmt::format("output stored as {}: its leading levels are those of the sparse factor, "
                                          "dense below (no values where the factor has no fiber, and it stores "

@@ -70,19 +70,24 @@ bool is_product(const ir::ExprPtr& e) {
 
 }  // namespace
 
-int sampling_operand(const KernelSpec& spec) {
-  if (spec.output.strided() || !is_product(spec.stmt.rhs)) return -1;
+const ir::Expr* sole_sparse_factor(const KernelSpec& spec) {
   std::vector<const ir::Expr*> acc;
   ir::collect_accesses(spec.stmt.rhs, acc);
-  // Only with a single level-format factor: with two, the output is their intersection, and writing the
-  // first one's whole pattern would store explicit zeros wherever the other has none.
   const ir::Expr* only = nullptr;
   for (const ir::Expr* a : acc) {
     const Storage& s = spec.operands[a->tensor];
     if (s.strided() || s.format->all_dense()) continue;
-    if (only) return -1;
+    if (only) return nullptr;
     only = a;
   }
+  return only;
+}
+
+int sampling_operand(const KernelSpec& spec) {
+  if (spec.output.strided() || !is_product(spec.stmt.rhs)) return -1;
+  // Only with a single level-format factor: with two, the output is their intersection, and writing the
+  // first one's whole pattern would store explicit zeros wherever the other has none.
+  const ir::Expr* only = sole_sparse_factor(spec);
   if (!only || !(*spec.operands[only->tensor].format == *spec.output.format) || only->vars != spec.stmt.out_vars)
     return -1;
   return only->tensor;
@@ -90,15 +95,7 @@ int sampling_operand(const KernelSpec& spec) {
 
 SharedFibers shared_fibers(const KernelSpec& spec) {
   if (spec.output.strided() || !is_product(spec.stmt.rhs)) return {};
-  std::vector<const ir::Expr*> acc;
-  ir::collect_accesses(spec.stmt.rhs, acc);
-  const ir::Expr* only = nullptr;
-  for (const ir::Expr* a : acc) {
-    const Storage& s = spec.operands[a->tensor];
-    if (s.strided() || s.format->all_dense()) continue;
-    if (only) return {};
-    only = a;
-  }
+  const ir::Expr* only = sole_sparse_factor(spec);
   if (!only) return {};
   const auto& in = spec.operands[only->tensor].format->levels();
   const auto& out = spec.output.format->levels();

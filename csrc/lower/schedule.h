@@ -58,6 +58,10 @@ double estimate_nest_cost(const KernelSpec& spec, const std::vector<int>& order,
 // output has its format and indices), or -1.
 int sampling_operand(const KernelSpec& spec);
 
+// The one access of a level-format operand (not all dense) in the statement, or null when there are none
+// or several.
+const ir::Expr* sole_sparse_factor(const KernelSpec& spec);
+
 // A sparse output that shares the leading levels of a sparse factor and stores the rest densely
 // (OutputMode::fibers): the statement is a product with exactly one level-format factor, the output's first
 // `levels` levels are that factor's first levels (same kinds, unique and ordered, same index variables), its

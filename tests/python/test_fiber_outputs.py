@@ -89,24 +89,24 @@ def test_dtypes(dtype, index_dtype, scorch_dispatch):
     check_fibers(Y, torch.einsum("ijk,kr->ijr", dense, U), X, ["pos0", "crd0", "pos1", "crd1"])
 
 
+def ttm_case(shape, nnz, fmt, equation, R):
+    """X (stored as `fmt`), its dense copy, U (K x R) and Scorch's result of `equation`."""
+    idx, vals, dense = random_tensor3(shape, nnz)
+    X = sb.from_coordinates(idx, vals, shape, fmt)
+    U = torch.randn(shape[2], R)
+    return X, dense, U, sb.einsum(equation, X, U)
+
+
 def test_dense_first_level():
     """X stored dense(0),compressed(1),compressed(2): the output shares the dense level and the compressed one."""
-    shape = (6, 40, 9)
-    idx, vals, dense = random_tensor3(shape, 40)
-    X = sb.from_coordinates(idx, vals, shape, "dense(0),compressed(1),compressed(2)")
-    U = torch.randn(9, 7)
-    Y = sb.einsum("ijk,kr->ijr", X, U)
+    X, dense, U, Y = ttm_case((6, 40, 9), 40, "dense(0),compressed(1),compressed(2)", "ijk,kr->ijr", 7)
     assert Y.format.canonical == "dense(0),compressed(1),dense(2)", Y.format
     check_fibers(Y, torch.einsum("ijk,kr->ijr", dense, U), X, ["pos1", "crd1"])
 
 
 def test_output_order_and_ttv():
-    shape = (10, 11, 12)
-    idx, vals, dense = random_tensor3(shape, 25)
-    X = sb.from_coordinates(idx, vals, shape, "csf")
-    U = torch.randn(12, 6)
     # r first in the output: the dense level is the output's dimension 0, stored below the fibers.
-    Y = sb.einsum("ijk,kr->rij", X, U)
+    X, dense, U, Y = ttm_case((10, 11, 12), 25, "csf", "ijk,kr->rij", 6)
     assert Y.format.canonical == "compressed(1),compressed(2),dense(0)", Y.format
     torch.testing.assert_close(Y.to_dense(), torch.einsum("ijk,kr->rij", dense, U), rtol=1e-5, atol=1e-5)
     # TTV: k summed, no dense level: one value per fiber.
