@@ -187,6 +187,20 @@ StepResult run_step(const ChainStep& st, std::vector<Held> held, const Groups& g
       args.push_back(h.how == Held::How::rows ? h.t.narrow(0, lo, n) : h.how == Held::How::groups ? h.t.select(0, q_) : h.t);
     return args;
   };
+  // No matrix per group (the combine: rows times rows): one product over every group's rows at once.
+  const bool per_group_operand =
+      std::any_of(held.begin(), held.end(), [](const Held& h) { return h.how == Held::How::groups; });
+  if (!per_group_operand && (keeps_p || !has(prog.out, q))) {
+    std::vector<at::Tensor> args;
+    for (const Held& h : held) args.push_back(h.t);
+    if (keeps_p) {
+      r.rows = at::einsum(eq, args);
+    } else {
+      r.summed = at::einsum(eq, args);
+      r.summed_letters = rest_out;
+    }
+    return r;
+  }
   std::vector<int64_t> present;  // the groups with rows
   for (int64_t q_ = 0; q_ < g.groups; ++q_)
     if (g.counts[static_cast<size_t>(q_)] > 0) present.push_back(q_);
