@@ -512,8 +512,8 @@ PYBIND11_MODULE(_C, m) {
     d["remeasured"] = e.remeasured;
     return d;
   }, "How many einsum calls the executor ran as a kernel, as dense ATen code, or handed back to Python.");
-  m.def("install_region_hooks", &install_region_hooks, py::arg("groupable"), py::arg("grouped_worth"),
-        py::arg("run_grouped"), py::arg("capture"), py::arg("note_path"), py::arg("note_measured"));
+  m.def("install_region_hooks", &install_region_hooks, py::arg("capture"), py::arg("note_path"),
+        py::arg("note_measured"));
   m.def("set_calibration_hook", &set_calibration_hook, py::arg("calibrate"),
         "The function the executor calls (with a thread count) the first time it needs the crossover density.");
   m.def("region_run", [](const std::string& text, const std::vector<at::Tensor>& operands, const std::string& force) {
