@@ -47,6 +47,10 @@ struct Entry {
   // Nonzeros per row (int32, the last dimension a row), counted with the density when the tensor is a
   // contiguous float or double one of rank >= 2: the compressor's first pass, already done.
   at::Tensor row_counts;
+  // A row-major copy of a float or double tensor of rank >= 2 that is not contiguous (a region's output comes
+  // in its storage order, often transposed): the density and the compression read it in one pass each
+  // instead of taking the generic paths (count_nonzero; nonzero, index and pack).
+  at::Tensor rows;
 };
 using EntryPtr = std::shared_ptr<Entry>;
 
@@ -178,10 +182,16 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
   (weight ? weights : inputs).put(tensor_key(t), std::move(e));
 }
 
+void measure_density(const at::Tensor& t, Entry& e) {
+  if (t.dim() >= 2 && !t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble))
+    e.rows = t.detach().contiguous();
+  e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts);
+}
+
 EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
   if (cached) {
     if (EntryPtr e = lookup(t, frozen, weight)) {
-      if (e->density < 0) e->density = density_of(t, &e->row_counts);
+      if (e->density < 0) measure_density(t, *e);
       ++n_hits;
       return e;
     }
@@ -190,7 +200,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
   e->alias = t.detach();
   e->version = static_cast<int64_t>(t._version());
   if (cached) e->fingerprint = fingerprint(t);
-  e->density = density_of(t, &e->row_counts);
+  measure_density(t, *e);
   if (cached) remember(t, e, weight);
   return e;
 }
@@ -300,10 +310,10 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
     }
   }
   ++n_compressions;
-  at::Tensor src = t.detach();
+  at::Tensor src = e.rows.defined() ? e.rows : t.detach();
   at::Tensor counts = e.row_counts;
-  if (o.col_major) {  // the transpose's rows (the counts are the other way's)
-    src = src.t().contiguous();
+  if (o.col_major) {  // the transpose's rows (the counts are the other way's; no copy if t is column-major)
+    src = t.detach().t().contiguous();
     counts = at::Tensor();
   }
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
