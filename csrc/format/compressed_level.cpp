@@ -48,7 +48,7 @@ class CompressedLevel final : public LevelKind {
   }
 
   IndexReport find_bad_index(std::span<const IndexSpan> b, std::span<const std::string> names, int64_t parent_count,
-                             int64_t size) const override {
+                             int64_t size, const std::string&) const override {
     const IndexSpan& pos = b[0];
     const IndexSpan& crd = b[1];
     for (int64_t p = 0; p <= parent_count && p < pos.size; ++p) {

@@ -27,9 +27,9 @@ Registry& registry() {
 }  // namespace
 
 LevelKind::IndexReport LevelKind::find_bad_index(std::span<const IndexSpan> buffers, std::span<const std::string>,
-                                                 int64_t parent_count, int64_t size) const {
+                                                 int64_t parent_count, int64_t size, const std::string& where) const {
   try {
-    return {"", validate(buffers, parent_count, size, name() + " level")};
+    return {"", validate(buffers, parent_count, size, where)};
   } catch (const Error& e) {
     return {e.what(), 0};
   }

@@ -81,13 +81,13 @@ class LevelKind {
   // the level allows, described with the buffers' names as the caller knows them (`names`, one per
   // buffer_names()), and the number of this level's positions. Unlike validate it trusts no length (it reads
   // only within the spans), so it can name the bad value even when the structure around it is broken too. The
-  // default runs validate and reports its message.
+  // default runs validate and reports its message, naming the level as `where`.
   struct IndexReport {
     std::string problem;    // empty when nothing is wrong in this level
     int64_t positions = 0;  // this level's positions, for the level below
   };
   virtual IndexReport find_bad_index(std::span<const IndexSpan> buffers, std::span<const std::string> names,
-                                     int64_t parent_count, int64_t size) const;
+                                     int64_t parent_count, int64_t size, const std::string& where) const;
 
   // Call f(coordinate, child position) for each child of parent position `parent`, in storage order.
   virtual void for_each_child(std::span<const IndexSpan> buffers, int64_t size, int64_t parent,

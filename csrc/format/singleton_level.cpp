@@ -32,7 +32,7 @@ class SingletonLevel final : public LevelKind {
   }
 
   IndexReport find_bad_index(std::span<const IndexSpan> b, std::span<const std::string> names, int64_t parent_count,
-                             int64_t size) const override {
+                             int64_t size, const std::string&) const override {
     const IndexSpan& crd = b[0];
     for (int64_t k = 0; k < crd.size; ++k)
       if (crd[k] < 0 || crd[k] >= size)

@@ -75,11 +75,11 @@ std::vector<std::span<const IndexSpan>> split_buffers(const Format& f, std::span
   return per_level;
 }
 
+}  // namespace
+
 std::string level_name(const Format& f, size_t k) {
   return fmt::format("level {} ({} of dimension {})", k, f.levels()[k].kind->name(), f.levels()[k].expr.str());
 }
-
-}  // namespace
 
 Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz) {
   SCORCH_CHECK(nnz >= 0, "number of nonzeros must be non-negative, got {}", nnz);

@@ -32,6 +32,9 @@ void validate(const Format& format, std::span<const int64_t> shape, std::span<co
 // of validate.
 int64_t stored_positions(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers);
 
+// How error messages name level k of a format ("level 1 (compressed of dimension 1)").
+std::string level_name(const Format& format, size_t k);
+
 // Only the length checks of validate (O(levels) for the built-in kinds).
 void check_lengths(const Format& format, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
                    int64_t value_count);

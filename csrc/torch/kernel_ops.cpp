@@ -115,7 +115,7 @@ std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape,
     const size_t n = kind.buffer_names().size();
     if (at + n > spans.size()) break;  // fewer buffers than the format stores: validate below says so
     const auto r = kind.find_bad_index(std::span(spans).subspan(at, n), std::span(names).subspan(at, n), parents,
-                                       sizes[l]);
+                                       sizes[l], level_name(f, l));
     if (!r.problem.empty()) return r.problem;
     parents = r.positions;
     at += n;

@@ -130,23 +130,24 @@ TEST(Validate, LevelsReportTheirOwnBadIndices) {
   const auto csr = Format::preset("csr", 2);
   const LevelKind& compressed = *csr.levels()[1].kind;
   // pos past crd's length, with crd also too short for pos[-1]: the tolerant read still names pos1.
-  auto r = compressed.find_bad_index(spans(V{{0, 5, 2}, {1, 0}}), names, 2, 3);
+  auto r = compressed.find_bad_index(spans(V{{0, 5, 2}, {1, 0}}), names, 2, 3, "");
   EXPECT_NE(r.problem.find("pos1 holds 5 at position 1, outside [0, 2]"), std::string::npos) << r.problem;
-  r = compressed.find_bad_index(spans(V{{0, 2, 1}, {1, 0}}), names, 2, 3);
+  r = compressed.find_bad_index(spans(V{{0, 2, 1}, {1, 0}}), names, 2, 3, "");
   EXPECT_NE(r.problem.find("pos1 decreases"), std::string::npos) << r.problem;
-  r = compressed.find_bad_index(spans(V{{0, 1, 2}, {1, 7}}), names, 2, 3);
+  r = compressed.find_bad_index(spans(V{{0, 1, 2}, {1, 7}}), names, 2, 3, "");
   EXPECT_NE(r.problem.find("crd1 holds coordinate 7 at position 1, outside [0, 3)"), std::string::npos) << r.problem;
-  r = compressed.find_bad_index(spans(V{{0, 1, 2}, {1, 0}}), names, 2, 3);
+  r = compressed.find_bad_index(spans(V{{0, 1, 2}, {1, 0}}), names, 2, 3, "");
   EXPECT_EQ(r.problem, "");
   EXPECT_EQ(r.positions, 2);
   const LevelKind& singleton = *Format::preset("coo", 2).levels()[1].kind;
-  r = singleton.find_bad_index(spans(V{{0, -4}}), std::vector<std::string>{"crd1"}, 2, 3);
+  r = singleton.find_bad_index(spans(V{{0, -4}}), std::vector<std::string>{"crd1"}, 2, 3, "");
   EXPECT_NE(r.problem.find("crd1 holds coordinate -4 at position 1"), std::string::npos) << r.problem;
   // bitmap has no report of its own: validate's message, naming the level.
   const Format bm = Format::parse("bitmap", 2);
-  r = bm.levels()[1].kind->find_bad_index(spans(V{{0, 2, 4}, {9, 0, 1, 1 << 8}}), names, 2, 40);
+  r = bm.levels()[1].kind->find_bad_index(spans(V{{0, 2, 4}, {9, 0, 1, 1 << 8}}), names, 2, 40, "level 1");
   EXPECT_NE(r.problem.find("past the level's size 40"), std::string::npos) << r.problem;
-  r = bm.levels()[1].kind->find_bad_index(spans(V{{0, 2, 4}, {9, 0, 1, 1 << 7}}), names, 2, 40);
+  EXPECT_EQ(r.problem.rfind("level 1", 0), 0u) << r.problem;
+  r = bm.levels()[1].kind->find_bad_index(spans(V{{0, 2, 4}, {9, 0, 1, 1 << 7}}), names, 2, 40, "level 1");
   EXPECT_EQ(r.problem, "");
   EXPECT_EQ(r.positions, 4);
 }
