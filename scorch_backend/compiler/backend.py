@@ -156,7 +156,8 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
               attention: bool = True, chains: bool = True) -> GraphReport:
     """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
     `attention` False leaves masked attention to the model's own code; `chains` False keeps every product a
-    region of its own (TorchScript: the chain op is Python)."""
+    region of its own (the TorchScript rewrite asks for that: chain programs in rewritten models are not
+    tested yet, although `scorch::chain` is a C++ op)."""
     threshold = float(opts["sparse_threshold"])
     before = str(gm.graph)
     if dump:
