@@ -562,6 +562,7 @@ PYBIND11_MODULE(_C, m) {
     d["sparse_runs"] = s.sparse_runs;
     d["dense_runs"] = s.dense_runs;
     d["grouped_runs"] = s.grouped_runs;
+    d["demoted"] = s.demoted;
     d["measured"] = s.measured;
     d["measured_dense"] = s.measured_dense;
     d["measured_contended"] = s.measured_contended;

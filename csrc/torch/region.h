@@ -109,6 +109,7 @@ struct RegionStats {
   int64_t compressions = 0, cache_hits = 0, sparse_runs = 0, dense_runs = 0, grouped_runs = 0;
   int64_t measured = 0, measured_dense = 0;  // decisions made by timing both paths, and how many kept dense
   int64_t measured_contended = 0, remeasured = 0;  // of those, timed on a busy machine; taken again for that
+  int64_t demoted = 0;  // calls that read a much denser compressed operand dense (region.cpp: demoted_variant)
 };
 RegionStats region_stats();
 // Entries in the cache of weights and of data inputs, and their limits.

@@ -1,0 +1,76 @@
+"""A region product of two compressed operands, one much denser than the other (a ReLU output at half zeros
+times a 90%-pruned weight), reads the denser one dense (csrc/torch/region.cpp: demoted_variant): same values,
+the layout the op's Meta kernel promised, gradients unchanged; operands of similar density stay compressed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import random_dense
+from scorch_backend import _C
+
+
+def _program(name, kinds=("sparse", "sparse")):
+    return json.dumps({"operands": [["ac", kinds[0], False, True, 0, False], ["bc", kinds[1], True, True, 0, True]],
+                       "out": "ab", "coef": 1.0, "frozen": False, "name": name, "label": "demote test"})
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("shape", [(64, 512, 512), (1, 7, 5), (33, 65, 17)])
+def test_denser_operand_is_read_dense(monkeypatch, dispatch, shape):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    m, k, n = shape
+    x = torch.relu(torch.randn(m, k, generator=torch.Generator().manual_seed(1)))  # about half zeros
+    w = random_dense((n, k), 0.1, seed=2)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    text = _program(f"demote{m}x{k}x{n}{dispatch}")
+    before = _C.region_stats()["demoted"]
+    out = torch.ops.scorch.region(text, [x, w])
+    ref = x.detach() @ w.detach().t()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    fake = torch.empty_strided(out.shape, out.stride())
+    assert out.stride() == fake.stride()
+    if dispatch == "sparse":
+        assert _C.region_stats()["demoted"] > before
+    g = torch.randn_like(out)
+    gx, gw = torch.autograd.grad(out, [x, w], g)
+    torch.testing.assert_close(gx, g @ w.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gw, g.t() @ x.detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_meta_layout_matches(monkeypatch):
+    """The result's strides are those of the program's own storage order, whichever variant ran."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    x = torch.relu(torch.randn(64, 96, generator=torch.Generator().manual_seed(3)))
+    w = random_dense((80, 96), 0.05, seed=4)
+    text = _program("demote_meta")
+    out = torch.ops.scorch.region(text, [x, w])
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+        fake = torch.ops.scorch.region(text, [fx, fw])
+    assert out.stride() == fake.stride()
+
+
+def test_similar_densities_stay_compressed(monkeypatch):
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    x = random_dense((40, 50), 0.1, seed=5)
+    w = random_dense((30, 50), 0.1, seed=6)
+    before = _C.region_stats()["demoted"]
+    out = torch.ops.scorch.region(_program("demote_similar"), [x, w])
+    torch.testing.assert_close(out, x @ w.t(), rtol=1e-4, atol=1e-4)
+    assert _C.region_stats()["demoted"] == before
+
+
+def test_pattern_and_dense_kinds_never_demoted(monkeypatch):
+    """A pattern factor is 0/1, not its values: reading it dense would change the result."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    x = torch.relu(torch.randn(20, 30, generator=torch.Generator().manual_seed(7)))
+    w = random_dense((25, 30), 0.1, seed=8)
+    before = _C.region_stats()["demoted"]
+    out = torch.ops.scorch.region(_program("demote_pattern", ("pattern", "sparse")), [x, w])
+    torch.testing.assert_close(out, (x != 0).float() @ w.t(), rtol=1e-4, atol=1e-4)
+    assert _C.region_stats()["demoted"] == before
