@@ -26,7 +26,8 @@ its target is Scorch >= 1.5x eager PyG (forward + backward).
 
 All contenders run in one process with the same torch.set_num_threads(--threads). Every model copy is called
 once before timing (that first call, which compiles, is reported as first_call_s); the time is the median of
---repeat calls after --warmup calls (scorch_backend.tools.timing.measure). Speedups are Inductor's time / the
+--repeat calls after --warmup calls, the contenders' calls alternated so that load from another process falls on
+all of them alike (scorch_backend.tools.timing.measure_interleaved). Speedups are Inductor's time / the
 contender's time (>1: faster than Inductor), and for GCN also the faster torch.sparse layout's time / the
 contender's time. Each contender's inference output is checked against eager's (largest difference relative
 to the largest |output|).
@@ -53,7 +54,7 @@ import torch.nn.functional as F
 import scorch_backend as sb
 from scorch_backend.tools import datasets
 from scorch_backend.tools import zoo
-from scorch_backend.tools.timing import contention_probe, measure
+from scorch_backend.tools.timing import contention_probe, measure_interleaved
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -273,12 +274,16 @@ def compare(out, ref) -> tuple[float, bool, str]:
 
 
 def run_mode(case: zoo.Case, mode: str, args) -> dict:
+    """One case in one mode: every contender's first call (which compiles; checked against eager's output at
+    inference), then all contenders timed in alternation (`measure_interleaved`), so that load from another
+    process on a shared machine falls on every contender alike."""
     eval_only = bool(case.info.get("eval"))
     row = {"model": case.name, "mode": mode, "size": case.size, "info": case.info, "notes": case.notes,
            "contenders": {}, "skipped": {}}
     contenders, skipped = build_contenders(case, mode)
     row["skipped"].update(skipped)
     ref = None
+    steps, keep = {}, []
     for name in CONTENDERS:
         if name not in contenders:
             continue
@@ -296,17 +301,26 @@ def run_mode(case: zoo.Case, mode: str, args) -> dict:
                     err, ok, detail = compare(out, ref)
                     res["check"] = {"ok": ok, "rel_err": err, "detail": detail}
             del out
-            # Fast steps get extra samples (up to 50 x repeat, for a twentieth of the budget).
-            timing = measure(step, warmup=args.warmup, repeat=args.repeat, budget=args.budget,
-                             min_time=args.budget / 20)
-            res.update(timing.to_dict(with_samples=True))
+            steps[name] = step
+            keep.append((model, inputs))
             row["contenders"][name] = res
         except Exception as e:  # a failing contender is a result, not the end of the run
             row["skipped"][name] = f"FAILED: {one_line(e)}"
             if args.verbose:
                 traceback.print_exc()
         del model, inputs
-        gc.collect()
+    ref = None
+    gc.collect()
+    # Fast steps get extra samples (up to 50 x repeat, for a twentieth of the budget).
+    timings, failed = measure_interleaved(steps, warmup=args.warmup, repeat=args.repeat, budget=args.budget,
+                                          min_time=args.budget / 20)
+    for name, e in failed.items():
+        row["contenders"].pop(name, None)
+        row["skipped"][name] = f"FAILED: {one_line(e)}"
+    for name, timing in timings.items():
+        row["contenders"][name].update(timing.to_dict(with_samples=True))
+    del steps, keep
+    gc.collect()
     add_ratios(row)
     return row
 

@@ -2,6 +2,7 @@
 
     t = measure(fn)                                   # 2 untimed calls, then the median of 7 timed calls
     t = measure(fn, warmup=1, repeat=3, budget=0.5)   # slow calls cut the run short (see `measure`)
+    ts, failed = measure_interleaved({"a": f, "b": g})   # contenders alternated: ratios robust to load drift
     t.median, t.min, t.samples, t.to_dict()
 
 `stream_triad()` measures the memory bandwidth a benchmark's achieved GB/s can be compared with.
@@ -93,6 +94,80 @@ def measure(fn: Callable[[], object], *, warmup: int = 2, repeat: int = 7, min_t
             if (len(samples) >= min_samples and spent > budget) or samples[0] > 2 * budget:
                 break
     return Timing(samples, done, time.perf_counter() - t0)
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 2, repeat: int = 7,
+                        min_time: float = 0.0, max_repeat: int | None = None, budget: float | None = None,
+                        min_samples: int = 3, slice_s: float = 0.02) -> tuple[dict[str, Timing], dict]:
+    """Time several contenders in alternation, so that a slow phase of a shared machine falls on all of them
+    alike and their ratio stays meaningful; `measure` times one after the other, and a neighbour's load that
+    comes and goes between two contenders' runs shows up as a false speedup.
+
+    Rounds visit the contenders in an order rotated by one each round. In a round a contender makes enough
+    calls to fill about `slice_s` seconds (at least one; every call is a sample), from the median so far. A
+    contender stops once it has `repeat` samples and has spent `min_time` seconds in timed calls (or reached
+    `max_repeat`), or, with `budget`, once it has `min_samples` and has spent the budget (one sample if it
+    alone took more than twice the budget). `warmup` untimed calls each, also alternated, come first.
+
+    Returns ({name: Timing}, {name: exception}) -- a contender that raises is dropped and reported, not fatal.
+    """
+    if repeat < 1 or warmup < 0:
+        raise ValueError("measure_interleaved() needs repeat >= 1 and warmup >= 0")
+    if max_repeat is None:
+        max_repeat = 50 * repeat
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    spent = dict.fromkeys(names, 0.0)
+    warm = dict.fromkeys(names, 0)
+    first = dict.fromkeys(names, 0.0)
+    failed: dict = {}
+    t0 = time.perf_counter()
+
+    def call(name: str) -> float | None:
+        t = time.perf_counter()
+        try:
+            fns[name]()
+        except Exception as e:  # noqa: BLE001 -- a contender's failure is its result
+            failed[name] = e
+            return None
+        return time.perf_counter() - t
+
+    for k in range(warmup):
+        for n in names:
+            if n in failed or (budget is not None and k > 0 and first[n] > budget):
+                continue
+            d = call(n)
+            if d is not None:
+                warm[n] += 1
+                first[n] = first[n] or d
+
+    def done(n: str) -> bool:
+        s = samples[n]
+        if n in failed:
+            return True
+        if budget is not None and s and ((len(s) >= min_samples and spent[n] > budget) or s[0] > 2 * budget):
+            return True
+        return len(s) >= max_repeat or (len(s) >= repeat and spent[n] >= min_time)
+
+    rnd = 0
+    while True:
+        live = [n for n in names if not done(n)]
+        if not live:
+            break
+        shift = rnd % len(live)
+        for n in live[shift:] + live[:shift]:
+            est = statistics.median(samples[n]) if samples[n] else slice_s
+            calls = max(1, min(int(slice_s / max(est, 1e-9)), max_repeat - len(samples[n])))
+            for _ in range(calls):
+                d = call(n)
+                if d is None:
+                    break
+                samples[n].append(d)
+                spent[n] += d
+        rnd += 1
+    wall = time.perf_counter() - t0
+    timings = {n: Timing(samples[n], warm[n], wall) for n in names if n not in failed and samples[n]}
+    return timings, failed
 
 
 def stream_triad(threads: int | None = None, log2n: int = 25) -> dict:
