@@ -23,6 +23,40 @@ class BitmapLevel final : public LevelKind {
   std::vector<std::string> buffer_names() const override { return {"pos", "mask"}; }
   bool supports(LevelProperties props) const override { return props.ordered && props.unique; }
 
+  // Walked with a cursor over the parent's words: the row, the word index, what is left of the word's bits
+  // and the coordinate of the lowest of them (count trailing zeros); the next stored coordinate clears that
+  // bit and moves to the next nonzero word. The words are read only within the parent's row (cur_W words,
+  // none when there is no parent), so a mask that disagrees with pos cannot make the kernel read outside it:
+  // the segment [pos[p], pos[p + 1]) bounds the positions, and a cursor that runs out of bits first holds
+  // INT64_MAX, which the kernel's range check of the coordinate (or its final count) reports as bad.
+  LevelWalk walk() const override { return LevelWalk::iterate; }
+  std::pair<std::string, std::string> position_range(const LevelBufferName& buf, const std::string& pb,
+                                                     const std::string& pe) const override {
+    return {buf("pos") + "[" + pb + "]", buf("pos") + "[" + pe + "]"};
+  }
+  std::string implied_positions(const LevelBufferName& buf, const std::string& parents) const override {
+    return "(int64_t)" + buf("pos") + "[" + parents + "]";
+  }
+  bool coordinate_cursor() const override { return true; }
+  std::string cursor_start(const LevelBufferName& buf, const std::string& pb, const std::string& pe,
+                           const std::string& n, const std::string& c) const override {
+    return fmt::format(
+        "const int64_t {0}_W = ({1} < {2}) ? ({3} + 31) / 32 : 0; "
+        "const idx_t* __restrict {0}_r = {4} + ({1} < {2} ? {1} : 0) * (({3} + 31) / 32); "
+        "int64_t {0}_w = 0; uint32_t {0}_b = {0}_W > 0 ? (uint32_t){0}_r[0] : 0u; "
+        "while (!{0}_b && ++{0}_w < {0}_W) {0}_b = (uint32_t){0}_r[{0}_w]; "
+        "int64_t {0} = {0}_b ? {0}_w * 32 + __builtin_ctz({0}_b) : INT64_MAX;",
+        c, pb, pe, n, buf("mask"));
+  }
+  std::string cursor_advance(const std::string& c) const override {
+    return fmt::format(
+        "{0}_b &= {0}_b - 1; while (!{0}_b && ++{0}_w < {0}_W) {0}_b = (uint32_t){0}_r[{0}_w]; "
+        "{0} = {0}_b ? {0}_w * 32 + __builtin_ctz({0}_b) : INT64_MAX;",
+        c);
+  }
+
+  std::string cursor_done(const std::string& c) const override { return c + " == INT64_MAX"; }
+
   static int64_t words(int64_t size) { return mask_words(size, 1); }
   static uint32_t word(const IndexSpan& s, int64_t k) { return static_cast<uint32_t>(s[k]); }
 

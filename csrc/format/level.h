@@ -108,6 +108,31 @@ class LevelKind {
   // iterate: the number of positions of the level for `parents` parent positions, read from its buffers, for
   // callers that pass no buffer lengths.
   virtual std::string implied_positions(const LevelBufferName&, const std::string& parents) const { return parents; }
+  // iterate, for a level that keeps no coordinate per position (a bitmap): the kernel holds the coordinate of
+  // an iterator's current position in variables of its own (a cursor named `cur`: an int64_t `cur` and what
+  // else the level needs, prefixed "cur_"), which the level declares and moves on with C++ statements. Such a
+  // level is walked from one parent position at a time (its parent level unique) and never entered in the
+  // middle of a parent's positions (no thread split by positions, no look-ahead by position).
+  virtual bool coordinate_cursor() const { return false; }
+  // Declare cursor `cur` at the first child of parent position `pb` when pb < pe (else at no child; the
+  // caller reads it only while a position of the segment is left). `n` is the level's extent. A cursor past
+  // the last stored coordinate holds a value >= n.
+  virtual std::string cursor_start(const LevelBufferName&, const std::string& pb, const std::string& pe,
+                                   const std::string& n, const std::string& cur) const {
+    (void)pb, (void)pe, (void)n, (void)cur;
+    return "";
+  }
+  // Move cursor `cur` on to the next stored coordinate of the same parent.
+  virtual std::string cursor_advance(const std::string& cur) const {
+    (void)cur;
+    return "";
+  }
+  // A condition (C++ text) true when cursor `cur` has no stored coordinate left: after the last position of
+  // its segment it must hold, else the level's buffers disagree (a bitmap's mask marks more than its pos).
+  virtual std::string cursor_done(const std::string& cur) const {
+    (void)cur;
+    return "true";
+  }
   // Structured groups (n:m): coordinates come in groups of `m`, each group stores exactly `n` of them (fewer in
   // a last, shorter group), position = parent * per_parent + group * n + rank in the group, and the stored
   // coordinates of each group are the set bits of an m-bit field in a buffer named "mask" (mask_fields()).

@@ -34,7 +34,7 @@ bool bsr_blocks(const Format& f, int64_t& bh, int64_t& bw) {
   if (f.ndim() != 2 || ls.size() != 4) return false;
   // Asked of the level kinds, not their names: block rows and the block located, block columns iterated.
   auto is = [&](size_t l, LevelWalk walk, int dim, P part) {
-    return ls[l].kind->walk() == walk && ls[l].expr.dim == dim && ls[l].expr.part == part &&
+    return ls[l].kind->walk() == walk && !ls[l].kind->coordinate_cursor() && ls[l].expr.dim == dim && ls[l].expr.part == part &&
            ls[l].kind->properties().ordered && ls[l].kind->properties().unique;
   };
   if (!is(0, LevelWalk::locate, 0, P::outer) || !is(1, LevelWalk::iterate, 1, P::outer) ||

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "lower/lower.h"
 #include "lower/passes.h"
 
@@ -72,6 +74,16 @@ Stmts unpack_arguments(const KernelSpec& spec) {
             b.push_back(line(fmt::format("if ({} == 0 && {} > 0) return SCORCH_STATUS_BAD_INDEX;", extent(l), count)));
         }
         ++p;
+      }
+      if (kind.coordinate_cursor()) {
+        // A level with no crd buffer (a bitmap): t<T>_crd<l>_n is its number of positions all the same, read
+        // from its pos buffer (whose length the caller checked; one given in lengths is held to it too).
+        const auto& bn = kind.buffer_names();
+        const int pos_at = p - static_cast<int>(bn.size()) + static_cast<int>(std::find(bn.begin(), bn.end(), "pos") - bn.begin());
+        b.push_back(line(fmt::format("if (args->lengths && args->lengths[{}] != {} + 1) return SCORCH_STATUS_BAD_INDEX;",
+                                     pos_at, count)));
+        b.push_back(line(fmt::format("const int64_t t{}_crd{}_n = {};", t, l, kind.implied_positions(names, count))));
+        count = fmt::format("t{}_crd{}_n", t, l);
       }
       if (kind.walk() == LevelWalk::locate && first && levels[l].expr.dim < static_cast<int>(first->vars.size()))
         count = fmt::format("({} * {})", count, extent(l));

@@ -66,12 +66,16 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
   auto name = [&](const char* pre, int id) { return fmt::format("{}{}l{}", pre, id, parts.at(id).level); };
   auto nv = [&](const char* pre, int id) { return V(name(pre, id)); };
   auto crd_buf = [&](int id) { return V(buf(parts.at(id).tensor, parts.at(id).level, "crd")); };
-  auto crd_at = [&](int id, const char* pre) { return loops::load(crd_buf(id), nv(pre, id)); };
+  auto crd_at = [&](int id, const char* pre) {
+    // A level that keeps no coordinates has its iterator's in a cursor (unique levels only: pre is "k").
+    if (has_cursor(parts.at(id).tensor, parts.at(id).level)) return V(cursor_of(name("k", id)));
+    return loops::load(crd_buf(id), nv(pre, id));
+  };
   Stmts out;
   for (int id : iters) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
-    out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, s));
+    out.push_back(segment_start(name("k", id), name("ke", id), p.tensor, p.level, v, s));
   }
   auto live = [&](int id) { return loops::lt(nv("k", id), nv("ke", id)); };
   Stmts body;
@@ -119,7 +123,11 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
   }
   Stmts inner = wrap_emission(d, next, [&] { return lower_depth(d + 1, e, next); });
   body.insert(body.end(), inner.begin(), inner.end());
-  for (int id : iters) body.push_back(loops::assign(nv("k", id), ends[id]));
+  for (int id : iters) {
+    body.push_back(loops::assign(nv("k", id), ends[id]));
+    Stmts step = advance_cursor(parts.at(id).tensor, parts.at(id).level, name("k", id));
+    if (!step.empty()) body.push_back(loops::on_one_line({loops::if_then(nv("m", id), step)}));
+  }
   if (d == 0 && sched_.parallel)
     parallel_why_ = fmt::format("outer loop {} merges {} sparse operands: serial", st_.var_names[v], iters.size());
   const std::string why = fmt::format("loop {} merges {} sparse iterators linearly", st_.var_names[v], iters.size());
@@ -132,6 +140,9 @@ Stmts Lowerer::linear_merge(int d, const ExprPtr& e, const States& states, const
     for (int id : iters) any_live = any_live ? loops::lor(any_live, live(id)) : live(id);
     out.push_back(loops::while_loop(any_live, body));
   }
+  // Every iterator ran to its segment's end: a cursor must have no coordinate left.
+  for (int id : iters)
+    for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, name("k", id))) out.push_back(c);
   return out;
 }
 

@@ -160,11 +160,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   for (int id : all_iters) {
     const Part& p = parts.at(id);
     const State& s = states.at(id);
-    out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, s, span_checked(id, p.level)));
+    out.push_back(segment_start(k(id), ke(id), p.tensor, p.level, v, s, span_checked(id, p.level)));
   }
   auto crd_buf = [&](int id) { const Part& p = parts.at(id); return V(buf(p.tensor, p.level, "crd")); };
   auto crd_at = [&](int id, const std::string& pos) { return loops::load(crd_buf(id), V(pos)); };
-  auto crd = [&](int id) { return crd_at(id, k(id)); };
+  // A level that keeps no coordinates has them in its iterator's cursor (LevelKind::coordinate_cursor).
+  auto cursor = [&](int id) { return has_cursor(parts.at(id).tensor, parts.at(id).level); };
+  auto crd = [&](int id) { return cursor(id) ? V(cursor_of(k(id))) : crd_at(id, k(id)); };
   // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h).
   // Not in rows rows_in_range checked already.
   auto checked_crd = [&](int id) {
@@ -173,6 +175,12 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   auto K = [&](int id) { return V(k(id)); };
   auto KE = [&](int id) { return V(ke(id)); };
   auto KN = [&](int id) { return V(kn(id)); };
+  // K = end; and the cursor moved on with it.
+  auto step_to = [&](int id, const LExpr& end) {
+    Stmts s{loops::assign(K(id), end)};
+    for (auto& a : advance_cursor(parts.at(id).tensor, parts.at(id).level, k(id))) s.push_back(a);
+    return s;
+  };
   auto preinc = [](const LExpr& x) { return loops::eval(loops::unary(UnOp::pre_inc, x)); };
   // while (kn < ke && crd[kn] == value) ++kn;  (the end of a run of equal coordinates)
   auto skip_run = [&](int id, const LExpr& value) {
@@ -262,7 +270,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       if (!cond) break;
     }
     body.push_back(loops::if_chain(conds, branches));
-    for (int id : all_iters) body.push_back(loops::on_one_line({loops::if_then(V(m(id)), {loops::assign(K(id), ends[id])})}));
+    for (int id : all_iters) body.push_back(loops::on_one_line({loops::if_then(V(m(id)), step_to(id, ends[id]))}));
     if (span_here && (simd_rows_used_ || unroll_rows_used_)) {
       // Copies of the row loop, each thread taking one by its rows' mean length: vector sums for long rows,
       // four interleaved scalar sums for medium ones, one sum for short ones. Each copy after the first is
@@ -328,7 +336,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
     }
     out.push_back(loops::for_range(iv, lo, hi, body, simd));
     // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
-    for (int id : all_iters) out.push_back(loops::assign(V("bad"), loops::ne(K(id), KE(id)), AssignOp::bit_or));
+    for (int id : all_iters) {
+      out.push_back(loops::assign(V("bad"), loops::ne(K(id), KE(id)), AssignOp::bit_or));
+      for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
+    }
     return out;
   }
 
@@ -355,12 +366,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       // and a select per load, while a check per segment would run once per pass over the row (measured on
       // the SpMM yardstick, Zen 3: 3-7% slower on short rows).
       const bool rows_checked = span_checked(id, parts.at(id).level);
-      const bool hoisted = !rows_checked && parts.at(id).unique && current_sink_ != Sink::vtile && current_sink_ != Sink::tile;
+      const bool hoisted = !rows_checked && parts.at(id).unique && current_sink_ != Sink::vtile && current_sink_ != Sink::tile &&
+                           !cursor(id);
       const LExpr coord = hoisted ? crd(id) : checked_crd(id);
       body.insert(body.begin(), loops::decl("const int64_t", iv, coord));
       Stmts inner = case_body(P, ends);
       body.insert(body.end(), inner.begin(), inner.end());
-      if (pi == 0 && can_parallel && parts.at(id).unique) {
+      if (pi == 0 && can_parallel && parts.at(id).unique && !cursor(id)) {
         parallel_ = true;
         // This thread's equal share of the positions [k, ke).
         out.push_back(loops::block({loops::decl("const int64_t", "span", loops::sub(KE(id), K(id))),
@@ -368,7 +380,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
                                     loops::assign(K(id), loops::add(V("b0"), share_bound(V("span"), V("tid")))),
                                     loops::assign(KE(id), loops::add(V("b0"), share_bound(V("span"), loops::paren(loops::add(V("tid"), I(1))))))}));
       } else if (pi == 0 && can_parallel) {
-        parallel_why_ = fmt::format("outer loop {} walks a non-unique level: serial", st_.var_names[v]);
+        parallel_why_ = fmt::format("outer loop {} walks a {} level: serial", st_.var_names[v],
+                                    cursor(id) ? "cursor (bitmap-like)" : "non-unique");
       }
       const std::string red = parts.at(id).unique ? innermost_accumulator(d) : "";
       if (parts.at(id).unique) {
@@ -385,12 +398,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         } else {
           fbody.insert(fbody.end(), body.begin(), body.end());
         }
+        for (auto& a : advance_cursor(parts.at(id).tensor, parts.at(id).level, k(id))) fbody.push_back(a);
         // Last, after the thread split of [k, ke): each thread checks its own share.
         if (hoisted)
           out.push_back(loops::eval(loops::call("coords_in_range", {crd_buf(id), K(id), KE(id), size_expr(v), V("bad")})));
         // No simd pragma by default: on short rows the gathers and the vector head and tail cost more than they save.
         const std::string p_var = "p" + tag(id);
-        if (current_sink_ == Sink::vtile) {
+        if (current_sink_ == Sink::vtile && !cursor(id)) {
           auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), K(id), KE(id));
           if (!pf.empty()) {
             // Two loops, with and without the prefetches, chosen once per pass: testing pf_on in the loop
@@ -442,6 +456,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
           continue;
         }
         out.push_back(loops::for_range(p_var, K(id), KE(id), fbody, false, vector_sum ? red : ""));
+        for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
         continue;
       }
       body.push_back(loops::assign(K(id), ends[id]));
@@ -481,7 +496,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       branches.push_back(case_body(*q, ends));
     }
     body.push_back(loops::if_chain(conds, branches));
-    for (int id : P.iterators) body.push_back(loops::on_one_line({loops::if_then(here(id), {loops::assign(K(id), ends[id])})}));
+    for (int id : P.iterators) body.push_back(loops::on_one_line({loops::if_then(here(id), step_to(id, ends[id]))}));
     out.push_back(loops::while_loop(all_of(live), body));
   }
   return out;

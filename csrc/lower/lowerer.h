@@ -448,15 +448,39 @@ class Lowerer {
   // The level kind says where the range comes from (LevelKind::position_range); a range read from buffers is
   // clamped, one computed from the parent's positions (a singleton level's) is inside by induction.
   // The level kind gives the range as C++ text (LevelKind::position_range, csrc/format): it stays Text here.
-  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, const State& s,
+  // v: the level's index variable (its extent bounds a cursor's coordinates).
+  loops::StmtPtr segment_start(const std::string& k, const std::string& ke, int tensor, int level, int v, const State& s,
                                bool checked = false) const {
     const LevelKind& kind = *spec_.operands[tensor].format->levels()[level].kind;
     const auto [b, e] = kind.position_range([&](const std::string& n) { return buf(tensor, level, n.c_str()); },
                                             loops::print(s.b), loops::print(s.e));
     const loops::StmtPtr decl = loops::decl("int64_t", {k, ke}, {loops::text(b), loops::text(e)});
-    if (checked || !kind.range_from_buffers())  // checked: inside rows checked by rows_in_range
-      return decl;
-    return loops::on_one_line({decl, loops::eval(loops::call("segment", {V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")}))});
+    Stmts parts{decl};
+    if (!checked && kind.range_from_buffers())  // checked: inside rows checked by rows_in_range
+      parts.push_back(loops::eval(loops::call("segment", {V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")})));
+    if (kind.coordinate_cursor())
+      parts.push_back(loops::line(kind.cursor_start([&](const std::string& n) { return buf(tensor, level, n.c_str()); },
+                                                    loops::print(s.b), loops::print(s.e),
+                                                    size_of(v), cursor_of(k))));
+    return parts.size() == 1 ? decl : loops::on_one_line(parts);
+  }
+  // The cursor of a level that keeps no coordinates (LevelKind::coordinate_cursor) walked by iterator k<tag>:
+  // q<tag>, the coordinate of the iterator's current position.
+  static std::string cursor_of(const std::string& k) { return "q" + k.substr(1); }
+  bool has_cursor(int tensor, int level) const {
+    return spec_.operands[tensor].format->levels()[level].kind->coordinate_cursor();
+  }
+  // bad |= !(cursor done); after a loop that ran iterator k<tag> to its segment's end (none without a cursor).
+  Stmts cursor_finished(int tensor, int level, const std::string& k) const {
+    if (!has_cursor(tensor, level)) return {};
+    const LevelKind& kind = *spec_.operands[tensor].format->levels()[level].kind;
+    return {loops::assign(V("bad"), loops::unary(UnOp::logical_not, loops::paren(loops::text(kind.cursor_done(cursor_of(k))))),
+                          AssignOp::bit_or)};
+  }
+  // The statements that move iterator k<tag>'s cursor to its next position (none for a level with crd).
+  Stmts advance_cursor(int tensor, int level, const std::string& k) const {
+    if (!has_cursor(tensor, level)) return {};
+    return {loops::line(spec_.operands[tensor].format->levels()[level].kind->cursor_advance(cursor_of(k)))};
   }
 
   // Size of the merge lattice of `e` before repeated points are dropped (saturating), and whether it has

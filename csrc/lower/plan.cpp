@@ -18,9 +18,13 @@ namespace scorch {
 namespace {
 
 bool compilable(const Format& f) {
-  for (const auto& l : f.levels()) {
-    if (l.kind->walk() == LevelWalk::none) return false;
-    if (l.expr.part != LevelExpr::Part::whole || !l.kind->properties().ordered) return false;
+  const auto& ls = f.levels();
+  for (size_t l = 0; l < ls.size(); ++l) {
+    if (ls[l].kind->walk() == LevelWalk::none) return false;
+    if (ls[l].expr.part != LevelExpr::Part::whole || !ls[l].kind->properties().ordered) return false;
+    // A cursor level (a bitmap) is walked from one parent position at a time: under a unique level.
+    if (ls[l].kind->coordinate_cursor() && (!ls[l].kind->properties().unique || (l > 0 && !ls[l - 1].kind->properties().unique)))
+      return false;
   }
   return true;
 }
@@ -333,8 +337,8 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
       Format f = Format::parse(ops[t].format, static_cast<int>(ops[t].shape.size()));
       if (!compilable(f) && !(blocked && blocked->sparse == static_cast<int>(t))) {
         const std::string eq = compilable_equivalent(f);
-        plan.reasons.push_back(fmt::format("{} ({}) converted to {}: the compiler walks dense, compressed and "
-                                           "singleton levels, unblocked and ordered",
+        plan.reasons.push_back(fmt::format("{} ({}) converted to {}: the compiler walks dense, compressed, singleton and bitmap levels "
+                                           "(a bitmap under a unique level), unblocked and ordered",
                                            st.tensor_names[t], f.short_name(), eq));
         plan.convert[t] = eq;
         f = Format::parse(eq, static_cast<int>(ops[t].shape.size()));
