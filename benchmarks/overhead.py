@@ -6,7 +6,7 @@
 
 For SpMV (y = A x) and SpMM (C = A B, B with 64 columns) on random CSR matrices (density --density) it times
 
-    kernel     the compiled kernel alone, called from C++ (`_C.time_kernel`: output zero-fill + kernel)
+    kernel     the compiled kernel alone, timed in C++ (`_C.time_kernel`: output zero-fill + kernel)
     op         torch.ops.scorch.kernel with prepared inputs (Python op call, checks, output allocation)
     einsum     sb.einsum("ij,j->i", A, x): the whole eager call
     region     torch.ops.scorch.region on that module's region program with the same operands: the region
@@ -15,8 +15,12 @@ For SpMV (y = A x) and SpMM (C = A B, B with 64 columns) on random CSR matrices 
                dense (the backend finds it sparse and runs a region)
     torch_csr  A_csr @ x with torch.sparse CSR
 
-Every time is the median of --repeats samples, each the mean of a batch of calls sized to take ~20 ms, after
-a warm-up; all contenders run in this process with the same thread count. The kernel benchmark's matrices
+"Around the kernel" is the per-call cost over the kernel, measured on the same calls: each call's time minus
+the time it spent in its kernel (`_C.last_kernel_seconds`, read after the call); the medians are printed.
+Every absolute time is the median of --repeats samples, each the mean of a batch of calls sized to take ~4 ms, after a
+warm-up; the contenders' batches alternate (rounds in a rotating order), so load from another process falls on
+all of them alike, and the kernel alone is timed by the same statistic (the mean of a batch, timed in C++).
+All contenders run in this process with the same thread count. The kernel benchmark's matrices
 (benchmarks/kernels.py) are the place for the kernels' own speed; here the matrices are small on purpose. The
 dense/sparse cost model is switched off (SCORCH_DISPATCH=sparse): the subject is the cost of the call.
 """
@@ -41,21 +45,52 @@ from scorch_backend.custom_ops import region  # noqa: E402
 from scorch_backend.tools import timing  # noqa: E402
 
 
-def per_call(fn, repeats: int) -> float:
-    """Median seconds per call over `repeats` batches (each batch ~20 ms of calls)."""
-    for _ in range(20):
-        fn()
-    t = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t, 1e-7)
-    batch = max(1, min(20000, int(0.02 / one)))
-    samples = []
-    for _ in range(repeats):
+def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, dict]:
+    """({name: median seconds per call}, {name: median seconds per call outside the kernel}) for `fns`.
+
+    A fn that takes an int times that many calls itself and returns their mean (the kernel alone, timed in
+    C++). Each sample is the mean of a batch of calls sized to take about `batch_s`; the contenders' batches
+    alternate, `repeats` rounds in a rotating order, so load from another process falls on all of them alike
+    and every contender is timed by the same statistic (the median of batch means). For a fn marked `split`
+    (it runs one Scorch kernel per call), every call's time minus the time that same call spent in its kernel
+    (`_C.last_kernel_seconds`) is a sample of the cost around the kernel: the kernel's own noise cancels."""
+    names = list(fns)
+    batch = {}
+    for name, fn in fns.items():
+        self_timed = getattr(fn, "self_timed", False)
+        for _ in range(20):
+            fn(1) if self_timed else fn()
         t = time.perf_counter()
-        for _ in range(batch):
-            fn()
-        samples.append((time.perf_counter() - t) / batch)
-    return statistics.median(samples)
+        for _ in range(5):
+            fn(1) if self_timed else fn()
+        one = max((time.perf_counter() - t) / 5, 1e-7)
+        batch[name] = max(1, min(20000, int(batch_s / one)))
+    samples: dict = {n: [] for n in names}
+    around: dict = {n: [] for n in names if getattr(fns[n], "split", False)}
+    clock = time.perf_counter
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, b = fns[name], batch[name]
+            if getattr(fn, "self_timed", False):
+                samples[name].append(fn(b))
+                continue
+            split = around.get(name)
+            total = 0.0
+            for _ in range(b):
+                t = clock()
+                fn()
+                d = clock() - t
+                total += d
+                if split is not None:
+                    split.append(d - _C.last_kernel_seconds())
+            samples[name].append(total / b)
+    return ({n: statistics.median(v) for n, v in samples.items()},
+            {n: statistics.median(v) for n, v in around.items()})
+
+
+def _split(fn):
+    fn.split = True
+    return fn
 
 
 class _Product(torch.nn.Module):
@@ -91,16 +126,21 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int) -> dict:
     # the program's compressed operand is the weight (the parameter itself, as the compiled graph hands it)
     operands = [model._orig_mod.weight if o.kind != "dense" else rhs for o in region.parse_program(text).operands]
     torch.testing.assert_close(torch.ops.scorch.region(text, operands), expect, rtol=1e-4, atol=1e-4)
-    kernel = statistics.median(_C.time_kernel(plan["spec"], inputs, plan["var_sizes"], threads, 200)
-                               for _ in range(repeats))
-    row = {
-        "n": n, "kind": kind, "nnz": A.nnz, "kernel": kernel,
-        "op": per_call(lambda: torch.ops.scorch.kernel(plan["spec"], inputs, plan["var_sizes"], threads), repeats),
-        "einsum": per_call(lambda: sb.einsum(eq, A, rhs), repeats),
-        "region": per_call(lambda: torch.ops.scorch.region(text, operands), repeats),
-        "compiled": per_call(lambda: model(rhs), repeats),
-        "torch_csr": per_call(lambda: At @ rhs, repeats),
-    }
+    def kernel(calls: int) -> float:
+        return _C.time_kernel(plan["spec"], inputs, plan["var_sizes"], threads, calls, warmup=0, mean=True)
+
+    kernel.self_timed = True
+    row = {"n": n, "kind": kind, "nnz": A.nnz}
+    times, around = per_call({
+        "kernel": kernel,
+        "op": _split(lambda: torch.ops.scorch.kernel(plan["spec"], inputs, plan["var_sizes"], threads)),
+        "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
+        "region": _split(lambda: torch.ops.scorch.region(text, operands)),
+        "compiled": _split(lambda: model(rhs)),
+        "torch_csr": lambda: At @ rhs,
+    }, repeats)
+    row.update(times)
+    row["around_kernel"] = around
     return row
 
 
@@ -109,7 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="64,512,4096")
     p.add_argument("--density", type=float, default=0.05)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--repeats", type=int, default=41)
     p.add_argument("--target", default=None, help="kernel target (default: SCORCH_TARGET or native)")
     p.add_argument("--out", default=None, help="JSON file for the results (default benchmarks/results/)")
     args = p.parse_args(argv)
@@ -120,17 +160,19 @@ def main(argv=None) -> int:
     print(sb.describe_machine(args.threads))
     print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches")
     print(f"{'case':<14}{'nnz':>9}{'kernel':>10}{'op':>10}{'einsum':>10}{'region':>10}{'compiled':>10}"
-          f"{'torch CSR':>11}{'einsum-kernel':>15}{'region-kernel':>15}{'compiled-kernel':>17}{'CSR/einsum':>12}")
+          f"{'torch CSR':>11}{'CSR/einsum':>12} | around the kernel: {'op':>7}{'einsum':>9}{'region':>9}"
+          f"{'compiled':>10}")
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         for kind in ("spmv", "spmm"):
             r = run(n, kind, args.density, args.threads, args.repeats)
             rows.append(r)
             us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "region", "compiled", "torch_csr")}
+            a = {k: v * 1e6 for k, v in r["around_kernel"].items()}
             print(f"{kind + ' ' + str(n):<14}{r['nnz']:>9}{us['kernel']:>9.1f}u{us['op']:>9.1f}u{us['einsum']:>9.1f}u"
                   f"{us['region']:>9.1f}u{us['compiled']:>9.1f}u{us['torch_csr']:>10.1f}u"
-                  f"{us['einsum'] - us['kernel']:>14.1f}u{us['region'] - us['kernel']:>14.1f}u"
-                  f"{us['compiled'] - us['kernel']:>16.1f}u{r['torch_csr'] / r['einsum']:>11.2f}x")
+                  f"{r['torch_csr'] / r['einsum']:>11.2f}x | {'':>19}{a['op']:>6.1f}u{a['einsum']:>8.1f}u"
+                  f"{a['region']:>8.1f}u{a['compiled']:>9.1f}u")
             sys.stdout.flush()
     spmv = [r["torch_csr"] / r["einsum"] for r in rows if r["kind"] == "spmv"]
     print(f"SpMV geomean torch CSR / einsum: {statistics.geometric_mean(spmv):.2f}x")

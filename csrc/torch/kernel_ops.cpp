@@ -7,6 +7,7 @@
 #include <ATen/record_function.h>
 
 #include <chrono>
+#include <numeric>
 #include <cstring>
 #include <mutex>
 #include <string_view>
@@ -22,6 +23,10 @@
 
 namespace scorch::torch_glue {
 namespace {
+
+// The duration of this thread's last kernel call (two clock reads per call, ~40 ns): a benchmark reads it to
+// split a whole call's time into the kernel and the cost around it, on the same call.
+thread_local double last_kernel_s = 0.0;
 
 struct Entry {
   KernelSpec spec;
@@ -255,7 +260,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     }
     {
       RECORD_FUNCTION(e.profile_name.c_str(), std::vector<c10::IValue>());
+      const auto t0 = std::chrono::steady_clock::now();
       const int rc = e.kernel->fn(&args);
+      last_kernel_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rc != SCORCH_STATUS_OK) {
         e.kernel->free_fn(args.out_coords);
         e.kernel->free_fn(args.out_vals);
@@ -316,8 +323,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
 
 }  // namespace
 
+double last_kernel_seconds() { return last_kernel_s; }
+
 double time_kernel(const std::string& spec_text, at::TensorList inputs, c10::IntArrayRef sizes, int64_t num_threads,
-                   int repeats) {
+                   int repeats, int warmup, bool mean) {
   return translate_errors([&] {
     const Entry& e = lookup(spec_text);
     SCORCH_CHECK(e.spec.output.strided(), "time_kernel times kernels with a dense output only");
@@ -329,14 +338,16 @@ double time_kernel(const std::string& spec_text, at::TensorList inputs, c10::Int
                             static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, c.lengths.data()};
     const size_t bytes = out.numel() * out.element_size();
     std::vector<double> times;
-    for (int r = 0; r < std::max(repeats, 1) + 3; ++r) {  // three warm-up calls
+    warmup = std::max(warmup, 0);
+    for (int r = 0; r < std::max(repeats, 1) + warmup; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       if (!e.kernel->overwrites_output) std::memset(out.data_ptr(), 0, bytes);  // zeroed, as a call does
       const int rc = e.kernel->fn(&args);
       const auto t1 = std::chrono::steady_clock::now();
       SCORCH_CHECK(rc == SCORCH_STATUS_OK, "kernel '{}' failed with status {}", e.spec.stmt.str(), rc);
-      if (r >= 3) times.push_back(std::chrono::duration<double>(t1 - t0).count());
+      if (r >= warmup) times.push_back(std::chrono::duration<double>(t1 - t0).count());
     }
+    if (mean) return std::accumulate(times.begin(), times.end(), 0.0) / static_cast<double>(times.size());
     std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
     return times[times.size() / 2];
   });

@@ -495,10 +495,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("dispatch_mode", [] { return std::string(scorch::dispatch_mode_name(scorch::dispatch_mode())); },
         "SCORCH_DISPATCH, parsed strictly (ValueError naming it when malformed).");
   m.def("time_kernel", [](const std::string& spec, const std::vector<at::Tensor>& inputs,
-                          const std::vector<int64_t>& sizes, int64_t threads, int repeats) {
-          return glue::time_kernel(spec, inputs, sizes, threads, repeats);
+                          const std::vector<int64_t>& sizes, int64_t threads, int repeats, int warmup, bool mean) {
+          return glue::time_kernel(spec, inputs, sizes, threads, repeats, warmup, mean);
         }, py::arg("spec"), py::arg("inputs"), py::arg("sizes"), py::arg("threads"), py::arg("repeats") = 200,
-        "Median seconds of one call of a kernel alone (a benchmark tool; dense outputs only).");
+        py::arg("warmup") = 3, py::arg("mean") = false,
+        "Seconds per call of a kernel alone, median (or with mean=True mean) over `repeats` calls after `warmup` "
+        "(a benchmark tool; dense outputs only).");
+  m.def("last_kernel_seconds", &glue::last_kernel_seconds,
+        "Seconds this thread's last kernel call spent in the kernel itself (a benchmark tool).");
   m.def("executor_stats", [] {
     const auto c = glue::route_counts();
     py::dict d;
