@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 
@@ -14,12 +15,30 @@
 #include "convert.h"
 #include "executor.h"
 #include "region.h"
+#include "region_kernels.h"
 #include "runtime/settings.h"
 
 namespace scorch::torch_glue {
 namespace {
 
 std::atomic<int64_t> n_sparse{0}, n_dense{0}, n_sparse_backward{0}, n_dense_backward{0};
+
+// The kernels of the sparse path, in one table that the run path and the ahead-of-time prediction
+// (attention_kernel_specs) both read. Letters: a batch, i query rows, j key rows, e the q/k width, f the v
+// width; the first operand is the mask's pattern (batched CSR), the others dense. An empty output format keeps
+// the pattern's positions (a sampled product).
+struct AttentionKernel {
+  const char* equation;
+  const char* out_format;
+};
+constexpr AttentionKernel kScores{"aij,aie,aje->aij", ""};      // S = (q k^T) at the pattern
+constexpr AttentionKernel kWeighted{"aij,ajf->aif", "strided"};  // out = P v
+constexpr AttentionKernel kGradV{"aij,aif->ajf", "strided"};     // dv = P^T g
+constexpr AttentionKernel kGradP{"aij,aif,ajf->aij", ""};        // dP = (g v^T) at the pattern
+constexpr AttentionKernel kGradQ{"aij,aje->aie", "strided"};     // dq = dS k
+constexpr AttentionKernel kGradK{"aij,aie->aje", "strided"};     // dk = dS^T q
+constexpr AttentionKernel kForwardKernels[] = {kScores, kWeighted};
+constexpr AttentionKernel kBackwardKernels[] = {kGradV, kGradP, kGradQ, kGradK};
 AttentionHooks hooks;
 std::atomic<bool> capturing{false};
 
@@ -75,8 +94,8 @@ Rows rows_of(const Operand& pattern) {
   return r;
 }
 
-Operand run_kernel(const char* equation, const std::vector<Operand>& ops, const char* out_format) {
-  return run_einsum(equation, ops, out_format, at::get_num_threads(), false, /*decide=*/false).result;
+Operand run_kernel(const AttentionKernel& k, const std::vector<Operand>& ops) {
+  return run_einsum(k.equation, ops, k.out_format, at::get_num_threads(), false, /*decide=*/false).result;
 }
 
 // Each stored score's softmax probability within its row. The backward pass computes them again (one sampled
@@ -84,7 +103,7 @@ Operand run_kernel(const char* equation, const std::vector<Operand>& ops, const 
 // perturbations) bypasses the version counter.
 at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale,
                          const Rows& r) {
-  const Operand s = run_kernel("aij,aie,aje->aij", {pattern, dense_operand(q3), dense_operand(k3)}, "");
+  const Operand s = run_kernel(kScores, {pattern, dense_operand(q3), dense_operand(k3)});
   SCORCH_ASSERT(s.sparse() && s.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
   const at::Tensor scores = s.values * scale;
   const at::Tensor top = at::full({r.n}, -std::numeric_limits<double>::infinity(), scores.options())
@@ -192,7 +211,7 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
   const Rows r = rows_of(pattern);
   const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
-  at::Tensor out = run_kernel("aij,ajf->aif", {pattern.with_values(p), dense_operand(v3)}, "strided").values;
+  at::Tensor out = run_kernel(kWeighted, {pattern.with_values(p), dense_operand(v3)}).values;
   // A row with nothing stored is NaN, as the dense formula's softmax over only -inf is.
   out = out.masked_fill(at::eq(r.counts, 0).reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
   return owning(out.reshape(output_shape(q, v)));
@@ -220,15 +239,60 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const Rows r = rows_of(pattern);
   const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
   // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
-  const at::Tensor dv = run_kernel("aij,aif->ajf", {pattern.with_values(p), dense_operand(g3)}, "strided").values;
-  const Operand sampled = run_kernel("aij,aif,ajf->aij", {pattern, dense_operand(g3), dense_operand(v3)}, "");
+  const at::Tensor dv = run_kernel(kGradV, {pattern.with_values(p), dense_operand(g3)}).values;
+  const Operand sampled = run_kernel(kGradP, {pattern, dense_operand(g3), dense_operand(v3)});
   SCORCH_ASSERT(sampled.sparse() && sampled.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
   const at::Tensor& dp = sampled.values;
   const at::Tensor weighted = at::zeros({r.n}, p.options()).index_add_(0, r.row, p * dp);
   const Operand ds = pattern.with_values(p * (dp - weighted.index_select(0, r.row)) * scale);
-  const at::Tensor dq = run_kernel("aij,aje->aie", {ds, dense_operand(k3)}, "strided").values;
-  const at::Tensor dk = run_kernel("aij,aie->aje", {ds, dense_operand(q3)}, "strided").values;
+  const at::Tensor dq = run_kernel(kGradQ, {ds, dense_operand(k3)}).values;
+  const at::Tensor dk = run_kernel(kGradK, {ds, dense_operand(q3)}).values;
   return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
+}
+
+std::vector<std::string> attention_kernel_specs(const std::vector<int64_t>& q_shape,
+                                                const std::vector<int64_t>& k_shape,
+                                                const std::vector<int64_t>& v_shape, at::ScalarType dtype,
+                                                bool training) {
+  check_ranks(static_cast<int64_t>(q_shape.size()), static_cast<int64_t>(k_shape.size()),
+              static_cast<int64_t>(v_shape.size()), 2);
+  int64_t nb = 1;
+  for (size_t d = 0; d + 2 < q_shape.size(); ++d) nb *= q_shape[d];
+  const auto size = [&](char c) -> int64_t {
+    switch (c) {
+      case 'a': return nb;
+      case 'i': return q_shape[q_shape.size() - 2];
+      case 'j': return k_shape[k_shape.size() - 2];
+      case 'e': return q_shape.back();
+      default: return v_shape.back();  // 'f'
+    }
+  };
+  const FormatRef& pattern = region_compressed_format(3);  // as pattern_of compresses the mask
+  std::vector<std::string> specs;
+  const auto add = [&](const AttentionKernel& k) {
+    const std::string eq = k.equation;
+    const std::string inputs = eq.substr(0, eq.find("->"));
+    std::vector<OperandDesc> descs;
+    bool wide = false;
+    for (size_t start = 0; start <= inputs.size();) {
+      const size_t end = std::min(inputs.find(',', start), inputs.size());
+      std::vector<int64_t> shape;
+      int64_t n = 1;
+      for (size_t c = start; c < end; ++c) n *= shape.emplace_back(size(inputs[c]));
+      if (descs.empty()) wide = needs_index64(&pattern, n, shape);  // a mask with every entry kept
+      descs.push_back({descs.empty() ? pattern.text : "strided", shape, n});
+      start = end + 1;
+    }
+    // Index width follows the mask's stored count: when a full mask would need 64-bit indices, both kernels.
+    for (bool idx64 : wide ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      std::string spec = plan_einsum(eq, descs, k.out_format, compute_dtype(dtype) == at::kDouble, idx64).spec;
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(std::move(spec));
+    }
+  };
+  for (const auto& k : kForwardKernels) add(k);
+  if (training)
+    for (const auto& k : kBackwardKernels) add(k);
+  return specs;
 }
 
 AttentionStats attention_stats() {

@@ -37,6 +37,14 @@ struct AttentionStats {
 };
 AttentionStats attention_stats();
 
+// The specs of the kernels a call on q, k, v of these shapes runs on the sparse path (and its backward pass
+// when `training`), found without data, for compiling them ahead of the first call: the same table and
+// planner the run path uses. dtype is q's. A ValueError for ranks the op would refuse.
+std::vector<std::string> attention_kernel_specs(const std::vector<int64_t>& q_shape,
+                                                const std::vector<int64_t>& k_shape,
+                                                const std::vector<int64_t>& v_shape, at::ScalarType dtype,
+                                                bool training);
+
 struct AttentionHooks {
   std::function<void(double scale, at::TensorList)> capture;  // (q, k, v, mask) while `explain` records
   // The path a forward call takes (called on every call while SCORCH_DEBUG >= 1; Python logs once per mask

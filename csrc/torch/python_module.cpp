@@ -591,6 +591,9 @@ PYBIND11_MODULE(_C, m) {
     glue::set_region_capture(on);
     glue::set_attention_capture(on);  // explain records masked attention's operands with the regions'
   }, py::arg("on"));
+  m.def("attention_kernel_specs", &glue::attention_kernel_specs, py::arg("q_shape"), py::arg("k_shape"),
+        py::arg("v_shape"), py::arg("dtype"), py::arg("training"),
+        "The kernel specs masked attention's sparse path runs for these shapes (backward too when training).");
   m.def("install_attention_hooks", &install_attention_hooks, py::arg("capture"), py::arg("note_path"));
   m.def("attention_run", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale, const std::string& force) {

@@ -76,25 +76,9 @@ def stats() -> dict:
     return _C.attention_stats()
 
 
-# The kernels the sparse path runs: (equation, output format: "" lets the planner choose, "strided" dense).
-# Operand letters: a batch, i query rows, j key rows, e the q/k width, f the v width; "aij" is the mask's
-# pattern (batched CSR), the others dense.
-FORWARD_KERNELS = (("aij,aie,aje->aij", ""), ("aij,ajf->aif", "strided"))
-BACKWARD_KERNELS = (("aij,aif->ajf", "strided"), ("aij,aif,ajf->aij", ""), ("aij,aje->aie", "strided"),
-                    ("aij,aie->aje", "strided"))
-
-
 def kernel_specs(q_shape, k_shape, v_shape, dtype: torch.dtype, training: bool) -> list[str]:
     """The specs of the kernels a call on q, k, v of these shapes runs on the sparse path (and its backward
-    pass when `training`), found without data: for compiling them ahead of the first call."""
-    nb = math.prod(q_shape[:-2]) if len(q_shape) > 2 else 1
-    sizes = {"a": nb, "i": q_shape[-2], "j": k_shape[-2], "e": q_shape[-1], "f": v_shape[-1]}
-    pattern = _region._compressed_format(3)
-    specs = []
-    for eq, out in FORWARD_KERNELS + (BACKWARD_KERNELS if training else ()):
-        descs = []
-        for k, letters in enumerate(eq.split("->")[0].split(",")):
-            shape = [int(sizes[c]) for c in letters]
-            descs.append((pattern if k == 0 else "strided", shape, math.prod(shape)))
-        specs.append(_C.plan_einsum(eq, descs, out, dtype == torch.float64, False)["spec"])
-    return specs
+    pass when `training`), found without data: for compiling them ahead of the first call. C++ plans them
+    from the same table of kernels the op runs (attention.cpp)."""
+    return list(_C.attention_kernel_specs([int(n) for n in q_shape], [int(n) for n in k_shape],
+                                          [int(n) for n in v_shape], dtype, bool(training)))
