@@ -475,12 +475,12 @@ int load_kernel_bundle_bytes(const std::string& bytes, const std::string& path) 
 }
 
 void load_bundles_from_environment() {
-  const char* v = std::getenv("SCORCH_KERNEL_BUNDLES");
-  if (!v || !*v) return;
+  const std::string list_text = path_setting("SCORCH_KERNEL_BUNDLES");
+  if (list_text.empty()) return;
   static std::mutex mu;
   static std::set<std::string> done;
   std::lock_guard lock(mu);
-  std::string list = v;
+  const std::string& list = list_text;
   for (size_t at = 0; at <= list.size();) {
     size_t end = list.find(':', at);
     if (end == std::string::npos) end = list.size();

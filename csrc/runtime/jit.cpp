@@ -44,51 +44,15 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v && *v ? v : fallback;
 }
 
-// The variable without surrounding blanks; "" when unset.
-std::string env_trimmed(const char* name) {
-  const char* v = std::getenv(name);
-  std::string s = v ? v : "";
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
-// What the environment asks of the JIT, read on every get_kernel (tests and users change it at run time).
-// Each variable is parsed strictly: a typo is an error that names it, never a silent default.
+// What the environment asks of the JIT, read on every get_kernel (tests and users change it at run time):
+// settings.cpp parses each variable strictly, so a typo is an error that names it.
 struct Settings {
   int debug = 0;           // SCORCH_DEBUG
   double timeout = 300;    // SCORCH_COMPILE_TIMEOUT, seconds; 0: no limit
   bool sanitize = false;   // SCORCH_SANITIZE
 };
 
-Settings read_settings() {
-  Settings s;
-  if (std::string v = env_trimmed("SCORCH_DEBUG"); !v.empty()) {
-    SCORCH_CHECK(all_digits(v) && v.size() <= 6,
-                 "SCORCH_DEBUG='{}': expected a non-negative integer (0 = quiet, 1 = print each kernel, its plan "
-                 "and the cache's decisions, 2 = more)",
-                 std::getenv("SCORCH_DEBUG"));
-    s.debug = std::atoi(v.c_str());
-  }
-  if (std::string v = env_trimmed("SCORCH_COMPILE_TIMEOUT"); !v.empty()) {
-    char* end = nullptr;
-    errno = 0;
-    const double t = std::strtod(v.c_str(), &end);
-    // strtod also takes "inf", "nan" and hex; only plain decimal numbers are meant here.
-    const bool plain = v.find_first_not_of("0123456789.") == std::string::npos;
-    SCORCH_CHECK(plain && end == v.c_str() + v.size() && errno == 0 && std::isfinite(t) && t >= 0 && t <= 1e6,
-                 "SCORCH_COMPILE_TIMEOUT='{}': expected a number of seconds (e.g. 300; 0 = no limit)",
-                 std::getenv("SCORCH_COMPILE_TIMEOUT"));
-    s.timeout = t;
-  }
-  if (std::string v = env_trimmed("SCORCH_SANITIZE"); !v.empty()) {
-    SCORCH_CHECK(v == "0" || v == "1",
-                 "SCORCH_SANITIZE='{}': expected 0 or 1 (1 = compile kernels with -fsanitize=address,undefined)",
-                 std::getenv("SCORCH_SANITIZE"));
-    s.sanitize = v == "1";
-  }
-  return s;
-}
+Settings read_settings() { return {debug_level(), compile_timeout_seconds(), sanitize_kernels()}; }
 
 // A kernel built with -fsanitize=address can only be loaded into a process that runs the ASan runtime (an
 // ASan build, or LD_PRELOAD of libasan); elsewhere the runtime aborts the process inside dlopen.
@@ -331,7 +295,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
 }  // namespace
 
 static std::string loop_ir_dump_dir() {  // SCORCH_DUMP_DIR, else dumps/ in the kernel cache
-  if (const char* d = std::getenv("SCORCH_DUMP_DIR"); d && *d) return std::string(d) + "/loop_ir";
+  if (const std::string d = path_setting("SCORCH_DUMP_DIR"); !d.empty()) return d + "/loop_ir";
   return kernel_cache_dir() + "/dumps/loop_ir";
 }
 
@@ -378,10 +342,9 @@ std::vector<std::string> kernel_compile_flags(const Target& target) {
   return cmd;
 }
 
-double compile_timeout_seconds() { return read_settings().timeout; }
 
 std::string kernel_cache_dir() {
-  if (const char* d = std::getenv("SCORCH_CACHE_DIR"); d && *d) return d;
+  if (std::string d = path_setting("SCORCH_CACHE_DIR"); !d.empty()) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/scorch";
   return env_or("HOME", "/tmp") + "/.cache/scorch";
 }

@@ -31,7 +31,4 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
 // -O3 <target flags> -fopenmp -fPIC -std=c++17 -w.
 std::vector<std::string> kernel_compile_flags(const Target& target);
 
-// SCORCH_COMPILE_TIMEOUT, parsed strictly (0: no limit).
-double compile_timeout_seconds();
-
 }  // namespace scorch

@@ -1,6 +1,7 @@
 #include "runtime/settings.h"
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +118,44 @@ int64_t thread_grain() {
                                                 "a call must touch per thread it starts (default 2048)", v));
     return std::stoll(v);
   });
+}
+
+double compile_timeout_seconds() {
+  return cached<double>("SCORCH_COMPILE_TIMEOUT", [](const std::string& v) {
+    if (v.empty()) return 300.0;
+    // strtod also takes "inf", "nan" and hex; only plain decimal numbers are meant here.
+    const bool plain = v.find_first_not_of("0123456789.") == std::string::npos;
+    char* end = nullptr;
+    errno = 0;
+    const double t = plain ? std::strtod(v.c_str(), &end) : NAN;
+    if (!plain || end != v.c_str() + v.size() || errno != 0 || !std::isfinite(t) || t < 0 || t > 1e6)
+      throw_error(ErrorKind::value, fmt::format("SCORCH_COMPILE_TIMEOUT='{}': expected a number of seconds (e.g. 300; "
+                                                "0 = no limit)", v));
+    return t;
+  });
+}
+
+bool sanitize_kernels() {
+  return cached<bool>("SCORCH_SANITIZE", [](const std::string& v) {
+    if (v.empty() || v == "0") return false;
+    if (v == "1") return true;
+    throw_error(ErrorKind::value, fmt::format("SCORCH_SANITIZE='{}': expected 0 or 1 (1 = compile kernels with "
+                                              "-fsanitize=address,undefined)", v));
+  });
+}
+
+std::string target_setting() {
+  const std::string v = raw("SCORCH_TARGET");
+  return v.empty() ? "native" : v;
+}
+
+std::string path_setting(const char* name) {
+  static constexpr const char* kPaths[] = {"SCORCH_CACHE_DIR", "SCORCH_DUMP_DIR", "SCORCH_KERNEL_BUNDLES"};
+  bool known = false;
+  for (const char* k : kPaths) known = known || std::string(k) == name;
+  SCORCH_ASSERT(known, "path_setting: {} is not one of Scorch's path variables", name);
+  const char* v = std::getenv(name);
+  return v ? v : "";
 }
 
 namespace {

@@ -38,6 +38,20 @@ bool measure_regions();
 // a ValueError naming the variable.
 int64_t thread_grain();
 
+// SCORCH_COMPILE_TIMEOUT: seconds a kernel compile may take before it is stopped (default 300; 0 = no limit).
+// Anything but a plain non-negative decimal number is a ValueError naming the variable.
+double compile_timeout_seconds();
+
+// SCORCH_SANITIZE: 1 compiles kernels with -fsanitize=address,undefined; 0 (default) does not.
+bool sanitize_kernels();
+
+// SCORCH_TARGET: the kernel target's name as set ("native" when unset); target.cpp checks it.
+std::string target_setting();
+
+// A path variable as set (not trimmed: a path may hold blanks), "" when unset: SCORCH_CACHE_DIR (the kernel
+// cache), SCORCH_DUMP_DIR (where SCORCH_DEBUG=2 writes), SCORCH_KERNEL_BUNDLES (bundles to load, ':'-separated).
+std::string path_setting(const char* name);
+
 // Messages for the `scorch` logger: `name` is its child ("kernel", "bundle"), `level` one of Python
 // logging's (10 DEBUG, 20 INFO, 30 WARNING). Without a sink, as in a C++ program, they go to stderr prefixed
 // "[scorch] ". The Python package installs a sink that queues them for `logging`. A sink must not block

@@ -14,6 +14,7 @@
 #include "common/hash.h"
 #include "runtime/cpu_features.h"
 #include "runtime/process.h"
+#include "runtime/settings.h"
 
 namespace scorch {
 namespace {
@@ -28,10 +29,7 @@ bool valid_name(const std::string& name) {
   return name[0] != '-';
 }
 
-std::string env_target() {
-  const char* v = std::getenv("SCORCH_TARGET");
-  return v && *v ? v : "native";
-}
+std::string env_target() { return target_setting(); }
 
 // Flags for a name, before knowing the machine: the compiler tells the architecture afterwards.
 std::vector<std::string> flags_for(const std::string& name, bool aarch64_host) {
