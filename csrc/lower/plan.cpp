@@ -439,7 +439,9 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
           const auto& lvl = s.format->levels()[l];
           const int v = a->vars[lvl.expr.dim];
           const int d = static_cast<int>(std::find(st.out_vars.begin(), st.out_vars.end(), v) - st.out_vars.begin());
-          text += (l ? "," : "") + level_text(lvl, d);
+          // A cursor level (a bitmap) is walked but not assembled inside the kernel: the output stores its
+          // coordinates compressed, so the kernel writes it directly (a bitmap output would be streamed and packed).
+          text += (l ? "," : "") + (lvl.kind->coordinate_cursor() ? fmt::format("compressed({})", d) : level_text(lvl, d));
         }
         out = text;
         plan.reasons.push_back(fmt::format("output takes the format of {}, which has the output's indices",
