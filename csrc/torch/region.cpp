@@ -24,6 +24,7 @@
 #include "chain.h"
 #include "convert.h"
 #include "region_addends.h"
+#include "region_compress.h"
 #include "region_kernels.h"
 #include "region_measure.h"
 #include "region_operands.h"
@@ -120,51 +121,6 @@ std::vector<uint8_t> fingerprint(const at::Tensor& t) {
   return out;
 }
 
-// Rows of a contiguous float or double tensor of rank >= 2 (the last dimension is a row) handed to `f(begin,
-// end)` in parallel, each chunk at least SCORCH_THREAD_GRAIN elements; false when the tensor is not such.
-template <typename F>
-bool over_rows(const at::Tensor& t, F&& f) {
-  if (t.dim() < 2 || !t.is_contiguous() || t.numel() == 0 || t.size(-1) == 0 ||
-      (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble))
-    return false;
-  const int64_t cols = t.size(-1), rows = t.numel() / cols;
-  at::parallel_for(0, rows, std::max<int64_t>(1, thread_grain() / cols), f);
-  return true;
-}
-
-// Activations are measured on every call: count_nonzero is a generic reduction, this is one pass. With
-// `row_counts`, each row's count is kept too (when the tensor is rows of a contiguous float or double one).
-double density_of(const at::Tensor& t, at::Tensor* row_counts = nullptr) {
-  const int64_t n = t.numel();
-  if (n == 0) return 0.0;
-  std::atomic<int64_t> count{0};
-  const bool floating = t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
-  const bool rows_ok = floating && t.dim() >= 2 && t.is_contiguous() && t.size(-1) > 0 &&
-                       n < std::numeric_limits<int32_t>::max();
-  int32_t* per_row = nullptr;
-  if (row_counts && rows_ok) {
-    *row_counts = at::empty({n / t.size(-1)}, at::kInt);
-    per_row = row_counts->data_ptr<int32_t>();
-  }
-  const bool done = floating && AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "region_density", [&] {
-    const scalar_t* x = t.data_ptr<scalar_t>();
-    const int64_t cols = t.dim() ? t.size(-1) : 1;
-    return over_rows(t, [&](int64_t b, int64_t e) {
-      int64_t c = 0;
-      for (int64_t r = b; r < e; ++r) {
-        int32_t in_row = 0;
-        for (int64_t j = 0; j < cols; ++j) in_row += x[r * cols + j] != scalar_t(0);
-        if (per_row) per_row[r] = in_row;
-        c += in_row;
-      }
-      count += c;
-    });
-  });
-  if (!done && row_counts) *row_counts = at::Tensor();
-  if (!done) return static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n);
-  return static_cast<double>(count.load()) / static_cast<double>(n);
-}
-
 EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
   const std::string key = tensor_key(t);
   EntryPtr e;
@@ -184,7 +140,7 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
 
 void measure_density(const at::Tensor& t, Entry& e) {
   if (t.dim() >= 2 && !t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble))
-    e.rows = t.detach().contiguous();
+    e.rows = row_major(t.detach());
   e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts);
 }
 
@@ -216,79 +172,6 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
   return out;
 }
 
-// CSR of a contiguous float or double tensor of rank >= 2 (the leading dimensions are the dense outer levels,
-// flattened into rows), built in two passes over its rows: count each row's nonzeros, then write them. The
-// buffers scorch::pack makes (positions, coordinates; int32), without its sort of coordinates, which a
-// dense source gives in order anyway. An activation is compressed on every call: this is that cost.
-std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, const at::Tensor& counts = {}) {
-  if (src.dim() < 2 || src.numel() >= std::numeric_limits<int32_t>::max() || !src.is_contiguous() ||
-      (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
-    return std::nullopt;
-  const int64_t cols = src.size(-1), rows = cols ? src.numel() / cols : 0;
-  at::Tensor pos = at::empty({rows + 1}, at::kInt), crd, values;
-  int32_t* p = pos.data_ptr<int32_t>();
-  p[0] = 0;
-  const bool done = AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "region_compress", [&] {
-    const scalar_t* x = src.data_ptr<scalar_t>();
-    if (counts.defined() && counts.numel() == rows) {  // counted with the density: no first pass
-      const int32_t* n = counts.data_ptr<int32_t>();
-      for (int64_t r = 0; r < rows; ++r) p[r + 1] = n[r];
-    } else if (!over_rows(src, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) {
-            int32_t c = 0;
-            for (int64_t j = 0; j < cols; ++j) c += x[r * cols + j] != scalar_t(0);
-            p[r + 1] = c;
-          }
-        }))
-      return false;
-    for (int64_t r = 0; r < rows; ++r) p[r + 1] += p[r];
-    crd = at::empty({p[rows]}, at::kInt);
-    values = at::empty({p[rows]}, src.options());
-    int32_t* c = crd.data_ptr<int32_t>();
-    scalar_t* v = values.data_ptr<scalar_t>();
-    // Without a branch per entry: every entry is written at the row's next free slot, which moves on only
-    // past a nonzero; the row ends once its last nonzero is written (its count is known), so no write leaves
-    // its slots. An activation's zeros are scattered at random: a branch on each would be mispredicted about
-    // as often as it is taken.
-    over_rows(src, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) {
-        int64_t w = p[r];
-        const int64_t end = p[r + 1];
-        const scalar_t* row = x + r * cols;
-        int64_t j = 0;
-        for (; j < cols && w < end; ++j) {
-          const scalar_t y = row[j];
-          c[w] = static_cast<int32_t>(j);
-          v[w] = y;
-          w += y != scalar_t(0);
-        }
-      }
-    });
-    return true;
-  });
-  if (!done) return std::nullopt;
-  return Operand{&f, src.sizes().vec(), {pos, crd}, values};
-}
-
-// A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
-// levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
-Operand compress(const at::Tensor& src, const at::Tensor& counts = {}) {
-  static const auto pack = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
-      std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
-                                                      c10::string_view, at::ScalarType)>();
-  const int nd = static_cast<int>(src.dim());
-  const FormatRef& f = region_compressed_format(nd);
-  if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
-  if (nd >= 2)
-    if (auto fast = compress_rows(src, f, counts)) return *fast;
-  const at::Tensor idx = src.nonzero().t().contiguous();
-  c10::List<std::optional<at::Tensor>> index;
-  for (int d = 0; d < nd; ++d) index.push_back(idx[d]);
-  const at::Tensor values = at::index(src, index);
-  auto [buffers, packed] = pack.call(idx, values, src.sizes(), f.text, at::kInt);
-  return Operand{&f, src.sizes().vec(), std::move(buffers), packed};
-}
-
 Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::ScalarType dtype,
                   const std::map<char, int64_t>& sizes) {
   std::vector<int64_t> lead;
@@ -313,7 +196,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   at::Tensor src = e.rows.defined() ? e.rows : t.detach();
   at::Tensor counts = e.row_counts;
   if (o.col_major) {  // the transpose's rows (the counts are the other way's; no copy if t is column-major)
-    src = t.detach().t().contiguous();
+    src = row_major(t.detach().t());
     counts = at::Tensor();
   }
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
@@ -518,11 +401,12 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
 // A product of several compressed operands, one of them much denser than the others (a ReLU output at 0.5
 // times a 90%-pruned weight): co-iterating both costs far more than reading the denser one as a dense matrix
 // (on a 64x512x512 linear, 3 ms against 0.03 ms). The text of the same program with such operands read
-// dense, or "" when there are none. Packed and pattern operands are never demoted.
+// dense, or null when there are none. Packed and pattern operands are never demoted.
 constexpr double kDemoteDensity = 0.25;  // the denser operand holds at least this share of its entries
 constexpr double kDemoteRatio = 2.5;     // and at least this many times the sparsest compressed operand's density
 
-std::string demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>& entries) {
+// Built once per program and set of demoted operands (its text then parsed once, as every program's).
+const std::string* demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>& entries) {
   double sparsest = 2.0;
   int compressed = 0;
   for (size_t k = 0; k < p.operands.size(); ++k) {
@@ -531,22 +415,33 @@ std::string demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>&
     if (!p.operands[k].packed.empty()) sparsest = 0.0;  // packed: sparse by construction
     else if (entries[k]) sparsest = std::min(sparsest, entries[k]->density);
   }
-  if (compressed < 2) return "";
-  RegionProgram v = p;
-  bool any = false;
+  if (compressed < 2 || p.operands.size() > 64) return nullptr;
+  uint64_t demoted = 0;
   int left = compressed;
-  for (size_t k = 0; k < v.operands.size() && left > 1; ++k) {
-    auto& o = v.operands[k];
+  for (size_t k = 0; k < p.operands.size() && left > 1; ++k) {
+    const auto& o = p.operands[k];
     if (o.kind != RegionOperand::Kind::sparse || !o.packed.empty() || !entries[k]) continue;
     const double d = entries[k]->density;
     if (d >= kDemoteDensity && d >= kDemoteRatio * sparsest) {
-      o.kind = RegionOperand::Kind::dense;
-      o.col_major = false;
-      any = true;
+      demoted |= uint64_t{1} << k;
       --left;
     }
   }
-  return any ? v.text() : "";
+  if (!demoted) return nullptr;
+  static std::mutex mu;
+  static std::map<std::pair<const RegionProgram*, uint64_t>, std::string> variants;  // programs live forever
+  std::lock_guard lock(mu);
+  auto [it, fresh] = variants.try_emplace({&p, demoted});
+  if (fresh) {
+    RegionProgram v = p;
+    for (size_t k = 0; k < v.operands.size(); ++k) {
+      if (!(demoted >> k & 1)) continue;
+      v.operands[k].kind = RegionOperand::Kind::dense;
+      v.operands[k].col_major = false;
+    }
+    it->second = v.text();
+  }
+  return &it->second;
 }
 
 }  // namespace
@@ -576,13 +471,14 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   const at::ScalarType dtype = region_dtype(p, operands);
   const auto entries = entries_of(p, operands);
   if (force.empty() || force == "sparse") {
-    if (const std::string variant = demoted_variant(p, entries); !variant.empty()) {
+    if (const std::string* variant = demoted_variant(p, entries)) {
       // The variant may store its result in another order; hand it back in this program's (its Meta kernel's).
       ++n_demoted;
-      const at::Tensor r = run_region(variant, all, force);
+      const at::Tensor r = run_region(*variant, all, force);
+      if (p.requested_order || region_program(*variant).storage == p.storage) return r;
       std::vector<int64_t> to_storage;
       for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
-      return owning(r.permute(to_storage).contiguous().permute(p.back));
+      return owning(row_major(r.permute(to_storage)).permute(p.back));
     }
   }
   std::string path = force.empty() ? choose_path(p, text, s, entries) : force;
@@ -601,7 +497,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   if (path == "dense" && shares_memory(out, all)) out = out.clone();  // einsum may hand back an operand ("ij->ij")
   out = out.contiguous();
   if (p.coef != 1.0) out.mul_(p.coef);
-  return owning(out.permute(p.back));
+  return owning(p.requested_order ? row_major(out.permute(p.back)) : out.permute(p.back));
 }
 
 std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,

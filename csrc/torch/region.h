@@ -51,6 +51,10 @@ struct RegionProgram {
   // The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
   // programs take it as a compressed operand (the run-time choice still runs them dense when it is not).
   bool sparse_grad_out = false;
+  // The result is handed back contiguous in the requested order (`out`), not as a permuted view of its storage
+  // order: a parameter's gradient, which autograd would otherwise copy into the parameter's layout itself (a
+  // weight gradient g^T h is stored as its transpose). Program text: "out_order": "requested".
+  bool requested_order = false;
   std::string name, label;
 
   // Derived once: the loop order's letters, the output's storage letters and the permutation giving back the

@@ -24,7 +24,8 @@ at::Tensor region_cpu(c10::string_view program, at::TensorList operands) {
   });
 }
 
-// Shapes only: the output in its storage order, handed back permuted (as the real kernel does).
+// Shapes only: the output in its storage order, handed back permuted (as the real kernel does), or contiguous
+// in the requested order when the program asks for it.
 at::Tensor region_meta(c10::string_view program, at::TensorList all) {
   return translate_errors([&] {
     const RegionProgram& p = region_program(std::string(program));
@@ -53,8 +54,13 @@ at::Tensor region_meta(c10::string_view program, at::TensorList all) {
           sizes.emplace(letters[d], s.buffers[k][0].sym_numel() - 1);
     }
     std::vector<c10::SymInt> shape;
+    const auto options = operands[0].options().dtype(region_dtype(p, operands));
+    if (p.requested_order) {
+      for (char c : p.out) shape.push_back(sizes.at(c));
+      return at::empty_symint(shape, options);
+    }
     for (char c : p.storage) shape.push_back(sizes.at(c));
-    return at::empty_symint(shape, operands[0].options().dtype(region_dtype(p, operands))).permute(p.back);
+    return at::empty_symint(shape, options).permute(p.back);
   });
 }
 

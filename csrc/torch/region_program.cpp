@@ -137,6 +137,12 @@ RegionProgram parse_text(const std::string& text) {
     SCORCH_CHECK(kind == "dense" || kind == "sparse", "scorch::region: grad_out is 'dense' or 'sparse', got '{}'", kind);
     p.sparse_grad_out = kind == "sparse";
   }
+  if (const Json* g = field(o, "out_order")) {
+    const std::string order = as<std::string>(*g, "out_order");
+    SCORCH_CHECK(order == "storage" || order == "requested",
+                 "scorch::region: out_order is 'storage' or 'requested', got '{}'", order);
+    p.requested_order = order == "requested";
+  }
   if (const Json* m = field(o, "col_major")) {
     for (const Json& e : as<JsonArray>(*m, "col_major must be a list")) {
       const double k = as<double>(e, "col_major entry");
@@ -199,6 +205,7 @@ RegionProgram parse_text(const std::string& text) {
     product.coef = p.coef;
     product.frozen = p.frozen;
     product.sparse_grad_out = p.sparse_grad_out;
+    product.requested_order = p.requested_order;
     product.name = p.name;
     product.label = p.label;
     product.packed_buffers = p.packed_buffers;
@@ -226,6 +233,7 @@ std::string RegionProgram::text() const {
                    frozen ? "true" : "false", json_string(name));
   if (!label.empty()) s += ",\"label\":" + json_string(label);
   if (sparse_grad_out) s += ",\"grad_out\":\"sparse\"";
+  if (requested_order) s += ",\"out_order\":\"requested\"";
   std::string masked;
   for (size_t k = 0; k < operands.size(); ++k)
     if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
@@ -297,6 +305,8 @@ RegionGradient region_gradient(const std::string& text, int k) {
     o.col_major = (o.kind == RegionOperand::Kind::sparse || o.kind == RegionOperand::Kind::pattern) &&
                   o.letters.size() == 2 && o.expand == 0 && o.packed.empty() &&
                   g.out.find(o.letters[0]) == std::string::npos && g.out.find(o.letters[1]) != std::string::npos;
+  // A parameter's gradient goes to autograd's accumulation, which wants the parameter's layout.
+  g.requested_order = target.cached;
   g.coef = p.coef;
   g.frozen = p.frozen;
   g.name = p.name + ".grad" + std::to_string(k);
