@@ -421,10 +421,13 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         // long-row copy of the row loop (see the dense loop above).
         const bool vector_sum = simd_rows_ && rows_checked && red == "lacc";
         simd_rows_used_ |= vector_sum;
-        if (unroll_rows_ && rows_checked && red == "lacc") {
+        // A cursor level's reductions always take it: its rows are as long as the level is dense (a bitmap is
+        // chosen above about 1/32), and one sum would wait on each multiply-add in turn. Each step reads the
+        // cursor and moves it on in order, so the four entries still get their own coordinates.
+        if (((unroll_rows_ && rows_checked) || cursor(id)) && red == "lacc") {
           // In the medium-row copy: four entries a step, each summed into its own partial sum, the rest one
           // at a time into lacc, the partial sums added last.
-          unroll_rows_used_ = true;
+          unroll_rows_used_ |= !cursor(id);
           constexpr int lanes = 4;
           struct Lane : loops::Mutator {
             std::string p, acc;
@@ -453,6 +456,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
                loops::for_step(p_var, nullptr, loops::le(loops::add(V(p_var), I(lanes)), KE(id)), lanes, step),
                loops::for_step(p_var, nullptr, loops::lt(V(p_var), KE(id)), 1, fbody),
                loops::assign(V("lacc"), loops::paren(total), AssignOp::add)}));
+          for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
           continue;
         }
         out.push_back(loops::for_range(p_var, K(id), KE(id), fbody, false, vector_sum ? red : ""));

@@ -64,6 +64,7 @@ inline const std::vector<Case>& corpus() {
       {"bsr16_spmm", "out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=bsr(16,16); t1=strided; out=strided; f32; i32", true},
       {"bsr_linear", "out(i0,i1) = t0(i0,i2) * t1(i1,i2); t0=strided; t1=bsr(4,4); out=strided; f32; i32", true},
       {"bitmap_spmm", "out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=dense(0),bitmap(1); t1=strided; out=strided; f32; i32"},
+      {"bitmap_spmv", "out(i0) = t0(i0,i1) * t1(i1); t0=dense(0),bitmap(1); t1=strided; out=strided; f32; i32"},
       {"bitmap_spadd", "out(i0,i1) = t0(i0,i1) + t1(i0,i1); t0=dense(0),bitmap(1); t1=csr; out=strided; f64; i64"},
       {"neg_sub", "out(i0,i1) = -(t0(i0,i1) - t1(i0,i1)) * t2(); t0=csr; t1=strided; t2=strided; out=strided; f64; i64"},
   };
