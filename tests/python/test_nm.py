@@ -327,17 +327,26 @@ def test_any_mask_word_is_refused_or_right_never_a_crash():
                     print("ValueError", new == old, "the mask of group" in str(e) or "past the last group" in str(e))
             buf[at] = old
     """
+    lines = check_word_writes(body, 4 * 40 * 2)
+    # An unchanged word always runs.
+    assert all(l == "OK True" for l in lines if l.endswith("True") and not l.startswith("ValueError")), lines[:5]
+
+
+def check_word_writes(body: str, count: int) -> list:
+    """Runs `body` (it rewrites index words and prints, per call, "OK|WRONG <word unchanged>" or "ValueError
+    <word unchanged> <message names the culprit>") in a child process, so that a crash fails the test, and checks
+    that it printed `count` lines, no wrong result, no refusal of an unchanged word, and at least one refusal,
+    each naming the culprit. Returns the lines."""
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, SCORCH_DISPATCH="sparse"))
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
-    assert len(lines) == 4 * 40 * 2, lines[:5]
+    assert len(lines) == count, lines[:5]
     assert not any(l.startswith("WRONG") for l in lines), [l for l in lines if l.startswith("WRONG")][:5]
-    # An unchanged word always runs; a refused one is refused with the group or word named.
-    assert all(l == "OK True" for l in lines if l.endswith("True") and not l.startswith("ValueError")), lines[:5]
     assert not any(l.startswith("ValueError True") for l in lines)
     refused = [l for l in lines if l.startswith("ValueError")]
     assert refused and all(l.endswith("True") for l in refused), refused[:5]
+    return lines
 
 
 def test_x86_64_v3_and_scalar_targets_agree():
