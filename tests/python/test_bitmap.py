@@ -119,10 +119,18 @@ def test_bitmap_outputs():
     g = torch.Generator().manual_seed(4)
     x, y = random_dense((9, 45), 0.3, torch.float32, g), random_dense((9, 45), 0.3, torch.float32, g)
     a, b = sb.sparse(x, "bitmap"), sb.sparse(y, "csr")
-    for eq, want in [("ij,ij->ij", x * y), ("ij,ij->ij", x * y)]:
-        got = sb.einsum(eq, a, b, out_format="dense(0),bitmap(1)")
-        assert isinstance(got, sb.SparseTensor) and "bitmap" in got.format.canonical
-        assert close(got.to_dense(), want, torch.float32)
+    got = sb.einsum("ij,ij->ij", a, b, out_format="dense(0),bitmap(1)")
+    assert isinstance(got, sb.SparseTensor) and "bitmap" in got.format.canonical
+    assert close(got.to_dense(), x * y, torch.float32)
+    # Unasked, the output that takes the bitmap operand's format stores that level compressed.
+    got = sb.einsum("ij,ij->ij", a, b)
+    assert got.format.canonical == "dense(0),compressed(1)" and close(got.to_dense(), x * y, torch.float32)
+    # Outputs sharing the bitmap operand's levels (dense below them), transposed, and copied.
+    z = torch.randn(4)
+    for eq, ops, fmt, want in [("ij,k->ijk", (a, z), "dense(0),bitmap(1),dense(2)", torch.einsum("ij,k->ijk", x, z)),
+                               ("ij->ji", (a,), "dense(0),bitmap(1)", x.T), ("ij->ij", (a,), "dense(0),bitmap(1)", x)]:
+        got = sb.einsum(eq, *ops, out_format=fmt)
+        assert got.format.canonical == fmt and close(got.to_dense(), want, torch.float32), eq
     s = sb.compute("y(i,j) = A(i,j) + B(i,j)", A=a, B=b)
     assert close(as_dense(s), x + y, torch.float32)
 
