@@ -73,3 +73,20 @@ def test_out_order_is_checked():
     bad["out_order"] = "sideways"
     with pytest.raises(ValueError, match="out_order"):
         torch.ops.scorch.region(json.dumps(bad), [torch.ones(2, 3), torch.ones(4, 3)])
+
+
+@pytest.mark.parametrize("density", [0.0, 0.02, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_column_order_operand_with_empty_rows_and_columns(monkeypatch, density, dtype):
+    """The weight gradient's activation is compressed by columns straight off the row-major tensor
+    (region_compress.cpp: compress_columns): empty columns, empty rows, all zeros and all nonzeros."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    x = random_dense((70, 45), density, seed=6).to(dtype) if density < 1 else torch.randn(70, 45, dtype=dtype)
+    x[:, 3:9] = 0
+    x[10:20] = 0
+    w = torch.randn(33, 45, dtype=dtype, generator=torch.Generator().manual_seed(7))
+    g = torch.randn(70, 33, dtype=dtype, generator=torch.Generator().manual_seed(8))
+    gtext, ops, _ = _C.region_gradient(_linear(f"layout_cols{density}{dtype}"), 1)
+    assert json.loads(gtext)["col_major"] == [1]
+    out = torch.ops.scorch.region(gtext, [g if j < 0 else [x, w][j] for j in ops])
+    torch.testing.assert_close(out, g.t() @ x, rtol=1e-6 if dtype == torch.float64 else 1e-4, atol=1e-4)
