@@ -30,7 +30,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
       int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
       if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) hi0 = lo0;
-      const bool long_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)128 * (hi0 - lo0);
+      const bool long_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)32 * (hi0 - lo0);
       const bool medium_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)12 * (hi0 - lo0);
       if (long_rows) {
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
