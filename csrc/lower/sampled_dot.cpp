@@ -73,10 +73,10 @@ LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, c
   // Whether n entries' sums are reduced together (a power of two of at least 2, at most the lanes).
   auto butterfly = [&](int n) { return n >= 2 && n <= w && (n & (n - 1)) == 0 && (w & (w - 1)) == 0; };
   // The code for `n` entries at once starting at position e (n = G in the main loop, 1 for the rest).
-  auto entries = [&](int n) {
+  auto entries = [&](int n, bool prefetch) {
     std::string c;
     for (int x = 0; x < n; ++x) c += fmt::format("const val_t* __restrict q{0} = Qd + (int64_t)sc[e + {0}] * K;\n", x);
-    if (n > 1) {
+    if (n > 1 && prefetch) {
       c += "if (pf) {\n";
       for (int x = 0; x < n; ++x)
         c += fmt::format("  if (e + {0} + {1} < pend) {{ const char* f = (const char*)(Qd + (int64_t)sc[e + {0} + {1}] * K); "
@@ -168,15 +168,36 @@ const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
   int64_t hi = balanced_bound(sp, R, tid + 1, nt);
   if (!rows_in_range(sp, sc, lo, hi, sc_n, NQ, bad)) hi = lo;
   const int64_t pend = sp[hi];
-  for (int64_t i = lo; i < hi; ++i) {
-    const val_t* __restrict pr = Pd + i * K;
-    int64_t e = sp[i];
-    const int64_t ee = sp[i + 1];
-    for (; e + $G <= ee; e += $G) {
-$GROUP
+  // Long rows against a Q larger than half of L2 go in 2-D tiles: a block of rows (their P rows a quarter of
+  // L2) visits Q one column range at a time (half of L2), each row's entries in that range found by binary
+  // search, so every Q row is fetched once per block from beyond L2 instead of once per entry. Only when the
+  // rows are long enough that a row still has a group of entries per column range on average, and only
+  // when each row's columns are sorted (checked here: the search needs it).
+  const int64_t col_tile = std::max<int64_t>(1, (l2_cache_bytes() / 2) / std::max<int64_t>(1, row_bytes));
+  const int64_t row_tile = std::max<int64_t>(1, (l2_cache_bytes() / 4) / std::max<int64_t>(1, row_bytes));
+  const int64_t col_tiles = (NQ + col_tile - 1) / col_tile;
+  bool tiled = pf && col_tiles > 1 && pend - sp[lo] >= (hi - lo) * col_tiles * $G;
+  for (int64_t i = lo; tiled && i < hi; ++i)
+    for (int64_t e = sp[i] + 1; e < sp[i + 1]; ++e)
+      if (sc[e - 1] >= sc[e]) { tiled = false; break; }
+  if (tiled) {
+    for (int64_t b0 = lo; b0 < hi; b0 += row_tile) {
+      const int64_t b1 = std::min(hi, b0 + row_tile);
+      for (int64_t c0 = 0; c0 < NQ; c0 += col_tile) {
+        for (int64_t i = b0; i < b1; ++i) {
+          const val_t* __restrict pr = Pd + i * K;
+          int64_t e = std::lower_bound(sc + sp[i], sc + sp[i + 1], (idx_t)c0) - sc;
+          const int64_t ee = std::lower_bound(sc + e, sc + sp[i + 1], (idx_t)std::min(NQ, c0 + col_tile)) - sc;
+$TILED_ROW
+        }
+      }
     }
-    for (; e < ee; ++e) {
-$ONE
+  } else {
+    for (int64_t i = lo; i < hi; ++i) {
+      const val_t* __restrict pr = Pd + i * K;
+      int64_t e = sp[i];
+      const int64_t ee = sp[i + 1];
+$ROW
     }
   }
   if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
@@ -190,7 +211,13 @@ return SCORCH_STATUS_OK;)";
     if (!o.empty()) o.pop_back();
     return o;
   };
-  code = subst(code, {{"$GROUP", indent(entries(g), 6)}, {"$ONE", indent(entries(1), 6)}});
+  // One row's entries e..ee: groups of G sharing P's row, then one at a time; `prefetch`: the Q rows of the
+  // next entries are prefetched (when Q outgrows half of L2), not in a 2-D tile (Q's column range is in L2).
+  auto row = [&](bool prefetch, int ind) {
+    return indent(fmt::format("for (; e + {0} <= ee; e += {0}) {{\n{1}\n}}\nfor (; e < ee; ++e) {{\n{2}\n}}", g,
+                              indent(entries(g, prefetch), 2), indent(entries(1, false), 2)), ind);
+  };
+  code = subst(code, {{"$TILED_ROW", row(false, 10)}, {"$ROW", row(true, 6)}});
   code = subst(code, {{"$S_CRD_n", fmt::format("t{}_crd1_n", m.s)},
                       {"$S_POS", fmt::format("t{}_pos1", m.s)},
                       {"$S_CRD", fmt::format("t{}_crd1", m.s)},
@@ -211,8 +238,9 @@ return SCORCH_STATUS_OK;)";
   out.body.push_back(loops::parallel("nthreads", region));
   push_lines(out.body, code.substr(body_end + 3));
   out.reasons.push_back(fmt::format(
-      "sampled dot products (SDDMM) natively: {} entries of a row at a time, two {}-lane accumulators each, S's "
-      "value applied once per entry, the next entries' rows of {} prefetched when it outgrows half of L2",
+      "sampled dot products (SDDMM) natively: {0} entries of a row at a time, two {1}-lane accumulators each, S's "
+      "value applied once per entry, the next entries' rows of {2} prefetched when it outgrows half of L2, or "
+      "long rows in 2-D tiles (a block of rows by a column range of {2} in L2)",
       g, w, spec.stmt.tensor_names[m.q_op]));
   out.reasons.push_back(fmt::format("outer loop split among threads by nonzeros of {}", spec.stmt.tensor_names[m.s]));
   return out;

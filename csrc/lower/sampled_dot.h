@@ -19,7 +19,11 @@ namespace scorch {
 // segments, then each segment onto its first lane: G - 1 + log2(W / G) shuffle-adds per group instead of W - 1
 // adds per entry, when G and the lane count W are powers of two with G <= W), S's value is applied once to each
 // sum, and the Q rows of the next G entries are prefetched when Q outgrows half of L2 (they are gathered in an
-// order no hardware prefetcher follows). G comes from the target's register
+// order no hardware prefetcher follows). Long rows against a Q larger than half of L2 go in 2-D tiles (a
+// block of rows, a quarter of L2 of P, visits Q one column range of half of L2 at a time, each row's entries in
+// the range found by binary search), so a Q row is fetched from beyond L2 once per block, not once per entry;
+// only when the rows hold a group of entries per column range on average and their columns are sorted (both
+// checked where the kernel runs, from its L2 size). G comes from the target's register
 // tile (tile_vectors / 2 entries), the vector width from its registers; targets without vectors keep the
 // general lowering.
 struct SampledDotMatch {
