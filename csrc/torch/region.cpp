@@ -195,18 +195,6 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   ++n_compressions;
   at::Tensor src = e.rows.defined() ? e.rows : t.detach();
   at::Tensor counts = e.row_counts;
-  if (o.col_major && lead.empty() && !t.t().is_contiguous()) {
-    // The transpose's rows, compressed off the row-major tensor itself (no transposed copy).
-    const FormatRef& f = region_compressed_format(2);
-    if (auto fast = compress_columns(src, f)) {
-      Operand c = o.kind == RegionOperand::Kind::pattern
-                      ? fast->with_values(at::ones({fast->values.numel()}, fast->values.options().dtype(dtype)))
-                  : fast->values.scalar_type() != dtype ? fast->with_values(fast->values.to(dtype))
-                                                        : *fast;
-      e.sparse.emplace(key, c);
-      return c;
-    }
-  }
   if (o.col_major) {  // the transpose's rows (the counts are the other way's; no copy if t is column-major)
     src = row_major(t.detach().t());
     counts = at::Tensor();

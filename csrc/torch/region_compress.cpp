@@ -116,54 +116,6 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
   return Operand{&f, src.sizes().vec(), {pos, crd}, values};
 }
 
-std::optional<Operand> compress_columns(const at::Tensor& src, const FormatRef& f) {
-  if (src.dim() != 2 || src.numel() >= std::numeric_limits<int32_t>::max() || !src.is_contiguous() ||
-      (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
-    return std::nullopt;
-  const int64_t rows = src.size(0), cols = src.size(1);
-  at::Tensor pos = at::zeros({cols + 1}, at::kInt), crd, values;
-  int32_t* p = pos.data_ptr<int32_t>();
-  // Each thread takes a range of columns and walks every row's part of it: no two threads write one column.
-  const int64_t grain = std::max<int64_t>(1, thread_grain() / std::max<int64_t>(rows, 1));
-  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "region_compress_columns", [&] {
-    const scalar_t* x = src.const_data_ptr<scalar_t>();
-    at::parallel_for(0, cols, grain, [&](int64_t b, int64_t e) {
-      int32_t* n = p + 1;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = b; c < e; ++c) n[c] += x[r * cols + c] != scalar_t(0);
-    });
-    for (int64_t c = 0; c < cols; ++c) p[c + 1] += p[c];
-    const int64_t nnz = p[cols];
-    // One slot past the entries takes the writes of zeros, so the loop below has no branch per entry (an
-    // activation's zeros are scattered at random); the views handed on leave it out.
-    crd = at::empty({nnz + 1}, at::kInt);
-    values = at::empty({nnz + 1}, src.options());
-    int32_t* cr = crd.data_ptr<int32_t>();
-    scalar_t* v = values.data_ptr<scalar_t>();
-    at::Tensor cursor = pos.slice(0, 0, cols).clone();
-    int32_t* next = cursor.data_ptr<int32_t>();
-    const int32_t spare = static_cast<int32_t>(nnz);
-    at::parallel_for(0, cols, grain, [&](int64_t b, int64_t e) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const scalar_t* row = x + r * cols;
-        for (int64_t c = b; c < e; ++c) {
-          const scalar_t y = row[c];
-          const bool nz = y != scalar_t(0);
-          const int32_t w = nz ? next[c] : spare;
-          cr[w] = static_cast<int32_t>(r);
-          v[w] = y;
-          next[c] += nz;
-        }
-      }
-    });
-    crd = crd.narrow(0, 0, nnz);
-    values = values.narrow(0, 0, nnz);
-  });
-  return Operand{&f, {cols, rows}, {pos, crd}, values};
-}
-
-// A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
-// levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
 Operand compress(const at::Tensor& src, const at::Tensor& counts) {
   static const auto pack = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
       std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,

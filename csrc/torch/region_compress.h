@@ -19,12 +19,6 @@ double density_of(const at::Tensor& t, at::Tensor* row_counts = nullptr);
 // built in two passes over its rows (one when `counts` holds each row's nonzeros); nullopt for other tensors.
 std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, const at::Tensor& counts = {});
 
-// The transpose of a contiguous float or double matrix (rows x cols), compressed as compress_rows would
-// compress a row-major copy of it (cols x rows, CSR), read off the matrix itself in two passes, each thread
-// taking a range of its columns; nullopt for other tensors. A column-order operand (a weight gradient's
-// activation) without the transposed copy.
-std::optional<Operand> compress_columns(const at::Tensor& src, const FormatRef& f);
-
 // A dense tensor compressed into the format a region's kernel reads: CSR for a matrix and up (dense outer
 // levels), a compressed vector, or the value of a 0-dimensional tensor; int32 indices.
 Operand compress(const at::Tensor& src, const at::Tensor& counts = {});
