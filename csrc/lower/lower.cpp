@@ -319,7 +319,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       tier_conds.push_back(nullptr);
       span_tensor_ = span_var_ = -1;
       out.push_back(loops::if_chain(tier_conds, tiers));
-      return out;
+      return close_chunks(out, d);
     }
     if (span_here) simd_rows_ = unroll_rows_ = false;
     if (span_here) span_tensor_ = span_var_ = -1;  // the checked rows end with this loop
@@ -335,7 +335,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
           static_cast<const loops::For&>(*loops::for_range(iv, lo, hi, rebuild_without_any(d, e, states, v), false, red)));
       loop->unit_stride = !split && contiguous_along(e, v) && all_dense_here(e, states, v);
       out.push_back(loop);
-      return out;
+      return close_chunks(out, d);
     }
     out.push_back(loops::for_range(iv, lo, hi, body, simd));
     // Sorted, in-range coordinates are all matched by the dense loop; any left over were not.
@@ -343,7 +343,7 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
       out.push_back(loops::assign(V("bad"), loops::ne(K(id), KE(id)), AssignOp::bit_or));
       for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
     }
-    return out;
+    return close_chunks(out, d);
   }
 
   // Sparse loops: one per lattice point, each co-iterating that point's iterators.

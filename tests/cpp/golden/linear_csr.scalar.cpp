@@ -30,34 +30,40 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-      const int64_t lo1 = balanced_bound(t1_pos1, N1, tid, nt);
-      int64_t hi1 = balanced_bound(t1_pos1, N1, tid + 1, nt);
-      if (!rows_in_range(t1_pos1, t1_crd1, lo1, hi1, t1_crd1_n, N2, bad)) hi1 = lo1;
-      for (int64_t i1 = lo1; i1 < hi1; ++i1) {
-        {
-          for (int64_t jt = 0; jt < (N0 - 0 + 15) / 16; ++jt) {
-            const int64_t jo = 0 + jt * 16;
-            const int64_t jn = std::min<int64_t>(16, N0 - jo);
-            val_t tacc[16] = {};
-            int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1];
-            for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
-              const int64_t k1l1 = p1l1;
-              const int64_t i2 = t1_crd1[k1l1];
-              if (jn == 16) {
-                #pragma omp simd
-                for (int64_t jj = 0; jj < 16; ++jj) {
-                  const int64_t i0 = jo + jj;
-                  tacc[jj] += (t0_data[i0 * t0_st0 + i2 * t0_st1] * t1_vals[k1l1]);
-                }
-              } else {
-                for (int64_t jj = 0; jj < jn; ++jj) {
-                  const int64_t i0 = jo + jj;
-                  tacc[jj] += (t0_data[i0 * t0_st0 + i2 * t0_st1] * t1_vals[k1l1]);
+      const int64_t lt1 = balanced_bound(t1_pos1, N1, tid, nt);
+      const int64_t ht1 = balanced_bound(t1_pos1, N1, tid + 1, nt);
+      int64_t c1 = lt1;
+      while (c1 < ht1) {
+        const int64_t lo1 = c1;
+        int64_t hi1 = chunk_end(t1_pos1, c1, ht1, chunk_entries());
+        c1 = hi1;
+        if (!rows_in_range(t1_pos1, t1_crd1, lo1, hi1, t1_crd1_n, N2, bad)) { hi1 = lo1; c1 = ht1; }
+        for (int64_t i1 = lo1; i1 < hi1; ++i1) {
+          {
+            for (int64_t jt = 0; jt < (N0 - 0 + 15) / 16; ++jt) {
+              const int64_t jo = 0 + jt * 16;
+              const int64_t jn = std::min<int64_t>(16, N0 - jo);
+              val_t tacc[16] = {};
+              int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1];
+              for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
+                const int64_t k1l1 = p1l1;
+                const int64_t i2 = t1_crd1[k1l1];
+                if (jn == 16) {
+                  #pragma omp simd
+                  for (int64_t jj = 0; jj < 16; ++jj) {
+                    const int64_t i0 = jo + jj;
+                    tacc[jj] += (t0_data[i0 * t0_st0 + i2 * t0_st1] * t1_vals[k1l1]);
+                  }
+                } else {
+                  for (int64_t jj = 0; jj < jn; ++jj) {
+                    const int64_t i0 = jo + jj;
+                    tacc[jj] += (t0_data[i0 * t0_st0 + i2 * t0_st1] * t1_vals[k1l1]);
+                  }
                 }
               }
-            }
-            for (int64_t jj = 0; jj < jn; ++jj) {
-              o[(jo + jj) * os0 + i1 * os1] = tacc[jj];
+              for (int64_t jj = 0; jj < jn; ++jj) {
+                o[(jo + jj) * os0 + i1 * os1] = tacc[jj];
+              }
             }
           }
         }

@@ -136,6 +136,26 @@ inline bool rows_in_range(const I* __restrict pos, const I* __restrict crd, int6
   return e == all;
 }
 
+// Stored entries per chunk of a thread's rows: the chunk's coordinates and values take about a quarter of L2,
+// so the chunk's check leaves its coordinates cached for its rows.
+inline int64_t chunk_entries() {
+  static const int64_t n = std::max<int64_t>(1024, l2_cache_bytes() / (4 * (int64_t)(sizeof(idx_t) + sizeof(val_t))));
+  return n;
+}
+
+// The end of the chunk of rows that starts at row lo of a share ending at hi (lo < hi): the last row end
+// within `entries` stored entries of pos[lo], at least lo + 1. pos is not checked yet (the chunk is checked
+// next): a binary search that only narrows an index inside (lo, hi], whatever pos holds.
+inline int64_t chunk_end(const idx_t* pos, int64_t lo, int64_t hi, int64_t entries) {
+  const int64_t target = (int64_t)pos[lo] + entries;
+  int64_t a = lo + 1, b = hi;
+  while (a < b) {
+    const int64_t m = a + (b - a + 1) / 2;
+    if ((int64_t)pos[m] <= target) a = m; else b = m - 1;
+  }
+  return a;
+}
+
 // First row of thread t's share when rows [0, n) are split so that each thread gets about the same number of
 // nonzeros according to the row pointers pos[0..n].
 inline int64_t balanced_bound(const idx_t* pos, int64_t n, int t, int nt) {

@@ -29,35 +29,41 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     (void)tid; (void)nt;
     int bad = 0;
     {
-      const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
-      int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
-      if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) hi0 = lo0;
-      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-        {
-          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-            const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
-            val_t acc = 0; bool any = false; (void)any;
-            if (0 < N2) any = true;
-            {
-              vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};
-              int64_t rb = 0;
-              for (; rb + 32 <= N2; rb += 32) {
-                r0 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1])) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1]));
-                r1 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 8)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 8));
-                r2 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 16)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 16));
-                r3 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 24)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 24));
+      const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
+      const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
+      int64_t c0 = lt0;
+      while (c0 < ht0) {
+        const int64_t lo0 = c0;
+        int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
+        c0 = hi0;
+        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+          {
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+              const int64_t k0l1 = p0l1;
+              const int64_t i1 = t0_crd1[k0l1];
+              val_t acc = 0; bool any = false; (void)any;
+              if (0 < N2) any = true;
+              {
+                vec_t r0 = {}, r1 = {}, r2 = {}, r3 = {};
+                int64_t rb = 0;
+                for (; rb + 32 <= N2; rb += 32) {
+                  r0 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1])) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1]));
+                  r1 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 8)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 8));
+                  r2 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 16)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 16));
+                  r3 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 24)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 24));
+                }
+                const vec_t rs = (r0 + r1) + (r2 + r3);
+                for (int64_t l = 0; l < 8; ++l) {
+                  acc += rs[l];
+                }
               }
-              const vec_t rs = (r0 + r1) + (r2 + r3);
-              for (int64_t l = 0; l < 8; ++l) {
-                acc += rs[l];
+              for (int64_t i2 = (N2 / 32) * 32; i2 < N2; ++i2) {
+                acc += ((t0_vals[k0l1] * t1_data[i0 * t1_st0 + i2 * t1_st1]) * t2_data[i1 * t2_st0 + i2 * t2_st1]);
               }
+              sampled_out[k0l1] = acc;
             }
-            for (int64_t i2 = (N2 / 32) * 32; i2 < N2; ++i2) {
-              acc += ((t0_vals[k0l1] * t1_data[i0 * t1_st0 + i2 * t1_st1]) * t2_data[i1 * t2_st0 + i2 * t2_st1]);
-            }
-            sampled_out[k0l1] = acc;
           }
         }
       }

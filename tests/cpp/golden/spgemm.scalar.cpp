@@ -37,31 +37,37 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       if (!ws_val || !ws_flag || !ws_list) {
         args->status = SCORCH_STATUS_NO_MEMORY;
       } else {
-        const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
-        int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
-        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad)) hi0 = lo0;
-        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-          {
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-              const int64_t k0l1 = p0l1;
-              const int64_t i2 = t0_crd1[k0l1];
-              int64_t k1l1 = t1_pos1[(0 * N2 + i2)], ke1l1 = t1_pos1[(0 * N2 + i2) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
-              coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
-              for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
-                const int64_t k1l1 = p1l1;
-                const int64_t i1 = t1_crd1[k1l1];
-                { const int64_t w = i1; if (!ws_flag[w]) { ws_flag[w] = 1; ws_list[ws_n++] = w; } ws_val[w] += (t0_vals[k0l1] * t1_vals[k1l1]); }
+        const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
+        const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
+        int64_t c0 = lt0;
+        while (c0 < ht0) {
+          const int64_t lo0 = c0;
+          int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
+          c0 = hi0;
+          if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad)) { hi0 = lo0; c0 = ht0; }
+          for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+            {
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                const int64_t k0l1 = p0l1;
+                const int64_t i2 = t0_crd1[k0l1];
+                int64_t k1l1 = t1_pos1[(0 * N2 + i2)], ke1l1 = t1_pos1[(0 * N2 + i2) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
+                coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
+                for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
+                  const int64_t k1l1 = p1l1;
+                  const int64_t i1 = t1_crd1[k1l1];
+                  { const int64_t w = i1; if (!ws_flag[w]) { ws_flag[w] = 1; ws_list[ws_n++] = w; } ws_val[w] += (t0_vals[k0l1] * t1_vals[k1l1]); }
+                }
               }
+              std::sort(ws_list, ws_list + ws_n);
+              for (int64_t q = 0; q < ws_n; ++q) {
+                const int64_t w = ws_list[q];
+                const int64_t c[] = {i0, w};
+                push(st, c, 2, ws_val[w]);
+                ws_val[w] = 0; ws_flag[w] = 0;
+              }
+              ws_n = 0;
             }
-            std::sort(ws_list, ws_list + ws_n);
-            for (int64_t q = 0; q < ws_n; ++q) {
-              const int64_t w = ws_list[q];
-              const int64_t c[] = {i0, w};
-              push(st, c, 2, ws_val[w]);
-              ws_val[w] = 0; ws_flag[w] = 0;
-            }
-            ws_n = 0;
           }
         }
       }

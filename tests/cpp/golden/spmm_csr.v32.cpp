@@ -30,227 +30,233 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     val_t* __restrict o = out;
     {
-      const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
-      int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
-      if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad)) hi0 = lo0;
-      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-        {
-          for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
-            if (pf_on) {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                if (pf_on) {
-                  const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
-                  if ((uint64_t)pfc < (uint64_t)N2) {
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 32);
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 48);
+      const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
+      const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
+      int64_t c0 = lt0;
+      while (c0 < ht0) {
+        const int64_t lo0 = c0;
+        int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
+        c0 = hi0;
+        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad)) { hi0 = lo0; c0 = ht0; }
+        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+          {
+            for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
+              const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+              vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
+              if (pf_on) {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  if (pf_on) {
+                    const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
+                    if ((uint64_t)pfc < (uint64_t)N2) {
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 32);
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 48);
+                    }
                   }
-                }
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
-                va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
-                va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
-                va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
-                va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
-              }
-            } else {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
-                va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
-                va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
-                va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
-                va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
-              }
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 32 + l) * os1] = va4[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 40 + l) * os1] = va5[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 48 + l) * os1] = va6[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 56 + l) * os1] = va7[l];
-            }
-          }
-          int64_t jdone = (N1 / 64) * 64;
-          if (jdone + 32 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 32;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
-            if (pf_on) {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                if (pf_on) {
-                  const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
-                  if ((uint64_t)pfc < (uint64_t)N2) {
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
-                  }
-                }
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
-              }
-            } else {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-                va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
-                va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
-              }
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
-            }
-          }
-          if (jdone + 16 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 16;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            vec_t va0 = {}, va1 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
-            if (pf_on) {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                if (pf_on) {
-                  const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
-                  if ((uint64_t)pfc < (uint64_t)N2) {
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                  }
-                }
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-              }
-            } else {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-                va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-              }
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
-            }
-          }
-          if (jdone + 8 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 8;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            vec_t va0 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
-            if (pf_on) {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                if (pf_on) {
-                  const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
-                  if ((uint64_t)pfc < (uint64_t)N2) {
-                    __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
-                  }
-                }
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-              }
-            } else {
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
-                va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-              }
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
-            }
-          }
-          for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
-            const int64_t jo = (N1 / 8) * 8 + jt * 64;
-            const int64_t jn = std::min<int64_t>(64, N1 - jo);
-            val_t tacc[64] = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-              const int64_t k0l1 = p0l1;
-              const int64_t i2 = t0_crd1[k0l1];
-              if (jn == 64) {
-                #pragma omp simd
-                for (int64_t jj = 0; jj < 64; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                  va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                  va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                  va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
+                  va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
+                  va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
+                  va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
                 }
               } else {
-                for (int64_t jj = 0; jj < jn; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                  va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                  va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                  va4 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 32));
+                  va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
+                  va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
+                  va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
                 }
               }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 32 + l) * os1] = va4[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 40 + l) * os1] = va5[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 48 + l) * os1] = va6[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 56 + l) * os1] = va7[l];
+              }
             }
-            for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
+            int64_t jdone = (N1 / 64) * 64;
+            if (jdone + 32 <= N1) {
+              const int64_t jo = jdone;
+              jdone += 32;
+              const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+              vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
+              if (pf_on) {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  if (pf_on) {
+                    const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
+                    if ((uint64_t)pfc < (uint64_t)N2) {
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 16);
+                    }
+                  }
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                  va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                  va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                }
+              } else {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                  va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
+                  va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
+                }
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 16 + l) * os1] = va2[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 24 + l) * os1] = va3[l];
+              }
+            }
+            if (jdone + 16 <= N1) {
+              const int64_t jo = jdone;
+              jdone += 16;
+              const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+              vec_t va0 = {}, va1 = {};
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
+              if (pf_on) {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  if (pf_on) {
+                    const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
+                    if ((uint64_t)pfc < (uint64_t)N2) {
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                    }
+                  }
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                }
+              } else {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                  va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
+                }
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 8 + l) * os1] = va1[l];
+              }
+            }
+            if (jdone + 8 <= N1) {
+              const int64_t jo = jdone;
+              jdone += 8;
+              const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+              vec_t va0 = {};
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes();
+              if (pf_on) {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  if (pf_on) {
+                    const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
+                    if ((uint64_t)pfc < (uint64_t)N2) {
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                    }
+                  }
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                }
+              } else {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
+                }
+              }
+              #pragma omp simd
+              for (int64_t l = 0; l < 8; ++l) {
+                o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
+              }
+            }
+            for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
+              const int64_t jo = (N1 / 8) * 8 + jt * 64;
+              const int64_t jn = std::min<int64_t>(64, N1 - jo);
+              val_t tacc[64] = {};
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                const int64_t k0l1 = p0l1;
+                const int64_t i2 = t0_crd1[k0l1];
+                if (jn == 64) {
+                  #pragma omp simd
+                  for (int64_t jj = 0; jj < 64; ++jj) {
+                    const int64_t i1 = jo + jj;
+                    tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
+                  }
+                } else {
+                  for (int64_t jj = 0; jj < jn; ++jj) {
+                    const int64_t i1 = jo + jj;
+                    tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
+                  }
+                }
+              }
+              for (int64_t jj = 0; jj < jn; ++jj) {
+                o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
+              }
             }
           }
         }

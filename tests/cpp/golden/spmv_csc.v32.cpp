@@ -33,16 +33,22 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     if (tid != 0 && !o) {
       args->status = SCORCH_STATUS_NO_MEMORY;
     } else {
-      const int64_t lo1 = balanced_bound(t0_pos1, N1, tid, nt);
-      int64_t hi1 = balanced_bound(t0_pos1, N1, tid + 1, nt);
-      if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) hi1 = lo1;
-      for (int64_t i1 = lo1; i1 < hi1; ++i1) {
-        {
-          int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
-          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-            const int64_t k0l1 = p0l1;
-            const int64_t i0 = t0_crd1[k0l1];
-            o[i0 * os0] += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
+      const int64_t lt1 = balanced_bound(t0_pos1, N1, tid, nt);
+      const int64_t ht1 = balanced_bound(t0_pos1, N1, tid + 1, nt);
+      int64_t c1 = lt1;
+      while (c1 < ht1) {
+        const int64_t lo1 = c1;
+        int64_t hi1 = chunk_end(t0_pos1, c1, ht1, chunk_entries());
+        c1 = hi1;
+        if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) { hi1 = lo1; c1 = ht1; }
+        for (int64_t i1 = lo1; i1 < hi1; ++i1) {
+          {
+            int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
+            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+              const int64_t k0l1 = p0l1;
+              const int64_t i0 = t0_crd1[k0l1];
+              o[i0 * os0] += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
+            }
           }
         }
       }

@@ -34,134 +34,140 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     Stream& st = streams[tid];
     {
-      const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
-      int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
-      if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) hi0 = lo0;
-      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-        {
-          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-          int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
-          int64_t k2l1 = t2_pos1[(0 * N0 + i0)], ke2l1 = t2_pos1[(0 * N0 + i0) + 1]; segment(k2l1, ke2l1, t2_crd1_n, bad);
-          while (k0l1 < ke0l1 && k1l1 < ke1l1 && k2l1 < ke2l1) {
-            const int64_t c0l1 = t0_crd1[k0l1];
-            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-            const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
-            const int64_t i1 = std::min<int64_t>(std::min<int64_t>(c0l1, c1l1), c2l1);
-            if (c0l1 == i1 && c1l1 == i1 && c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += ((t0_vals[k0l1] + t1_vals[k1l1]) + t2_vals[k2l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c0l1 == i1 && c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t0_vals[k0l1] + t2_vals[k2l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c1l1 == i1 && c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t1_vals[k1l1] + t2_vals[k2l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c0l1 == i1 && c1l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c0l1 == i1) {
+      const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
+      const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
+      int64_t c0 = lt0;
+      while (c0 < ht0) {
+        const int64_t lo0 = c0;
+        int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
+        c0 = hi0;
+        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+          {
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+            int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
+            int64_t k2l1 = t2_pos1[(0 * N0 + i0)], ke2l1 = t2_pos1[(0 * N0 + i0) + 1]; segment(k2l1, ke2l1, t2_crd1_n, bad);
+            while (k0l1 < ke0l1 && k1l1 < ke1l1 && k2l1 < ke2l1) {
+              const int64_t c0l1 = t0_crd1[k0l1];
+              const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+              const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
+              const int64_t i1 = std::min<int64_t>(std::min<int64_t>(c0l1, c1l1), c2l1);
+              if (c0l1 == i1 && c1l1 == i1 && c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += ((t0_vals[k0l1] + t1_vals[k1l1]) + t2_vals[k2l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c0l1 == i1 && c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t0_vals[k0l1] + t2_vals[k2l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c1l1 == i1 && c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t1_vals[k1l1] + t2_vals[k2l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c0l1 == i1 && c1l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c0l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t0_vals[k0l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c1l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t1_vals[k1l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t2_vals[k2l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              }
+              if (c0l1 == i1) k0l1 = k0l1 + 1;
+              if (c1l1 == i1) k1l1 = k1l1 + 1;
+              if (c2l1 == i1) k2l1 = k2l1 + 1;
+            }
+            while (k0l1 < ke0l1 && k2l1 < ke2l1) {
+              const int64_t c0l1 = t0_crd1[k0l1];
+              const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
+              const int64_t i1 = std::min<int64_t>(c0l1, c2l1);
+              if (c0l1 == i1 && c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t0_vals[k0l1] + t2_vals[k2l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c0l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t0_vals[k0l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t2_vals[k2l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              }
+              if (c0l1 == i1) k0l1 = k0l1 + 1;
+              if (c2l1 == i1) k2l1 = k2l1 + 1;
+            }
+            while (k1l1 < ke1l1 && k2l1 < ke2l1) {
+              const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+              const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
+              const int64_t i1 = std::min<int64_t>(c1l1, c2l1);
+              if (c1l1 == i1 && c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t1_vals[k1l1] + t2_vals[k2l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c1l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t1_vals[k1l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c2l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t2_vals[k2l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              }
+              if (c1l1 == i1) k1l1 = k1l1 + 1;
+              if (c2l1 == i1) k2l1 = k2l1 + 1;
+            }
+            while (k0l1 < ke0l1 && k1l1 < ke1l1) {
+              const int64_t c0l1 = t0_crd1[k0l1];
+              const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
+              const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
+              if (c0l1 == i1 && c1l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c0l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t0_vals[k0l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              } else if (c1l1 == i1) {
+                val_t acc = 0; bool any = false;
+                acc += t1_vals[k1l1]; any = true;
+                if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
+              }
+              if (c0l1 == i1) k0l1 = k0l1 + 1;
+              if (c1l1 == i1) k1l1 = k1l1 + 1;
+            }
+            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+              const int64_t k0l1 = p0l1;
+              const int64_t i1 = t0_crd1[k0l1];
               val_t acc = 0; bool any = false;
               acc += t0_vals[k0l1]; any = true;
               if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c1l1 == i1) {
+            }
+            coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
+            for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
+              const int64_t k1l1 = p1l1;
+              const int64_t i1 = t1_crd1[k1l1];
               val_t acc = 0; bool any = false;
               acc += t1_vals[k1l1]; any = true;
               if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c2l1 == i1) {
+            }
+            coords_in_range(t2_crd1, k2l1, ke2l1, N1, bad);
+            for (int64_t p2l1 = k2l1; p2l1 < ke2l1; ++p2l1) {
+              const int64_t k2l1 = p2l1;
+              const int64_t i1 = t2_crd1[k2l1];
               val_t acc = 0; bool any = false;
               acc += t2_vals[k2l1]; any = true;
               if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
             }
-            if (c0l1 == i1) k0l1 = k0l1 + 1;
-            if (c1l1 == i1) k1l1 = k1l1 + 1;
-            if (c2l1 == i1) k2l1 = k2l1 + 1;
-          }
-          while (k0l1 < ke0l1 && k2l1 < ke2l1) {
-            const int64_t c0l1 = t0_crd1[k0l1];
-            const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
-            const int64_t i1 = std::min<int64_t>(c0l1, c2l1);
-            if (c0l1 == i1 && c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t0_vals[k0l1] + t2_vals[k2l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c0l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t0_vals[k0l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t2_vals[k2l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            }
-            if (c0l1 == i1) k0l1 = k0l1 + 1;
-            if (c2l1 == i1) k2l1 = k2l1 + 1;
-          }
-          while (k1l1 < ke1l1 && k2l1 < ke2l1) {
-            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-            const int64_t c2l1 = in_range(t2_crd1[k2l1], N1, bad);
-            const int64_t i1 = std::min<int64_t>(c1l1, c2l1);
-            if (c1l1 == i1 && c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t1_vals[k1l1] + t2_vals[k2l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c1l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t1_vals[k1l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c2l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t2_vals[k2l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            }
-            if (c1l1 == i1) k1l1 = k1l1 + 1;
-            if (c2l1 == i1) k2l1 = k2l1 + 1;
-          }
-          while (k0l1 < ke0l1 && k1l1 < ke1l1) {
-            const int64_t c0l1 = t0_crd1[k0l1];
-            const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
-            const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
-            if (c0l1 == i1 && c1l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += (t0_vals[k0l1] + t1_vals[k1l1]); any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c0l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t0_vals[k0l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            } else if (c1l1 == i1) {
-              val_t acc = 0; bool any = false;
-              acc += t1_vals[k1l1]; any = true;
-              if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-            }
-            if (c0l1 == i1) k0l1 = k0l1 + 1;
-            if (c1l1 == i1) k1l1 = k1l1 + 1;
-          }
-          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-            const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
-            val_t acc = 0; bool any = false;
-            acc += t0_vals[k0l1]; any = true;
-            if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-          }
-          coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
-          for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
-            const int64_t k1l1 = p1l1;
-            const int64_t i1 = t1_crd1[k1l1];
-            val_t acc = 0; bool any = false;
-            acc += t1_vals[k1l1]; any = true;
-            if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
-          }
-          coords_in_range(t2_crd1, k2l1, ke2l1, N1, bad);
-          for (int64_t p2l1 = k2l1; p2l1 < ke2l1; ++p2l1) {
-            const int64_t k2l1 = p2l1;
-            const int64_t i1 = t2_crd1[k2l1];
-            val_t acc = 0; bool any = false;
-            acc += t2_vals[k2l1]; any = true;
-            if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
           }
         }
       }

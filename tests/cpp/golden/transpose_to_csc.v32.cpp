@@ -24,16 +24,22 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     int bad = 0;
     Stream& st = streams[tid];
     {
-      const int64_t lo0 = balanced_bound(t0_pos1, N0, tid, nt);
-      int64_t hi0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
-      if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) hi0 = lo0;
-      for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-        {
-          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-            const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
-            { const int64_t c[] = {i0, i1}; push(st, c, 2, (t0_vals[k0l1] * ((val_t)2.0))); }
+      const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
+      const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
+      int64_t c0 = lt0;
+      while (c0 < ht0) {
+        const int64_t lo0 = c0;
+        int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
+        c0 = hi0;
+        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+          {
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+              const int64_t k0l1 = p0l1;
+              const int64_t i1 = t0_crd1[k0l1];
+              { const int64_t c[] = {i0, i1}; push(st, c, 2, (t0_vals[k0l1] * ((val_t)2.0))); }
+            }
           }
         }
       }
