@@ -36,7 +36,6 @@ import torch
 from .. import _C
 from .. import log as _log
 from ..tensors.frontend import kernel_info, plan_einsum
-from ..tensors.format import make_format
 from ..tensors.sparse_tensor import SparseTensor
 
 _INDEX_DTYPE = torch.int32
@@ -193,10 +192,6 @@ class _Stats(Mapping):
 
 
 stats = _Stats()
-
-
-def _compressed_format(rank: int) -> str:
-    return make_format("csr" if rank >= 2 else ["compressed"] if rank == 1 else "dense", rank).canonical
 
 
 def kernel_spec(text: str, shapes, dtype: torch.dtype) -> str | None:
