@@ -24,6 +24,10 @@ the time it spent in its kernel (`_C.last_kernel_seconds`, read after the call);
 Every absolute time is the median of --repeats samples, each the mean of a batch of calls sized to take ~4 ms, after a
 warm-up; the contenders' batches alternate (rounds in a rotating order), so load from another process falls on
 all of them alike, and the kernel alone is timed by the same statistic (the mean of a batch, timed in C++).
+"Cold calls" times the smallest case again with a buffer twice the last-level cache written before every call:
+at 4096 a call follows a kernel that streamed megabytes (and ran long enough for other processes to evict the
+caches), so the interpreter's, the dispatcher's and Scorch's own code and data come back from memory; that
+section shows what any call, torch's included, costs in that state.
 All contenders run in this process with the same thread count. The kernel benchmark's matrices
 (benchmarks/kernels.py) are the place for the kernels' own speed; here the matrices are small on purpose. The
 dense/sparse cost model is switched off (SCORCH_DISPATCH=sparse): the subject is the cost of the call.
@@ -106,7 +110,7 @@ class _Product(torch.nn.Module):
         return self.weight @ x
 
 
-def run(n: int, kind: str, density: float, threads: int, repeats: int) -> dict:
+def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: bool = False) -> dict:
     # Every case compiles _Product.forward twice (Scorch, Inductor): without a reset Dynamo's recompile limit
     # for that one code object is reached after four cases and the later ones would run uncompiled.
     torch._dynamo.reset()
@@ -152,7 +156,53 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int) -> dict:
     }, repeats)
     row.update(times)
     row["around_kernel"] = around
+    if cold:
+        row["cold"] = cold_calls({
+            "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
+            "region": _split(lambda: torch.ops.scorch.region(text, operands)),
+            "torch_csr": lambda: At @ rhs,
+            "dense": lambda: dense @ rhs,
+            "empty": lambda: torch.empty(1),
+        }, repeats)
     return row
+
+
+def last_level_cache_bytes() -> int:
+    """The last-level cache's size from sysfs (the highest cache index of cpu0); 32 MiB when it cannot be read."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        sizes = []
+        for entry in os.listdir(base):
+            if entry.startswith("index"):
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+                units = {"K": 2**10, "M": 2**20, "G": 2**30}
+                sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        return max(sizes)
+    except (OSError, ValueError):
+        return 32 * 2**20
+
+
+def cold_calls(fns: dict, repeats: int) -> dict:
+    """Per-call times when every call starts with cold caches: before each call a buffer twice the last-level
+    cache is written, which is the state a call is in after a kernel that streamed more than the caches hold
+    (or ran long enough for other processes to evict them). For a `split` fn, the cost around its kernel; for
+    the others the whole call (their kernels are negligible on the small case this is run on). Medians of
+    `repeats` x 5 calls, the contenders interleaved call by call."""
+    sweep = torch.empty(2 * last_level_cache_bytes() // 4)
+    out: dict = {n: [] for n in fns}
+    clock = time.perf_counter
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    for r in range(repeats * 5):
+        for name, fn in fns.items():
+            sweep.fill_(1.0)
+            t = clock()
+            fn()
+            d = clock() - t
+            out[name].append(d - _C.last_kernel_seconds() if getattr(fn, "split", False) else d)
+    return {n: statistics.median(v) for n, v in out.items()}
 
 
 def main(argv=None) -> int:
@@ -174,9 +224,10 @@ def main(argv=None) -> int:
           f"{'torch CSR':>11}{'CSR/einsum':>12} | around the kernel: {'op':>7}{'einsum':>9}{'region':>9}"
           f"{'compiled':>10} | torch.compile wrapper (inductor - dense)")
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for n in sizes:
         for kind in ("spmv", "spmm"):
-            r = run(n, kind, args.density, args.threads, args.repeats)
+            r = run(n, kind, args.density, args.threads, args.repeats, cold=n == min(sizes))
             rows.append(r)
             us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "region", "compiled", "torch_csr")}
             a = {k: v * 1e6 for k, v in r["around_kernel"].items()}
@@ -185,6 +236,17 @@ def main(argv=None) -> int:
                   f"{r['torch_csr'] / r['einsum']:>11.2f}x | {'':>19}{a['op']:>6.1f}u{a['einsum']:>8.1f}u"
                   f"{a['region']:>8.1f}u{a['compiled']:>9.1f}u | {(r['inductor'] - r['dense']) * 1e6:>8.1f}u")
             sys.stdout.flush()
+    mb = 2 * last_level_cache_bytes() / 2**20
+    print(f"\nCold calls: before each call a {mb:.0f} MB buffer (twice the last-level cache) is written, the state "
+          f"a call is in after a kernel that streamed more than the caches hold (the large cases). On the smallest "
+          f"case, per call:")
+    print(f"{'case':<14}{'einsum around kernel':>22}{'region around kernel':>22}{'torch CSR call':>16}"
+          f"{'dense mm call':>15}{'torch.empty(1)':>16}")
+    for r in rows:
+        if "cold" in r:
+            c = {k: v * 1e6 for k, v in r["cold"].items()}
+            print(f"{r['kind'] + ' ' + str(r['n']):<14}{c['einsum']:>21.1f}u{c['region']:>21.1f}u"
+                  f"{c['torch_csr']:>15.1f}u{c['dense']:>14.1f}u{c['empty']:>15.1f}u")
     spmv = [r["torch_csr"] / r["einsum"] for r in rows if r["kind"] == "spmv"]
     print(f"SpMV geomean torch CSR / einsum: {statistics.geometric_mean(spmv):.2f}x")
     out = args.out or os.path.join(os.path.dirname(__file__), "results",
