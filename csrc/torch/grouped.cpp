@@ -24,6 +24,7 @@
 
 #include "chain.h"
 #include "common/error.h"
+#include "grouped_matmul.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -74,7 +75,7 @@ at::Tensor gather_rows(const at::Tensor& t, const std::string& lt, char p, char 
   return m.index_select(0, g.rows.reshape({-1})).view(shape);
 }
 
-Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bool differentiable) {
+Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bool padded_allowed) {
   Groups g;
   g.groups = S.size(1);
   const at::Tensor nz = S.detach().t().nonzero();  // (q, p) pairs, sorted by q
@@ -87,8 +88,12 @@ Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bo
   std::exclusive_scan(g.counts.begin(), g.counts.end(), g.starts.begin(), int64_t{0});
   g.most = g.counts.empty() ? 0 : *std::max_element(g.counts.begin(), g.counts.end());
   g.unique_rows = g.entries == 0 || at::bincount(g.ps, {}, S.size(0)).max().item<int64_t>() <= 1;
-  const at::Tensor vals = pattern ? at::Tensor() : S.index({g.ps, g.qs}).to(dtype);
-  g.padded = differentiable && static_cast<double>(g.groups * g.most) <=
+  at::Tensor vals = pattern ? at::Tensor() : S.index({g.ps, g.qs}).to(dtype);
+  if (vals.defined() && !vals.requires_grad() && vals.eq(1).all().item<bool>()) {  // a 0/1 mask: no scaling
+    vals = at::Tensor();
+    pattern = true;
+  }
+  g.padded = padded_allowed && static_cast<double>(g.groups * g.most) <=
                                    kMaxPadding * static_cast<double>(g.entries) + static_cast<double>(g.groups);
   if (!g.padded) {
     g.rows = g.ps;
@@ -127,6 +132,35 @@ void product_into(const std::string& eq, const std::vector<std::string>& letters
 // One step on the layout. Its operands: the chain's (cast, patterns as 0/1) or earlier steps' results (held
 // rows). Returns the rows of its result: padded (groups, slots, rest), ragged (entries, rest); or, when its
 // output lacks p (the last step only), the result summed over the rows: (groups, rest) or (rest).
+// The operand held by rows, with letters besides the layout's, that has the fewest values (-1: none).
+int smallest_rows(const std::vector<Held>& held) {
+  int best = -1;
+  for (size_t k = 0; k < held.size(); ++k)
+    if (held[k].how == Held::How::rows && !held[k].letters.empty() &&
+        (best < 0 || held[k].t.numel() < held[static_cast<size_t>(best)].t.numel()))
+      best = static_cast<int>(k);
+  return best;
+}
+
+// Ragged layout: every operand held by rows with no other letter (one value per entry) multiplied into the
+// smallest operand held by rows that has other letters, and dropped; one that is 1 on every entry (S's pattern
+// read again) is just dropped.
+void fold_entry_vectors(std::vector<Held>& held) {
+  if (smallest_rows(held) < 0) return;
+  std::vector<Held> kept;
+  at::Tensor scale;
+  for (Held& h : held) {
+    if (h.how != Held::How::rows || !h.letters.empty()) kept.push_back(std::move(h));
+    else if (h.t.requires_grad() || !h.t.eq(1).all().item<bool>()) scale = scale.defined() ? scale.mul(h.t) : h.t;
+  }
+  held = std::move(kept);
+  if (!scale.defined()) return;
+  at::Tensor& t = held[static_cast<size_t>(smallest_rows(held))].t;
+  std::vector<int64_t> shape(static_cast<size_t>(t.dim()), 1);
+  shape[0] = scale.size(0);
+  t = t.mul(scale.view(shape));
+}
+
 struct StepResult {
   at::Tensor rows;    // defined when the output keeps p
   at::Tensor summed;  // otherwise: the output's tensor in letters `summed_letters`
@@ -171,7 +205,23 @@ StepResult run_step(const ChainStep& st, std::vector<Held> held, const Groups& g
     }
     return r;
   }
-  // ragged: one product per group on its slice
+  // ragged. A per-entry vector (an operand of letters p and q only: gates, S's pattern read again) scales the
+  // largest other operand held by rows, so that what is left is a plain product where it can be.
+  fold_entry_vectors(held);
+  if (keeps_p && rest_out.size() == 1) {  // rows (entries, k) times a matrix per group: one grouped product
+    const Held* a = nullptr;
+    const Held* w = nullptr;
+    for (const Held& h : held) {
+      if (h.how == Held::How::rows && h.letters.size() == 1) a = a ? nullptr : &h;
+      else if (h.how == Held::How::groups && h.letters.size() == 2) w = w ? nullptr : &h;
+    }
+    const char n = rest_out[0];
+    if (held.size() == 2 && a && w && a->letters[0] != n && has(w->letters, a->letters[0]) && has(w->letters, n)) {
+      r.rows = grouped_matmul(a->t, w->t, /*w_t=*/w->letters[0] == n, g.counts, differentiable);
+      return r;
+    }
+  }
+  // otherwise one product per group on its slice
   std::string eq;
   std::vector<std::string> letters;
   for (const Held& h : held) {
@@ -272,6 +322,40 @@ StepResult run_step(const ChainStep& st, std::vector<Held> held, const Groups& g
   return r;
 }
 
+// Does every step run as grouped products in the ragged layout (see run_step): a step with a matrix per group
+// takes one operand of rows with one letter of its own (after the per-entry vectors are folded into it) and one
+// matrix per group, into rows of one letter; a step without one is a single product over all rows. Then the
+// ragged layout is taken with the gradient recorded too (grouped_matmul's gradient); otherwise autograd would
+// record one product per group there, and the padded layout's batched products are cheaper.
+bool ragged_products(const ChainProgram& c) {
+  for (size_t j = 0; j < c.steps.size(); ++j) {
+    const ChainStep& st = c.steps[j];
+    const RegionProgram& prog = *st.program;
+    int rows = 0, groups = 0, whole = 0, rows_one_letter = 0, groups_two_letters = 0;
+    for (size_t k = 0; k < st.inputs.size(); ++k) {
+      if (j == 0 && static_cast<int>(k) == c.s) continue;
+      const RegionOperand& o = prog.operands[k];
+      const std::string lt = st.inputs[k] < 0 ? o.letters : o.tensor_letters();
+      const size_t rest = without(lt, st.p, st.q).size();
+      if (has(lt, st.p)) {
+        if (rest == 0) continue;  // a per-entry vector, folded
+        ++rows;
+        rows_one_letter += rest == 1;
+      } else if (has(lt, st.q)) {
+        ++groups;
+        groups_two_letters += rest == 2;
+      } else {
+        ++whole;
+      }
+    }
+    if (groups == 0) continue;
+    const bool plain = rows == 1 && rows_one_letter == 1 && groups == 1 && groups_two_letters == 1 && whole == 0 &&
+                       has(prog.out, st.p) && without(prog.out, st.p, st.q).size() == 1;
+    if (!plain) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, bool differentiable) {
@@ -287,7 +371,7 @@ at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, boo
   std::vector<c10::SymInt> shape_sym = chain_output_shape(c, operands);
   std::vector<int64_t> shape;
   for (const auto& s : shape_sym) shape.push_back(s.expect_int());
-  const Groups g = group_entries(S, pattern, dtype, differentiable);
+  const Groups g = group_entries(S, pattern, dtype, differentiable && !ragged_products(c));
   const at::TensorOptions opts = s_in.options().dtype(dtype);
   if (g.entries == 0) return at::zeros(shape, opts);
 
@@ -341,7 +425,9 @@ at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, boo
       const std::string view_letters = (has(out_letters, st.q) ? std::string{st.p, st.q} : std::string{st.p}) + r.rest;
       std::vector<int64_t> perm;
       for (char l : view_letters) perm.push_back(static_cast<int64_t>(out_letters.find(l)));
-      out = at::zeros(shape, opts);
+      // one-hot dispatch (each row in exactly one group) writes every row: no zero-fill
+      const bool every_row = !has(out_letters, st.q) && g.unique_rows && g.entries == S.size(0);
+      out = every_row ? at::empty(shape, opts) : at::zeros(shape, opts);
       at::Tensor view = out.permute(perm);
       if (has(out_letters, st.q)) view.index_put_({g.ps, g.qs}, r.rows);  // each (p, q) is one entry of S
       else if (g.unique_rows) view.index_copy_(0, g.ps, r.rows);

@@ -1,0 +1,17 @@
+// Grouped matrix products for the grouped runner (grouped.cpp): rows A (entries, k), sorted by group, each
+// group's slice multiplied by that group's matrix W[q] (k, n), or W[q]^T when W is stored (groups, n, k).
+#pragma once
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace scorch::torch_glue {
+
+// out (entries, n) with out[slice q] = A[slice q] @ W[q] (w_t: @ W[q]^T); counts[q] rows per group, in order.
+// `differentiable`: recorded by autograd as one node whose gradient is grouped products again (dA by group,
+// dW only for the groups that have rows, zero for the others), never a per-group einsum.
+at::Tensor grouped_matmul(const at::Tensor& A, const at::Tensor& W, bool w_t, const std::vector<int64_t>& counts,
+                          bool differentiable);
+
+}  // namespace scorch::torch_glue
