@@ -37,7 +37,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
@@ -49,7 +49,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               va5 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 40));
               va6 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 48));
               va7 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 56));
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
             #pragma omp simd
@@ -91,7 +91,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             jdone += 32;
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
@@ -99,7 +99,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
               va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 16));
               va3 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 24));
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
             #pragma omp simd
@@ -124,13 +124,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             jdone += 16;
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
               va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
               va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
             #pragma omp simd
@@ -147,12 +147,12 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             jdone += 8;
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
               va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
             #pragma omp simd
@@ -164,7 +164,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const int64_t jo = (N1 / 8) * 8 + jt * 64;
             const int64_t jn = std::min<int64_t>(64, N1 - jo);
             val_t tacc[64] = {};
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
@@ -180,7 +180,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
                 }
               }
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
             for (int64_t jj = 0; jj < jn; ++jj) {

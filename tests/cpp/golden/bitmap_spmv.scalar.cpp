@@ -32,7 +32,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       for (int64_t i0 = lo0; i0 < hi0; ++i0) {
         {
           val_t lacc = 0;
-          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N1 + 31) / 32 : 0; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N1 + 31) / 32); int64_t q0l1_w = 0; uint32_t q0l1_b = q0l1_W > 0 ? (uint32_t)q0l1_r[0] : 0u; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; int64_t q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+          int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N1 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N1 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
           {
             val_t lacc1 = (val_t)0, lacc2 = (val_t)0, lacc3 = (val_t)0;
             int64_t p0l1 = k0l1;
@@ -41,32 +41,32 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 const int64_t k0l1 = p0l1;
                 const int64_t i1 = in_range(q0l1, N1, bad);
                 lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
-                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
               }
               {
                 const int64_t k0l1 = (p0l1 + 1);
                 const int64_t i1 = in_range(q0l1, N1, bad);
                 lacc1 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
-                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
               }
               {
                 const int64_t k0l1 = (p0l1 + 2);
                 const int64_t i1 = in_range(q0l1, N1, bad);
                 lacc2 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
-                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
               }
               {
                 const int64_t k0l1 = (p0l1 + 3);
                 const int64_t i1 = in_range(q0l1, N1, bad);
                 lacc3 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
-                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+                q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
               }
             }
             for (; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i1 = in_range(q0l1, N1, bad);
               lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
-              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_W) q0l1_b = (uint32_t)q0l1_r[q0l1_w]; q0l1 = q0l1_b ? q0l1_w * 32 + __builtin_ctz(q0l1_b) : INT64_MAX;
+              q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             lacc += (lacc1 + lacc2 + lacc3);
           }
