@@ -11,6 +11,8 @@ import scorch_backend as sb
 from conftest import random_dense
 from reference import evaluate
 
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
+
 
 def dense(x):
     return x.to_dense() if isinstance(x, sb.SparseTensor) else x

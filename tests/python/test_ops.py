@@ -9,6 +9,8 @@ import torch
 import scorch_backend as sb
 from conftest import random_dense
 
+DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
+
 
 def kernel_args(equation, *operands):
     """The (spec, inputs, sizes, threads) a front-end call would pass to torch.ops.scorch.kernel."""
