@@ -22,7 +22,10 @@ struct RegionOperand {
   std::string letters;
   // add: an addend of the result (a linear's bias, a residual), not a factor of the product. Its letters are
   // output letters; it is broadcast along the others and added after the product (and its coefficient).
-  enum class Kind { dense, sparse, pattern, add } kind = Kind::dense;
+  // mask: a 0/1 factor on exactly the output's letters, not run as a factor of the product: the product's result
+  // is zeroed where the tensor is 0 (before any addend). The run-time form of a pattern dense enough that the
+  // kernel should not co-iterate it (region.cpp: demoted_variant); such a program is never differentiated.
+  enum class Kind { dense, sparse, pattern, add, mask } kind = Kind::dense;
   bool cached = false;  // a parameter or buffer: compressed once per version
   bool grad = true;     // false for pattern factors
   int expand = 0;       // pattern factors: leading letters the tensor lacks (broadcast along them)
@@ -66,11 +69,12 @@ struct RegionProgram {
   std::string title, profile_name;
   int packed_buffers = 0;  // index buffers of all packed operands (they follow the operand slots)
 
-  // A program with addends runs (and is differentiated) as its product, a program of its own without them
-  // (`product_text`; `product_operands`: its operands' indices here), then adds them.
+  // A program with addends (or masks) runs (and is differentiated) as its product, a program of its own without
+  // them (`product_text`; `product_operands`: its operands' indices here), then masks the result and adds them.
   std::vector<int> product_operands;
   std::string product_text;
   bool has_addends() const { return !product_text.empty(); }
+  bool has_masks = false;
 
   std::string text() const;  // JSON, as the backend writes it
 };

@@ -1,7 +1,12 @@
 #include "region_addends.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
 #include "convert.h"
 #include "region_operands.h"
+#include "runtime/settings.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -38,6 +43,32 @@ std::vector<at::Tensor> product_args(const RegionProgram& p, at::TensorList all)
   return args;
 }
 
+// Two 2-D factors whose product is a matrix product giving `out` (two letters): (L, R) with L @ R in that
+// letter order, each a view (transposed where its letters run the other way). nullopt for any other shape.
+std::optional<std::pair<at::Tensor, at::Tensor>> matmul_factors(const RegionOperand& a, const at::Tensor& at_,
+                                                               const RegionOperand& b, const at::Tensor& bt,
+                                                               const std::string& out) {
+  if (out.size() != 2 || a.letters.size() != 2 || b.letters.size() != 2 || a.expand || b.expand ||
+      at_.dim() != 2 || bt.dim() != 2)
+    return std::nullopt;
+  const char r = out[0], c = out[1];
+  const bool a_left = a.letters.find(r) != std::string::npos;
+  const RegionOperand& left = a_left ? a : b;
+  const RegionOperand& right = a_left ? b : a;
+  const at::Tensor& lt = a_left ? at_ : bt;
+  const at::Tensor& rt = a_left ? bt : at_;
+  if (left.letters.find(r) == std::string::npos) return std::nullopt;
+  // left holds r and the contracted letter, right holds that letter and c
+  const char kl = left.letters[0] == r ? left.letters[1] : left.letters[0];
+  if (right.letters.find(c) == std::string::npos || right.letters.find(kl) == std::string::npos || kl == c ||
+      right.letters.find(r) != std::string::npos || left.letters.find(c) != std::string::npos)
+    return std::nullopt;
+  at::Tensor L = left.letters[0] == r ? lt : lt.t();   // (r, k)
+  at::Tensor R = right.letters[0] == kl ? rt : rt.t();  // (k, c)
+  if (L.size(1) != R.size(0)) return std::nullopt;
+  return std::make_pair(std::move(L), std::move(R));
+}
+
 // A product of two dense matrices plus addends (a dense forward that a region takes for its gradients: a linear
 // whose output's gradient is sparse): one addmm, which starts the product from the first addend (no pass of
 // its own over the output). nullopt when the program is not that shape.
@@ -49,31 +80,16 @@ std::optional<at::Tensor> dense_matmul_with_addends(const RegionProgram& p, at::
     const RegionOperand& o = p.operands[k];
     if (all[k].scalar_type() != dtype || o.expand) return std::nullopt;
     if (o.kind != RegionOperand::Kind::dense && o.kind != RegionOperand::Kind::add) return std::nullopt;
-    if (o.kind == RegionOperand::Kind::dense && (o.letters.size() != 2 || all[k].dim() != 2)) return std::nullopt;
   }
-  const RegionOperand& a = p.operands[p.product_operands[0]];
-  const RegionOperand& b = p.operands[p.product_operands[1]];
-  const char r = p.out[0], c = p.out[1];
-  const bool a_left = a.letters.find(r) != std::string::npos;
-  const RegionOperand& left = a_left ? a : b;
-  const RegionOperand& right = a_left ? b : a;
-  const at::Tensor& lt = all[p.product_operands[a_left ? 0 : 1]];
-  const at::Tensor& rt = all[p.product_operands[a_left ? 1 : 0]];
-  if (left.letters.find(r) == std::string::npos) return std::nullopt;
-  // left holds r and the contracted letter, right holds that letter and c
-  const char kl = left.letters[0] == r ? left.letters[1] : left.letters[0];
-  if (right.letters.find(c) == std::string::npos || right.letters.find(kl) == std::string::npos || kl == c ||
-      right.letters.find(r) != std::string::npos || left.letters.find(c) != std::string::npos)
-    return std::nullopt;
-  const at::Tensor L = left.letters[0] == r ? lt : lt.t();   // (r, k)
-  const at::Tensor R = right.letters[0] == kl ? rt : rt.t();  // (k, c)
-  if (L.size(1) != R.size(0)) return std::nullopt;
+  const size_t i = static_cast<size_t>(p.product_operands[0]), j = static_cast<size_t>(p.product_operands[1]);
+  const auto lr = matmul_factors(p.operands[i], all[i], p.operands[j], all[j], p.out);
+  if (!lr) return std::nullopt;
   at::Tensor out;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     if (p.operands[k].kind != RegionOperand::Kind::add) continue;
     const at::Tensor v = addend_view(p, k, all[k]);
     if (!out.defined()) {
-      out = at::addmm(v, L, R, 1, p.coef);
+      out = at::addmm(v, lr->first, lr->second, 1, p.coef);
     } else {
       out.add_(v);
     }
@@ -96,6 +112,54 @@ at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList al
     out.add_(v.to(dtype));
   }
   return out;
+}
+
+namespace {
+
+// out(i, j) = 0 wherever mask(i, j) is 0, both 2-D, any strides, of one float or double dtype: rows of out's
+// memory order shared among the threads. False when the tensors are not such (the caller takes ATen's op).
+bool zero_outside_2d(at::Tensor& out, const at::Tensor& mask) {
+  if (out.dim() != 2 || mask.dim() != 2 || mask.scalar_type() != out.scalar_type() ||
+      (out.scalar_type() != at::kFloat && out.scalar_type() != at::kDouble) || out.sizes() != mask.sizes())
+    return false;
+  const bool rows = out.stride(1) <= out.stride(0);  // walk out's inner dimension innermost
+  const int64_t outer = out.size(rows ? 0 : 1), inner = out.size(rows ? 1 : 0);
+  const int64_t os_o = out.stride(rows ? 0 : 1), os_i = out.stride(rows ? 1 : 0);
+  const int64_t ms_o = mask.stride(rows ? 0 : 1), ms_i = mask.stride(rows ? 1 : 0);
+  if (outer == 0 || inner == 0) return true;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "region_mask", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t* m = mask.const_data_ptr<scalar_t>();
+    at::parallel_for(0, outer, std::max<int64_t>(1, thread_grain() / inner), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        scalar_t* orow = o + r * os_o;
+        const scalar_t* mrow = m + r * ms_o;
+        for (int64_t j = 0; j < inner; ++j)
+          if (mrow[j * ms_i] == scalar_t(0)) orow[j * os_i] = scalar_t(0);
+      }
+    });
+  });
+  return true;
+}
+
+}  // namespace
+
+// Zero the product's result outside each mask operand (a pattern demoted to run after the product): the mask is
+// viewed in the output's letter order; a 2-D float or double pair by one pass of our own, anything else by
+// masked_fill_ (zero, not a product: an infinite entry outside the mask becomes 0, as the kernel leaves it).
+void apply_masks(const RegionProgram& p, at::Tensor& out, at::TensorList all) {
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if (o.kind != RegionOperand::Kind::mask) continue;
+    SCORCH_CHECK(all[k].dim() == static_cast<int64_t>(o.letters.size()),
+                 "scorch::region {}: mask {} has {} dimensions, the program gives it {} ('{}')", p.title, k,
+                 all[k].dim(), o.letters.size(), o.letters);
+    std::vector<int64_t> perm;
+    for (char c : p.out) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
+    const at::Tensor m = all[k].permute(perm);
+    SCORCH_CHECK(m.sizes() == out.sizes(), "scorch::region {}: mask {} does not have the output's sizes", p.title, k);
+    if (!zero_outside_2d(out, m)) out.masked_fill_(m.eq(0), 0);
+  }
 }
 
 }  // namespace scorch::torch_glue

@@ -30,6 +30,7 @@ const char* kind_name(RegionOperand::Kind k) {
   return k == RegionOperand::Kind::sparse    ? "sparse"
          : k == RegionOperand::Kind::pattern ? "pattern"
          : k == RegionOperand::Kind::add     ? "add"
+         : k == RegionOperand::Kind::mask    ? "mask"
                                              : "dense";
 }
 
@@ -41,7 +42,9 @@ void derive(RegionProgram& p) {
     for (char c : letters)
       if (order.find(c) == std::string::npos) order += c;
   };
-  auto factor = [](const RegionOperand& o) { return o.kind != RegionOperand::Kind::add; };
+  auto factor = [](const RegionOperand& o) {
+    return o.kind != RegionOperand::Kind::add && o.kind != RegionOperand::Kind::mask;
+  };
   // a column-order operand is walked with its letters swapped
   auto walked = [](const RegionOperand& o) {
     return o.col_major ? std::string{o.letters[1], o.letters[0]} : o.letters;
@@ -110,11 +113,12 @@ RegionProgram parse_text(const std::string& text) {
     RegionOperand r;
     r.letters = as<std::string>(a[0], "operand letters");
     const std::string kind = as<std::string>(a[1], "operand kind");
-    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern" || kind == "add",
+    SCORCH_CHECK(kind == "dense" || kind == "sparse" || kind == "pattern" || kind == "add" || kind == "mask",
                  "scorch::region: unknown operand kind '{}'", kind);
     r.kind = kind == "sparse"    ? RegionOperand::Kind::sparse
              : kind == "pattern" ? RegionOperand::Kind::pattern
              : kind == "add"     ? RegionOperand::Kind::add
+             : kind == "mask"    ? RegionOperand::Kind::mask
                                  : RegionOperand::Kind::dense;
     r.cached = as<bool>(a[2], "cached flag");
     r.grad = as<bool>(a[3], "grad flag");
@@ -188,6 +192,17 @@ RegionProgram parse_text(const std::string& text) {
   bool addends = false;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     const RegionOperand& r = p.operands[k];
+    if (r.kind == RegionOperand::Kind::mask) {  // exactly the output's letters, as they are, no gradient
+      std::string a = r.letters, b = p.out;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      SCORCH_CHECK(a == b && r.expand == 0 && r.packed.empty() && !r.masked_grad && !r.col_major && !r.grad,
+                   "scorch::region: a mask has the output's letters ('{}', got '{}'), is neither broadcast nor "
+                   "packed, and has no gradient",
+                   p.out, r.letters);
+      addends = p.has_masks = true;
+      continue;
+    }
     if (r.kind != RegionOperand::Kind::add) {
       product.operands.push_back(r);
       p.product_operands.push_back(static_cast<int>(k));
@@ -264,6 +279,8 @@ RegionGradient region_gradient(const std::string& text, int k) {
   const RegionOperand& target = p.operands[k];
   SCORCH_CHECK(target.kind != RegionOperand::Kind::add,
                "scorch::region: operand {} is an addend: its gradient is the output's, summed (no program)", k);
+  SCORCH_CHECK(!p.has_masks, "scorch::region {}: a program with a mask operand (a run-time variant) has no gradient "
+               "programs", p.title);
   if (p.has_addends()) {  // the product's gradient program; its operands named by their indices here
     const auto at = std::find(p.product_operands.begin(), p.product_operands.end(), k);
     RegionGradient r = region_gradient(p.product_text, static_cast<int>(at - p.product_operands.begin()));

@@ -44,7 +44,7 @@ _INDEX_DTYPE = torch.int32
 @dataclass(frozen=True)
 class Operand:
     letters: str
-    kind: str = "dense"  # "dense" | "sparse" | "pattern" | "add"
+    kind: str = "dense"  # "dense" | "sparse" | "pattern" | "add" | "mask" (the C++ op's run-time form of a pattern)
     cached: bool = False  # a parameter or buffer: compress once per version of the tensor
     grad: bool = True  # False for pattern factors: the pattern is piecewise constant
     expand: int = 0  # pattern factors: leading letters the tensor does not have (broadcast along them)
@@ -131,8 +131,10 @@ def parse_program(text: str) -> Program:
 def _validate(p: Program) -> None:
     seen = set()
     for o in p.operands:
-        if o.kind not in ("dense", "sparse", "pattern", "add"):
+        if o.kind not in ("dense", "sparse", "pattern", "add", "mask"):
             raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
+        if o.kind == "mask" and (o.expand or o.packed or o.masked_grad or o.grad or sorted(o.letters) != sorted(p.out)):
+            raise ValueError(f"scorch::region: a mask has the output's letters ({p.out!r}), got {o.letters!r}")
         if o.kind == "add" and (o.expand or o.packed or o.masked_grad or not set(o.letters) <= set(p.out)):
             raise ValueError(f"scorch::region: addend letters {o.letters!r} must be output letters ({p.out!r})")
         if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):
