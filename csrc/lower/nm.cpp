@@ -132,6 +132,23 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     };
     Stmts body;
     body.push_back(line(fmt::format("for (; jo + {0} <= NK; jo += {0}) {{", tile)));
+    // The dense rows as the groups read them: the operand's rows from column jo (stride LD), or, when its rows
+    // are longer than the tile, the tile's columns of every row packed one after another (stride tile) in
+    // memory the thread keeps. Unpacked, the rows of a chunk lie LD apart and with a power-of-two LD fill only
+    // some of L1's sets (tile 64 of 128 columns: half of them), so a chunk that should fill half of L1 evicts
+    // itself (measured, 1024^2 2:4, N = 128, 8-lane vectors, one thread: 1.83 -> 1.65 ms packed).
+    const bool packable = vectors > 1;
+    const std::string stride = packable ? std::to_string(tile) : LD;
+    body.push_back(line(fmt::format("const val_t* __restrict dbase = {} + jo;", DB)));
+    if (packable) {
+      body.push_back(line(fmt::format("if ({} != {}) {{", LD, tile)));
+      body.push_back(line(fmt::format("if (!nm_panel.reserve((size_t)NC * {})) {{ __atomic_store_n(&args->status, SCORCH_STATUS_NO_MEMORY, "
+                                      "__ATOMIC_RELAXED); break; }}", tile)));
+      body.push_back(line(fmt::format("for (int64_t q = 0; q < NC; ++q) memcpy(nm_panel.p + q * {0}, {1} + q * {2} + jo, {0} * sizeof(val_t));",
+                                      tile, DB, LD)));
+      body.push_back(line("dbase = nm_panel.p;"));
+      body.push_back(line("}"));
+    }
     // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1. Rows per block: their
     // output tiles fill a quarter of L2, so that a block's outputs stay there while the chunks pass.
     body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_bytes / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
@@ -161,7 +178,7 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     body.push_back(line("for (int64_t wi = w0; wi < w1; ++wi) {"));
     body.push_back(line("const uint32_t mw = (uint32_t)mp[wi];"));
     if (gpw * m.m < 32) body.push_back(line(fmt::format("chk |= mw >> {};", gpw * m.m)));
-    body.push_back(line(fmt::format("const val_t* __restrict dw = {} + wi * (GPW * NMm) * {} + jo;", DB, LD)));
+    body.push_back(line(fmt::format("const val_t* __restrict dw = dbase + wi * (GPW * NMm) * {};", stride)));
     body.push_back(line("const val_t* __restrict vw = vp + wi * (GPW * NMn);"));
     body.push_back(line("#pragma GCC unroll 32"));
     body.push_back(line("for (int gi = 0; gi < GPW; ++gi) {"));
@@ -172,7 +189,7 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     body.push_back(line("for (int j = 0; j < NMn; ++j) {"));
     body.push_back(line("const int c = __builtin_ctz(f); f &= f - 1;"));
     body.push_back(line("const val_t s = vw[gi * NMn + j];"));
-    body.push_back(line(fmt::format("const val_t* __restrict dr = dw + (gi * NMm + c) * {};", LD)));
+    body.push_back(line(fmt::format("const val_t* __restrict dr = dw + (gi * NMm + c) * {};", stride)));
     body.push_back(line(fmas("dr").substr(1)));
     body.push_back(line("}"));
     body.push_back(line("}"));
@@ -207,6 +224,12 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   };
 
   Stmts nest;
+  // Each thread's packed panel of dense rows, aligned to cache lines (a panel row then starts a line: 16-byte
+  // alignment cost more than packing gained); kept from call to call, dropped past 64 MB. Without memory for
+  // it the call fails (SCORCH_STATUS_NO_MEMORY).
+  nest.push_back(line("static thread_local struct NmPanel { val_t* p = nullptr; size_t n = 0; ~NmPanel() { free(p); } "
+                      "bool reserve(size_t k) { if (n < k) { free(p); p = (val_t*)aligned_alloc(64, (k * sizeof(val_t) + 63) / 64 * 64); "
+                      "n = p ? k : 0; } return p != nullptr; } } nm_panel;"));
   nest.push_back(line("const int64_t lo = (int64_t)((__int128)NR * tid / nt), hi = (int64_t)((__int128)NR * (tid + 1) / nt);"));
   nest.push_back(line("uint32_t chk = 0;  // nonzero once a mask word of this share is not a good n:m mask"));
   nest.push_back(line("int64_t jo = 0;"));
@@ -216,6 +239,7 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   if (nv * w > 1)
     for (const auto& s : pass(1, false)) nest.push_back(s);
   nest.push_back(line("if (chk) bad = 1;"));
+  nest.push_back(line("if (nm_panel.n * sizeof(val_t) > ((size_t)64 << 20)) { free(nm_panel.p); nm_panel.p = nullptr; nm_panel.n = 0; }"));
 
   Schedule s = sched;
   s.private_output = false;  // p is an output index: threads write disjoint rows

@@ -355,6 +355,11 @@ def test_x86_64_v3_and_scalar_targets_agree():
         g = torch.Generator().manual_seed(0)
         w = torch.randn(24, 40, generator=g); w[:, 0::4] = 0; w[:, 3::4] = 0
         a = sb.sparse(w, "nm(2,4)"); b = torch.randn(40, 37, generator=g); x = torch.randn(9, 40, generator=g)
+        # wider than two register tiles of 8-lane vectors: the dense rows are packed per tile, then a remainder
+        b2 = torch.randn(40, 150, generator=g); x2 = torch.randn(150, 40, generator=g)
+        for _ in range(2):  # the second call reuses each thread's packed panel
+            print(float((sb.einsum("ij,jk->ik", a, b2) - w @ b2).abs().max()))
+            print(float((sb.einsum("bk,nk->bn", x2, a) - x2 @ w.T).abs().max()))
         print(float((sb.einsum("ij,jk->ik", a, b) - w @ b).abs().max()))
         print(float((sb.einsum("...k,nk->...n", x, a) - x @ w.T).abs().max()))
     """)
@@ -365,4 +370,4 @@ def test_x86_64_v3_and_scalar_targets_agree():
                            env=dict(os.environ, SCORCH_DISPATCH="sparse", SCORCH_TARGET=target))
         assert p.returncode == 0, p.stderr
         vals = [float(v) for v in p.stdout.split()]
-        assert len(vals) == 2 and all(v < 1e-4 for v in vals), (target, p.stdout)
+        assert len(vals) == 6 and all(v < 1e-4 for v in vals), (target, p.stdout)
