@@ -137,16 +137,17 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     // memory the thread keeps. Unpacked, the rows of a chunk lie LD apart and with a power-of-two LD fill only
     // some of L1's sets (tile 64 of 128 columns: half of them), so a chunk that should fill half of L1 evicts
     // itself (measured, 1024^2 2:4, N = 128, 8-lane vectors, one thread: 1.83 -> 1.65 ms packed).
-    const bool packable = vectors > 1;
+    const bool packable = vector_code && vectors > 1;  // the main vector pass (the panel is made for it below)
     const std::string stride = packable ? std::to_string(tile) : LD;
     body.push_back(line(fmt::format("const val_t* __restrict dbase = {} + jo;", DB)));
     if (packable) {
       body.push_back(line(fmt::format("if ({} != {}) {{", LD, tile)));
-      body.push_back(line(fmt::format("if (!nm_panel.reserve((size_t)NC * {})) {{ __atomic_store_n(&args->status, SCORCH_STATUS_NO_MEMORY, "
-                                      "__ATOMIC_RELAXED); break; }}", tile)));
-      body.push_back(line(fmt::format("for (int64_t q = 0; q < NC; ++q) memcpy(nm_panel.p + q * {0}, {1} + q * {2} + jo, {0} * sizeof(val_t));",
+      // One panel for all threads, each packing a share of the rows; the barriers keep a pass from
+      // repacking it while another thread still reads the last one.
+      body.push_back(line(fmt::format("val_t* __restrict mine = nm_pp + (size_t)tid * NC * {};", tile)));
+      body.push_back(line(fmt::format("for (int64_t q = 0; q < NC; ++q) memcpy(mine + q * {0}, {1} + q * {2} + jo, {0} * sizeof(val_t));",
                                       tile, DB, LD)));
-      body.push_back(line("dbase = nm_panel.p;"));
+      body.push_back(line("dbase = mine;"));
       body.push_back(line("}"));
     }
     // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1. Rows per block: their
@@ -224,12 +225,6 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   };
 
   Stmts nest;
-  // Each thread's packed panel of dense rows, aligned to cache lines (a panel row then starts a line: 16-byte
-  // alignment cost more than packing gained); kept from call to call, dropped past 64 MB. Without memory for
-  // it the call fails (SCORCH_STATUS_NO_MEMORY).
-  nest.push_back(line("static thread_local struct NmPanel { val_t* p = nullptr; size_t n = 0; ~NmPanel() { free(p); } "
-                      "bool reserve(size_t k) { if (n < k) { free(p); p = (val_t*)aligned_alloc(64, (k * sizeof(val_t) + 63) / 64 * 64); "
-                      "n = p ? k : 0; } return p != nullptr; } } nm_panel;"));
   nest.push_back(line("const int64_t lo = (int64_t)((__int128)NR * tid / nt), hi = (int64_t)((__int128)NR * (tid + 1) / nt);"));
   nest.push_back(line("uint32_t chk = 0;  // nonzero once a mask word of this share is not a good n:m mask"));
   nest.push_back(line("int64_t jo = 0;"));
@@ -239,7 +234,6 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   if (nv * w > 1)
     for (const auto& s : pass(1, false)) nest.push_back(s);
   nest.push_back(line("if (chk) bad = 1;"));
-  nest.push_back(line("if (nm_panel.n * sizeof(val_t) > ((size_t)64 << 20)) { free(nm_panel.p); nm_panel.p = nullptr; nm_panel.n = 0; }"));
 
   Schedule s = sched;
   s.private_output = false;  // p is an output index: threads write disjoint rows
@@ -275,6 +269,22 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     frame.insert(frame.end() - 2, transpose("out", "Ot", "NK", "NR", "NK"));
     frame.insert(frame.end() - 1,
                  line("if (scratch.n * sizeof(val_t) > ((size_t)64 << 20)) { free(scratch.p); scratch.p = nullptr; scratch.n = 0; }"));
+  }
+  // The packed panel of dense rows (the passes above), aligned to cache lines (a panel row then starts a
+  // line: 16-byte alignment cost more than packing gained); the calling thread keeps it from call to call,
+  // dropped past 64 MB.
+  if (vec && nv > 1) {
+    Stmts panel{line("static thread_local struct NmPanel { val_t* p = nullptr; size_t n = 0; ~NmPanel() { free(p); } } nm_panel;"),
+                line("const size_t nm_threads = args->num_threads > 0 ? (size_t)args->num_threads : 1;"),
+                line(fmt::format("if ({} != {} && nm_panel.n < nm_threads * NC * {}) {{", LD, nv * w, nv * w)),
+                line(fmt::format("free(nm_panel.p); const size_t k = nm_threads * NC * {};", nv * w)),
+                line("nm_panel.p = (val_t*)aligned_alloc(64, (k * sizeof(val_t) + 63) / 64 * 64); nm_panel.n = nm_panel.p ? k : 0;"),
+                line("if (!nm_panel.p) return SCORCH_STATUS_NO_MEMORY;"),
+                line("}"),
+                line("val_t* __restrict nm_pp = nm_panel.p;")};
+    frame.insert(frame.begin(), panel.begin(), panel.end());
+    frame.insert(frame.end() - 1,
+                 line("if (nm_panel.n * sizeof(val_t) > ((size_t)64 << 20)) { free(nm_panel.p); nm_panel.p = nullptr; nm_panel.n = 0; }"));
   }
   b.insert(b.end(), frame.begin(), frame.end());
   out.reasons.push_back(fmt::format(
