@@ -1,4 +1,5 @@
 #include "executor.h"
+#include "dense_einsum.h"
 #include "measured_choice.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -474,7 +475,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
       at::Tensor x = o.to_dense();
       t.push_back(x.scalar_type() == result ? x : x.to(result));
     }
-    at::einsum(equation, t);
+    dense_einsum(equation, t);
   };
   Timing t;
   const bool chosen_dense = eager_decisions().measure(key, kernel, dense, &t);
@@ -532,7 +533,7 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   }
   ++routed_dense;
   out.route = Route::dense;
-  out.result = Operand{nullptr, entry->plan.out_shape, {}, at::einsum(equation, dense)};
+  out.result = Operand{nullptr, entry->plan.out_shape, {}, dense_einsum(equation, dense)};
   return out;
 }
 

@@ -43,6 +43,8 @@ class MeasuredChoices {
   static constexpr int kRepeats = 3;
   // A path whose slowest timed run took more than this times its fastest was timed on a busy machine.
   static constexpr double kContendedSpread = 1.5;
+  // A path whose first timed run took more than this times the other path's is decided on that run alone.
+  static constexpr double kDecisiveRatio = 8.0;
   // A contended decision is measured again on a later call at least this long after, at most this often.
   static constexpr std::chrono::milliseconds kRemeasureAfter{1000};
   static constexpr int kMaxRemeasures = 3;
@@ -78,7 +80,8 @@ class MeasuredChoices {
   MeasureStats stats_;
 };
 
-// Times two ways of running one call: one warm-up each, then kRepeats timed runs of each, interleaved.
+// Times two ways of running one call: one warm-up each, then kRepeats timed runs of each, interleaved; a path
+// kDecisiveRatio times slower than the other at its first timed run (dense: its warm-up) is not run again.
 Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense);
 // The timing those runs give (each path's best; contended when a path's slowest run took more than
 // kContendedSpread times its fastest).

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "chain.h"
+#include "dense_einsum.h"
 #include "convert.h"
 #include "region_addends.h"
 #include "region_compress.h"
@@ -402,7 +403,7 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
         return out.permute(to_storage);
       }
     }
-    out = at::einsum(p.dense_equation, factors);
+    out = dense_einsum(p.dense_equation, factors);  // three or more factors: contracted a pair at a time
     return out;
   }
   SCORCH_CHECK(path == "sparse", "scorch::region: unknown path '{}' (dense, sparse or grouped)", path);

@@ -1,5 +1,6 @@
 // The region op's kernel prediction (region_kernels.h) against what its run path hands the executor, and the
 // table of measured decisions (measured_choice.h). Needs the torch op library (no kernel is compiled or run).
+#include <thread>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -177,4 +178,28 @@ TEST(MeasuredChoices, TimingTakesTheBestAndFlagsASpread) {
   EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.16}, 2));
   EXPECT_NE(key, glue::bucket_key(&owner, 1, {{'i', 100}, {'j', 60}}, {0.11}, 2));
   EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.11}, 1));
+}
+
+// A path many times slower than the other at its first timed run is not run again (it would cost seconds),
+// and such a timing is not contended. Sleeps stand in for the two paths.
+TEST(MeasuredChoices, AFarSlowerPathRunsOnce) {
+  auto sleep_ms = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  int kernel_runs = 0, dense_runs = 0;
+  const glue::Timing slow_dense = glue::time_both([&] { ++kernel_runs; sleep_ms(1); },
+                                                  [&] { ++dense_runs; sleep_ms(60); });
+  EXPECT_EQ(dense_runs, 1);  // its warm-up, timed
+  EXPECT_EQ(kernel_runs, 2);  // warm-up and one timed run
+  EXPECT_LT(slow_dense.kernel_ms, slow_dense.dense_ms);
+  EXPECT_FALSE(slow_dense.contended);
+  kernel_runs = dense_runs = 0;
+  const glue::Timing slow_kernel = glue::time_both([&] { ++kernel_runs; sleep_ms(60); },
+                                                   [&] { ++dense_runs; sleep_ms(1); });
+  EXPECT_EQ(kernel_runs, 2);
+  EXPECT_EQ(dense_runs, 2);
+  EXPECT_GT(slow_kernel.kernel_ms, slow_kernel.dense_ms);
+  EXPECT_FALSE(slow_kernel.contended);
+  kernel_runs = dense_runs = 0;
+  glue::time_both([&] { ++kernel_runs; sleep_ms(2); }, [&] { ++dense_runs; sleep_ms(3); });  // close: all runs
+  EXPECT_EQ(kernel_runs, 1 + glue::MeasuredChoices::kRepeats);
+  EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
 }
