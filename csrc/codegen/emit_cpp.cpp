@@ -32,6 +32,18 @@ inline int64_t l2_cache_bytes() {
   return bytes;
 }
 
+// Bytes of this CPU's L1 data cache (32 KB when the system does not say): blocks sized to stay in it.
+inline int64_t l1_cache_bytes() {
+  static const int64_t bytes = [] {
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    const long v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    if (v > 0) return (int64_t)v;
+#endif
+    return (int64_t)32768;
+  }();
+  return bytes;
+}
+
 #if SCORCH_VECTOR_BYTES > 0
 // Vectors as wide as the target's registers (GCC vector extension): register tiles of dense output columns.
 typedef val_t vec_t __attribute__((vector_size(SCORCH_VECTOR_BYTES)));

@@ -108,7 +108,6 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   b.push_back(line(fmt::format("if (args->lengths && (args->lengths[{}] != NR * W || args->lengths[{}] != NR * S)) "
                                "return SCORCH_STATUS_BAD_INDEX;", mask_arg, vals_arg)));
   b.push_back(line(fmt::format("const idx_t* __restrict nm_mask = t{}_mask1; const val_t* __restrict nm_vals = t{}_vals;", A, A)));
-  b.push_back(line("static const int64_t l1_bytes = [] { long v = sysconf(_SC_LEVEL1_DCACHE_SIZE); return v > 0 ? (int64_t)v : (int64_t)32768; }();"));
   const std::string DB = linear ? "Dt" : fmt::format("t{}_data", D);
   const std::string LD = linear ? "NK" : fmt::format("t{}_st0", D);
   auto orow = [&](const std::string& p) {
@@ -152,7 +151,7 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     }
     // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1. Rows per block: their
     // output tiles fill a quarter of L2, so that a block's outputs stay there while the chunks pass.
-    body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_bytes / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
+    body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_cache_bytes() / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
     body.push_back(line(fmt::format("const int64_t PB = std::max<int64_t>(1, (l2_cache_bytes() / 4) / ((int64_t)sizeof(val_t) * {}));", tile)));
     body.push_back(line("for (int64_t pb = lo; pb < hi; pb += PB) {"));
     body.push_back(line("const int64_t pe = std::min<int64_t>(hi, pb + PB);"));

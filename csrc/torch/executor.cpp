@@ -132,6 +132,17 @@ std::vector<int> ndims_of(const std::vector<Operand>& ops) {
   return n;
 }
 
+// The operands as dense tensors of the result's dtype: what the dense path multiplies.
+TensorVec dense_operands(const std::vector<Operand>& ops, at::ScalarType result) {
+  TensorVec t;
+  t.reserve(ops.size());
+  for (const auto& o : ops) {
+    at::Tensor x = o.to_dense();
+    t.push_back(x.scalar_type() == result ? x : x.to(result));
+  }
+  return t;
+}
+
 at::ScalarType index_dtype(const std::vector<Operand>& ops) {
   for (const auto& o : ops) {
     const bool long_buffers = o.sparse() && !o.buffers.empty() && o.buffers[0].scalar_type() == at::kLong;
@@ -469,14 +480,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   const at::ScalarType result = result_dtype(ops);
   at::NoGradGuard no_grad;
   auto kernel = [&] { run_kernel(entry, ops, threads, result); };
-  auto dense = [&] {
-    TensorVec t;
-    for (const auto& o : ops) {
-      at::Tensor x = o.to_dense();
-      t.push_back(x.scalar_type() == result ? x : x.to(result));
-    }
-    dense_einsum(equation, t);
-  };
+  auto dense = [&] { dense_einsum(equation, dense_operands(ops, result)); };
   Timing t;
   const bool chosen_dense = eager_decisions().measure(key, kernel, dense, &t);
   if (explain)
@@ -526,14 +530,9 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
     out.route = Route::caller;
     return out;
   }
-  TensorVec dense;
-  for (const auto& o : ops) {
-    at::Tensor t = o.to_dense();
-    dense.push_back(t.scalar_type() == result ? t : t.to(result));
-  }
   ++routed_dense;
   out.route = Route::dense;
-  out.result = Operand{nullptr, entry->plan.out_shape, {}, dense_einsum(equation, dense)};
+  out.result = Operand{nullptr, entry->plan.out_shape, {}, dense_einsum(equation, dense_operands(ops, result))};
   return out;
 }
 
