@@ -134,8 +134,15 @@ bool zero_outside_2d(at::Tensor& out, const at::Tensor& mask) {
       for (int64_t r = b; r < e; ++r) {
         scalar_t* orow = o + r * os_o;
         const scalar_t* mrow = m + r * ms_o;
-        for (int64_t j = 0; j < inner; ++j)
-          if (mrow[j * ms_i] == scalar_t(0)) orow[j * os_i] = scalar_t(0);
+        // A select, not a branch: the mask of a ReLU's pattern is about half zeros in no order, and a branch
+        // on it mispredicted every other element (this pass was 4% of a pruned MLP's training step). With
+        // unit strides the compiler makes it a vector blend.
+        if (os_i == 1 && ms_i == 1) {
+          for (int64_t j = 0; j < inner; ++j) orow[j] = mrow[j] == scalar_t(0) ? scalar_t(0) : orow[j];
+        } else {
+          for (int64_t j = 0; j < inner; ++j)
+            orow[j * os_i] = mrow[j * ms_i] == scalar_t(0) ? scalar_t(0) : orow[j * os_i];
+        }
       }
     });
   });
