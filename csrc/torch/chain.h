@@ -73,6 +73,12 @@ at::Tensor run_chain(const ChainProgram& c, at::TensorList operands, bool differ
 // The grouped runner (grouped.cpp).
 at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, bool differentiable);
 
+// The gradient of a grouped chain whose steps are all plain grouped products (grouped_backward.cpp says which),
+// without autograd: fills `out` (per operand; undefined: none) for the operands `wanted` marks and returns true;
+// false (nothing done) for a chain of another form.
+bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands, const at::Tensor& grad,
+                            const std::vector<bool>& wanted, std::vector<at::Tensor>& out);
+
 // An elementwise op on a fresh result, in place unless autograd records it.
 at::Tensor apply_elementwise(Elementwise f, at::Tensor t, bool in_place);
 

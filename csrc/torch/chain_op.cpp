@@ -1,7 +1,9 @@
 // The scorch::chain operator (chain.h) and its gradient op scorch::chain_backward: schemas, CPU, Meta and
 // Autograd kernels.
 //
-// The gradient recomputes the chain with ATen's autograd recording it and asks the engine for the operands'
+// A grouped chain of plain grouped products (the mixture of experts) gets its gradient directly
+// (grouped_backward.cpp), for the operands the caller asks for only. Any other chain:
+// the gradient recomputes the chain with ATen's autograd recording it and asks the engine for the operands'
 // gradients (torch::autograd::grad), rather than deriving a program per step. Why: the forward is gathers,
 // batched products, elementwise ops and scatters on group blocks whose layout is chosen from the data, so a
 // derived gradient would be a second grouped runner (every product's operand gradient another grouped product,
@@ -23,6 +25,12 @@ namespace {
 
 bool wants_gradient(const ChainProgram& c, size_t k, const at::Tensor& t) {
   return k < c.differentiable.size() && c.differentiable[k] && t.is_floating_point();
+}
+
+// wants_gradient, narrowed by the caller's `wanted` (per operand, 0: its gradient is not needed) when given.
+bool asked(const ChainProgram& c, size_t k, const at::Tensor& t, at::OptionalIntArrayRef wanted) {
+  if (!wants_gradient(c, k, t)) return false;
+  return !wanted.has_value() || (k < wanted->size() && (*wanted)[k] != 0);
 }
 
 at::Tensor chain_cpu(c10::string_view program, at::TensorList operands) {
@@ -48,11 +56,21 @@ at::Tensor chain_meta(c10::string_view program, at::TensorList operands) {
 }
 
 // Every operand's gradient (an empty tensor for those that get none): the chain run again under ATen's autograd.
-std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorList operands, const at::Tensor& grad) {
+std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorList operands, const at::Tensor& grad,
+                                           at::OptionalIntArrayRef wanted) {
   return translate_errors([&] {
     const ChainProgram& c = chain_program(std::string(program));
     SCORCH_CHECK(operands.size() == c.differentiable.size(), "scorch::chain {}: {} operands expected, got {}", c.title,
                  c.differentiable.size(), operands.size());
+    std::vector<bool> ask(operands.size());
+    for (size_t k = 0; k < operands.size(); ++k) ask[k] = asked(c, k, operands[k], wanted);
+    std::vector<at::Tensor> direct;
+    if (grouped_chain_backward(c, operands, grad, ask, direct)) {
+      for (size_t k = 0; k < operands.size(); ++k)
+        if (!direct[k].defined())
+          direct[k] = ask[k] ? at::zeros_like(operands[k]) : at::empty({0}, operands[k].options());
+      return direct;
+    }
     // The dispatcher excludes the autograd keys below an op's autograd kernel: let them record again here.
     const auto keys = c10::impl::tls_local_dispatch_key_set();
     c10::impl::ForceDispatchKeyGuard record(keys.included_,
@@ -62,7 +80,7 @@ std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorL
     std::vector<size_t> which;
     for (size_t k = 0; k < operands.size(); ++k) {
       at::Tensor t = operands[k].detach();
-      if (wants_gradient(c, k, t)) {
+      if (ask[k]) {
         t.requires_grad_(true);
         wanted.push_back(t);
         which.push_back(k);
@@ -83,12 +101,13 @@ std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorL
   });
 }
 
-std::vector<at::Tensor> chain_backward_meta(c10::string_view program, at::TensorList operands, const at::Tensor&) {
+std::vector<at::Tensor> chain_backward_meta(c10::string_view program, at::TensorList operands, const at::Tensor&,
+                                            at::OptionalIntArrayRef wanted) {
   return translate_errors([&] {
     const ChainProgram& c = chain_program(std::string(program));
     std::vector<at::Tensor> out;
     for (size_t k = 0; k < operands.size(); ++k)
-      out.push_back(wants_gradient(c, k, operands[k]) ? at::empty_like(operands[k])
+      out.push_back(asked(c, k, operands[k], wanted) ? at::empty_like(operands[k])
                                                       : at::empty({0}, operands[k].options()));
     return out;
   });
@@ -113,13 +132,15 @@ class ChainFunction : public torch::autograd::Function<ChainFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::chain_backward", "").typed<
-        std::vector<at::Tensor>(c10::string_view, at::TensorList, const at::Tensor&)>();
+        std::vector<at::Tensor>(c10::string_view, at::TensorList, const at::Tensor&, at::OptionalIntArrayRef)>();
     const std::string program = ctx->saved_data["program"].toStringRef();
     const ChainProgram& c = chain_program(program);
     const auto operands = ctx->get_saved_variables();
     torch::autograd::variable_list result(1 + operands.size());
     if (!grads[0].defined()) return result;
-    const auto g = h.call(program, operands, grads[0]);
+    std::vector<int64_t> wanted(operands.size());
+    for (size_t k = 0; k < operands.size(); ++k) wanted[k] = ctx->needs_input_grad(k) ? 1 : 0;
+    const auto g = h.call(program, operands, grads[0], wanted);
     for (size_t k = 0; k < operands.size(); ++k)
       if (ctx->needs_input_grad(k) && wants_gradient(c, k, operands[k])) result[1 + k] = g[k];
     return result;
@@ -138,7 +159,7 @@ at::Tensor chain_autograd(c10::string_view program, at::TensorList operands) {
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
   m.def("chain(str program, Tensor[] operands) -> Tensor");
-  m.def("chain_backward(str program, Tensor[] operands, Tensor grad) -> Tensor[]");
+  m.def("chain_backward(str program, Tensor[] operands, Tensor grad, int[]? wanted=None) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(scorch, CPU, m) {
   m.impl("chain", chain_cpu);

@@ -24,10 +24,11 @@
 
 #include "chain.h"
 #include "common/error.h"
+#include "grouped_layout.h"
 #include "grouped_matmul.h"
 
 namespace scorch::torch_glue {
-namespace {
+namespace grouped {
 
 // Padded while the padded slots are at most this many times the entries (plus one per group).
 constexpr double kMaxPadding = 1.5;
@@ -40,26 +41,6 @@ std::string without(const std::string& s, char a, char b) {
     if (c != a && c != b) out += c;
   return out;
 }
-
-struct Groups {
-  bool padded = false;
-  int64_t groups = 0, most = 0, entries = 0;
-  at::Tensor qs, ps;   // (entries) each entry's group and row, sorted by group
-  at::Tensor slot;     // padded: each entry's slot in its group
-  at::Tensor rows;     // padded: (groups, most) each slot's row (0 on padding); ragged: ps
-  at::Tensor cols;     // padded: (groups, most) each slot's group; ragged: qs
-  at::Tensor vals;     // S's value per slot (0 on padding) or per entry; undefined: all ones (ragged pattern)
-  bool unique_rows = false;  // no row in two groups (one-hot dispatch): the rows scatter back without sums
-  std::vector<int64_t> counts, starts;
-};
-
-// One operand of a step as the runner holds it: gathered by rows (p, and q when it has both), the groups along
-// its first dimension (q only), or whole.
-struct Held {
-  enum class How { rows, groups, whole } how;
-  at::Tensor t;
-  std::string letters;  // of `t` without the layout's leading group/row letters
-};
 
 // The rows of `t` (letters `lt`, p among them) gathered in the layout: leading (groups, slots) or (entries).
 at::Tensor gather_rows(const at::Tensor& t, const std::string& lt, char p, char q, const Groups& g) {
@@ -109,6 +90,25 @@ Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bo
                .index_put({g.qs, g.slot}, pattern ? at::ones({}, S.options().dtype(dtype)) : vals);
   return g;
 }
+
+}  // namespace grouped
+
+namespace {
+
+using grouped::Groups;
+using grouped::has;
+using grouped::without;
+using grouped::gather_rows;
+using grouped::group_entries;
+
+
+// One operand of a step as the runner holds it: gathered by rows (p, and q when it has both), the groups along
+// its first dimension (q only), or whole.
+struct Held {
+  enum class How { rows, groups, whole } how;
+  at::Tensor t;
+  std::string letters;  // of `t` without the layout's leading group/row letters
+};
 
 // One group's product written into `dst`: a plain matrix product (two operands, one letter contracted) as one
 // matrix multiply into it, anything else through einsum.

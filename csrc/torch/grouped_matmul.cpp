@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include "common/error.h"
+#include "grouped_pool.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -65,6 +66,36 @@ at::Tensor forward_products(const at::Tensor& A, const at::Tensor& W, bool w_t, 
   return out;
 }
 
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> grouped_matmul_grads(const at::Tensor& A, const at::Tensor& W, bool w_t,
+                                                       const std::vector<int64_t>& counts, const at::Tensor& G,
+                                                       bool want_a, bool want_w) {
+  const std::vector<int64_t> starts = starts_of(counts);
+  at::Tensor dA = want_a ? at::empty_like(A, at::MemoryFormat::Contiguous) : at::Tensor();
+  at::Tensor dW = want_w ? pooled_empty(W.sizes(), W.options()) : at::Tensor();  // warm pages
+  for_groups(counts, [&](int64_t q) {
+    const size_t u = static_cast<size_t>(q);
+    const at::Tensor a = A.narrow(0, starts[u], counts[u]), g = G.narrow(0, starts[u], counts[u]);
+    const at::Tensor w = W.select(0, q);
+    if (want_a) {  // dA = G W^T (w_t: G W)
+      at::Tensor d = dA.narrow(0, starts[u], counts[u]);
+      at::mm_out(d, g, w_t ? w : w.t());
+    }
+    if (want_w) {  // dW = A^T G (w_t: G^T A)
+      at::Tensor d = dW.select(0, q);
+      if (w_t) at::mm_out(d, g.t(), a);
+      else at::mm_out(d, a.t(), g);
+    }
+  });
+  if (want_w)
+    for (size_t q = 0; q < counts.size(); ++q)
+      if (counts[q] == 0) dW.select(0, static_cast<int64_t>(q)).zero_();  // a group without rows: no gradient
+  return {dA, dW};
+}
+
+namespace {
+
 class GroupedMatmul : public torch::autograd::Function<GroupedMatmul> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& A,
@@ -88,26 +119,7 @@ class GroupedMatmul : public torch::autograd::Function<GroupedMatmul> {
     if (!grads[0].defined()) return result;
     const at::Tensor G = grads[0].detach().contiguous();
     const bool want_a = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
-    const std::vector<int64_t> starts = starts_of(counts);
-    at::Tensor dA = want_a ? at::empty_like(A, at::MemoryFormat::Contiguous) : at::Tensor();
-    at::Tensor dW = want_w ? at::empty_like(W, at::MemoryFormat::Contiguous) : at::Tensor();
-    for_groups(counts, [&](int64_t q) {
-      const size_t u = static_cast<size_t>(q);
-      const at::Tensor a = A.narrow(0, starts[u], counts[u]), g = G.narrow(0, starts[u], counts[u]);
-      const at::Tensor w = W.select(0, q);
-      if (want_a) {  // dA = G W^T (w_t: G W)
-        at::Tensor d = dA.narrow(0, starts[u], counts[u]);
-        at::mm_out(d, g, w_t ? w : w.t());
-      }
-      if (want_w) {  // dW = A^T G (w_t: G^T A)
-        at::Tensor d = dW.select(0, q);
-        if (w_t) at::mm_out(d, g.t(), a);
-        else at::mm_out(d, a.t(), g);
-      }
-    });
-    if (want_w)
-      for (size_t q = 0; q < counts.size(); ++q)
-        if (counts[q] == 0) dW.select(0, static_cast<int64_t>(q)).zero_();  // a group without rows: no gradient
+    auto [dA, dW] = grouped_matmul_grads(A, W, w_t, counts, G, want_a, want_w);
     result[0] = dA;
     result[1] = dW;
     return result;

@@ -2,6 +2,7 @@
 // group's slice multiplied by that group's matrix W[q] (k, n), or W[q]^T when W is stored (groups, n, k).
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -13,5 +14,12 @@ namespace scorch::torch_glue {
 // dW only for the groups that have rows, zero for the others), never a per-group einsum.
 at::Tensor grouped_matmul(const at::Tensor& A, const at::Tensor& W, bool w_t, const std::vector<int64_t>& counts,
                           bool differentiable);
+
+// The gradients of grouped_matmul(A, W, w_t, counts) given the output's gradient G (entries, n), contiguous:
+// dA = G W[q]^T per group (want_a) and dW[q] = A[q]^T G[q] (w_t: G[q]^T A[q]; zero for a group without rows)
+// (want_w); undefined when not wanted.
+std::pair<at::Tensor, at::Tensor> grouped_matmul_grads(const at::Tensor& A, const at::Tensor& W, bool w_t,
+                                                       const std::vector<int64_t>& counts, const at::Tensor& G,
+                                                       bool want_a, bool want_w);
 
 }  // namespace scorch::torch_glue
