@@ -154,12 +154,19 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
   at::Tensor s_vals = g.vals;
   if (s_wanted && !s_vals.defined()) s_vals = S.index({g.ps, g.qs}).to(dtype);
 
-  // The forward again, keeping each step's rows (A), its per-entry scale (v), the matrix per group and the result
-  // where the gradient needs it (a ReLU's output).
+  // The forward again, keeping each step's rows (A), its per-entry scale (V), the matrix per group and the result
+  // where the gradient needs it (a ReLU's output). `defer`: the last step is the rows alone (the combine: the
+  // step before's result scaled by the gates) and the step before is a product with no elementwise op after it;
+  // that product (the experts' outputs) is then not run again: the gates' gradient, the row sums of the output
+  // gradient times it, equals the row sums of (output gradient times the matrix transposed, which the gradient
+  // computes anyway) times the product's rows.
   const size_t L = plain->size();
+  const bool defer = L >= 2 && !(*plain)[L - 1].w && !(*plain)[L - 1].relu && (*plain)[L - 2].w &&
+                     !(*plain)[L - 2].relu && !(*plain)[L - 2].neg;
   std::vector<at::Tensor> A(L), V(L), W(L), O(L);
   std::vector<std::vector<at::Tensor>> vecs(L);
   std::vector<bool> w_t(L, false);
+  auto scaled_rows = [&](size_t j) { return V[j].defined() ? A[j].mul(V[j].unsqueeze(1)) : A[j]; };
   for (size_t j = 0; j < L; ++j) {
     const PlainStep& ps = (*plain)[j];
     const ChainStep& st = c.steps[j];
@@ -175,7 +182,6 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
     }
     if (j == 0 && s_vals.defined()) vecs[j].push_back(s_vals);
     for (const at::Tensor& v : vecs[j]) V[j] = V[j].defined() ? V[j].mul(v) : v;
-    const at::Tensor scaled = V[j].defined() ? A[j].mul(V[j].unsqueeze(1)) : A[j];
     const RegionProgram& prog = *st.program;
     const char n = without(prog.out, st.p, st.q)[0];
     if (ps.w) {
@@ -183,7 +189,8 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
       W[j] = as_factor(t, operand_of(j, ps.w->input), dtype).movedim(static_cast<int64_t>(ps.w->lt.find(st.q)), 0);
       w_t[j] = without(ps.w->lt, st.p, st.q)[0] == n;
     }
-    if (j + 1 == L && !ps.relu) continue;  // the last result is not needed
+    if ((j + 1 == L && !ps.relu) || (defer && j + 2 >= L)) continue;  // results the gradient does not read
+    const at::Tensor scaled = scaled_rows(j);
     at::Tensor r = ps.w ? grouped_matmul(scaled.contiguous(), W[j], w_t[j], g.counts, false) : scaled.clone();
     if (prog.coef != 1.0) r.mul_(prog.coef);
     if (ps.relu) r.relu_();
@@ -201,41 +208,30 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
   const at::Tensor gv = grad.to(dtype).permute(perm);
   at::Tensor G = (has(out_letters, lst.q) ? gv.index({g.ps, g.qs}) : gv.index_select(0, g.ps)).contiguous();
 
-  for (size_t j = L; j-- > 0;) {
-    const PlainStep& ps = (*plain)[j];
+  // Step j's per-entry vectors: which want a gradient, and those gradients from rowdot = rowsum(dA' * A) (dA' the
+  // gradient of the scaled rows): d v_m = rowdot times the other vectors, put at S's entries of its operand.
+  auto vector_wanted = [&](size_t j, size_t m) {
+    if (j == 0 && m + 1 == vecs[j].size() && s_vals.defined()) return s_wanted;
+    const int input = (*plain)[j].vectors[m].input;
+    return want(input) && operand_of(j, input).kind != RegionOperand::Kind::pattern;
+  };
+  auto any_vector_wanted = [&](size_t j) {
+    for (size_t m = 0; m < vecs[j].size(); ++m)
+      if (vector_wanted(j, m)) return true;
+    return false;
+  };
+  auto vector_grads = [&](size_t j, const at::Tensor& rowdot) {
     const ChainStep& st = c.steps[j];
-    if (ps.relu) G = G.mul(O[j].gt(0));
-    if (ps.neg) G = G.neg();
-    if (st.program->coef != 1.0) G = G.mul(st.program->coef);
-    bool any_vector = j == 0 && s_wanted;
-    for (const Ref& r : ps.vectors) any_vector = any_vector || want(r.input);
-    const bool want_rows = j > 0 || want(ps.rows.input) || any_vector;
-    at::Tensor dA;  // the gradient of the scaled rows
-    if (ps.w && (want_rows || want(ps.w->input))) {
-      const at::Tensor scaled = V[j].defined() ? A[j].mul(V[j].unsqueeze(1)) : A[j];
-      const bool want_w = want(ps.w->input);
-      auto [da, dw] = grouped_matmul_grads(scaled.contiguous(), W[j], w_t[j], g.counts, G, want_rows, want_w);
-      if (want_w) {
-        const int64_t iq = static_cast<int64_t>(ps.w->lt.find(st.q));
-        const at::Tensor& t = operands[static_cast<size_t>(ps.w->input)];
-        accumulate(out[static_cast<size_t>(ps.w->input)], dw.movedim(0, iq).to(t.scalar_type()));
-      }
-      dA = da;
-    } else {
-      dA = G;
-    }
-    if (!want_rows) break;
-    // per-entry vectors: d v_m = rowsum(dA * A) times the other vectors
     const size_t nv = vecs[j].size();
     for (size_t m = 0; m < nv; ++m) {
+      if (!vector_wanted(j, m)) continue;
       const bool is_s = j == 0 && m + 1 == nv && s_vals.defined();
-      const int input = is_s ? s_input : ps.vectors[m].input;
-      if (is_s ? !s_wanted : (!want(input) || operand_of(j, input).kind == RegionOperand::Kind::pattern)) continue;
-      at::Tensor dv = dA.mul(A[j]).sum(1);
+      const int input = is_s ? s_input : (*plain)[j].vectors[m].input;
+      at::Tensor dv = rowdot;
       for (size_t o = 0; o < nv; ++o)
         if (o != m) dv = dv.mul(vecs[j][o]);
       const at::Tensor& t = operands[static_cast<size_t>(input)];
-      const std::string lt = is_s ? std::string{first.p, first.q} : ps.vectors[m].lt;
+      const std::string lt = is_s ? std::string{first.p, first.q} : (*plain)[j].vectors[m].lt;
       at::Tensor full = at::zeros(t.sizes(), t.options().dtype(dtype));
       at::Tensor view = is_s && so.letters[0] != first.p ? full.t() : full;
       if (has(lt, st.q)) {
@@ -246,6 +242,40 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
       }
       accumulate(out[static_cast<size_t>(input)], full.to(t.scalar_type()));
     }
+  };
+
+  for (size_t j = L; j-- > 0;) {
+    const PlainStep& ps = (*plain)[j];
+    const ChainStep& st = c.steps[j];
+    if (ps.relu) G = G.mul(O[j].gt(0));
+    if (ps.neg) G = G.neg();
+    if (st.program->coef != 1.0) G = G.mul(st.program->coef);
+    if (defer && j + 1 == L) continue;  // G stays the gradient of the last step's scaled rows, unscaled by V
+    const bool deferred_here = defer && j + 2 == L;  // the last step's vectors V[L - 1] are applied here
+    const bool want_rows = j > 0 || want(ps.rows.input) || any_vector_wanted(j) ||
+                           (deferred_here && any_vector_wanted(L - 1));
+    at::Tensor dA;  // the gradient of the scaled rows
+    if (ps.w && (want_rows || want(ps.w->input))) {
+      at::Tensor scaled = scaled_rows(j);
+      const bool want_w = want(ps.w->input);
+      // deferred: dW reads the rows scaled by the last step's vectors too; dA is computed unscaled by them
+      const at::Tensor for_w = deferred_here && V[L - 1].defined() ? scaled.mul(V[L - 1].unsqueeze(1)) : scaled;
+      auto [da, dw] = grouped_matmul_grads(for_w.contiguous(), W[j], w_t[j], g.counts, G, want_rows, want_w);
+      if (want_w) {
+        const int64_t iq = static_cast<int64_t>(ps.w->lt.find(st.q));
+        const at::Tensor& t = operands[static_cast<size_t>(ps.w->input)];
+        accumulate(out[static_cast<size_t>(ps.w->input)], dw.movedim(0, iq).to(t.scalar_type()));
+      }
+      dA = da;
+      if (deferred_here && want_rows) {
+        if (any_vector_wanted(L - 1)) vector_grads(L - 1, dA.mul(scaled).sum(1));
+        if (V[L - 1].defined()) dA = dA.mul(V[L - 1].unsqueeze(1));
+      }
+    } else {
+      dA = G;
+    }
+    if (!want_rows) break;
+    if (any_vector_wanted(j)) vector_grads(j, dA.mul(A[j]).sum(1));
     if (V[j].defined()) dA = dA.mul(V[j].unsqueeze(1));
     if (j > 0) {
       G = dA.contiguous();

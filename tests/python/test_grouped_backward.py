@@ -1,0 +1,145 @@
+"""The direct gradient of grouped chains (csrc/torch/grouped_backward.cpp; issue 13): a chain of plain grouped
+products gets its gradient as grouped products, without autograd recomputing the chain, only for the operands
+that need one. Checked with gradcheck (float64) at the forms it takes -- S with values, a scale and a negation
+between steps, the per-group matrix in both orientations, a step reading S's pattern again, gates on the combine
+or on a product, empty groups, one token -- and against the autograd route's numbers where the form is not plain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scorch_backend.custom_ops import chain as Ch
+from scorch_backend.custom_ops import region as R
+
+P, O = R.Program, R.Operand
+
+
+def _chain(b=21, n=4, d=5, h=6, *, scaled=False, coef=1.0, then2=(), w2_t=False, combine=True, gates_on_product=False,
+           experts=None, seed=0):
+    """relu(S x W1) [coef, then2] W2, combined with gates (`combine`) or scattered straight back (gates, when
+    `gates_on_product`, scaling the second product's rows instead)."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(0, n, (b,), generator=g) if experts is None else torch.tensor(experts)
+    mask = F.one_hot(e, n).double()
+    s = mask * (torch.rand(b, n, dtype=torch.float64, generator=g) + 0.5) if scaled else mask
+    x = torch.randn(b, d, dtype=torch.float64, generator=g)
+    w1 = torch.randn(n, d, h, dtype=torch.float64, generator=g)
+    w2 = torch.randn(n, d, h, dtype=torch.float64, generator=g) if w2_t else torch.randn(n, h, d, dtype=torch.float64,
+                                                                                          generator=g)
+    gates = torch.rand(b, n, dtype=torch.float64, generator=g)
+    step0 = Ch.ChainStep(P((O("pq", "sparse"), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.relu",))
+    w2_letters = "bdh" if w2_t else "bhd"
+    if gates_on_product:
+        step1 = Ch.ChainStep(P((O("abh"), O(w2_letters), O("ab")), "ad", coef=coef).text(), (-1, 3, 4), then2)
+        return Ch.ChainProgram((step0, step1), "g").text(), [s, x, w1, w2, gates]
+    step1 = Ch.ChainStep(P((O("abh"), O(w2_letters), O("ab", "pattern")), "abd", coef=coef).text(), (-1, 3, 0), then2)
+    steps = (step0, step1)
+    if not combine:
+        return Ch.ChainProgram(steps, "g").text(), [s, x, w1, w2]
+    steps += (Ch.ChainStep(P((O("xyz"), O("xy", "sparse"), O("xy")), "xz").text(), (-2, 0, 4)),)
+    return Ch.ChainProgram(steps, "g").text(), [s, x, w1, w2, gates]
+
+
+def _gradcheck(text, ops, which):
+    leaves = [t.clone().requires_grad_() if k in which else t for k, t in enumerate(ops)]
+
+    def f(*args):
+        it = iter(args)
+        return torch.ops.scorch.chain(text, [next(it) if k in which else t for k, t in enumerate(leaves)])
+
+    assert torch.autograd.gradcheck(f, tuple(leaves[k] for k in which))
+
+
+FORMS = {
+    "plain": {},
+    "values": {"scaled": True},
+    "coef_neg": {"coef": -0.5, "then2": ("aten.neg",)},
+    "relu_last": {"then2": ("aten.relu",), "combine": False},
+    "w_t": {"w2_t": True},
+    "no_combine": {"combine": False},
+    "gates_on_product": {"gates_on_product": True},
+    "empty_groups": {"experts": [0, 3, 3, 0, 3, 0, 0]},
+    "one_token": {"experts": [2]},
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_direct_gradient_matches_numerical(form):
+    text, ops = _chain(**FORMS[form])
+    _gradcheck(text, ops, tuple(range(1, len(ops))))
+
+
+def _eager(s, x, w1, w2, gates):
+    """The plain chain of _chain() written densely with torch ops."""
+    h = torch.relu(torch.einsum("pq,pd,qdh->pqh", s, x, w1))
+    y = torch.einsum("pqh,qhd,pq->pqd", h, w2, (s != 0).to(s.dtype))
+    return torch.einsum("pqd,pq,pq->pd", y, s, gates)
+
+
+def test_gradient_of_s_values_at_its_entries():
+    """S's gradient is given at S's entries (a zero of S stays out of the chain: its slope there is not asked)."""
+    text, ops = _chain(scaled=True)
+    s = ops[0].clone().requires_grad_()
+    torch.ops.scorch.chain(text, [s, *ops[1:]]).sum().backward()
+    ref = ops[0].clone().requires_grad_()
+    _eager(ref, *ops[1:]).sum().backward()
+    torch.testing.assert_close(s.grad, ref.grad * (ops[0] != 0))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_direct_gradient_runs_no_autograd_and_skips_unneeded_products(threads):
+    """The gradient op calls no einsum (the autograd route recomputes the chain, the combine among it) and runs
+    per group: the first step again, dA and dW of the second, dW of the first -- and dA of the first only when x
+    needs a gradient; the experts' outputs are not computed again."""
+    text, ops = _chain(b=40, n=4, d=8, h=16, experts=[k % 4 for k in range(40)])
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)  # every product on this thread, where the profiler records it
+    try:
+        counts = {}
+        for x_grad in (False, True):
+            leaves = [t.clone().requires_grad_(k in (2, 3, 4) or (x_grad and k == 1)) for k, t in enumerate(ops)]
+            y = torch.ops.scorch.chain(text, leaves)
+            with torch.profiler.profile() as prof:
+                y.sum().backward()
+            names = [e.name for e in prof.events()]
+            assert "scorch::chain_backward" in names and "aten::einsum" not in names
+            counts[x_grad] = names.count("aten::mm")
+    finally:
+        torch.set_num_threads(old)
+    assert counts[False] == 4 * 4 and counts[True] == 5 * 4
+
+
+def test_needs_input_grad_narrows_the_gradients():
+    text, ops = _chain()
+    w1 = ops[2].clone().requires_grad_()
+    torch.ops.scorch.chain(text, [ops[0], ops[1], w1, ops[3], ops[4]]).sum().backward()
+    g = torch.ops.scorch.chain_backward(text, ops, torch.ones(ops[1].shape, dtype=torch.float64), [0, 0, 1, 0, 0])
+    assert g[2].shape == ops[2].shape and all(g[k].numel() == 0 for k in (0, 1, 3, 4))
+    torch.testing.assert_close(g[2], w1.grad)
+
+
+def test_not_plain_chain_keeps_the_autograd_route():
+    """A gelu between the steps is not of the plain form: the gradient is still right (autograd's)."""
+    g = torch.Generator().manual_seed(3)
+    b, n, d, h = 12, 3, 4, 5
+    mask = F.one_hot(torch.randint(0, n, (b,), generator=g), n).double()
+    x = torch.randn(b, d, dtype=torch.float64, generator=g)
+    w1 = torch.randn(n, d, h, dtype=torch.float64, generator=g)
+    w2 = torch.randn(n, h, d, dtype=torch.float64, generator=g)
+    steps = (Ch.ChainStep(P((O("pq", "sparse"), O("pd"), O("qdh")), "pqh").text(), (0, 1, 2), ("aten.gelu",)),
+             Ch.ChainStep(P((O("abh"), O("bhd"), O("ab", "pattern")), "ad").text(), (-1, 3, 0)))
+    text = Ch.ChainProgram(steps, "g").text()
+    _gradcheck(text, [mask, x, w1, w2], (1, 2, 3))
+
+
+def test_float32_weights_get_float32_gradients():
+    text, ops = _chain()
+    ops = [t.float() for t in ops]
+    w2 = ops[3].clone().requires_grad_()
+    torch.ops.scorch.chain(text, [*ops[:3], w2, ops[4]]).sum().backward()
+    assert w2.grad.dtype == torch.float32
+    ref = ops[3].double().clone().requires_grad_()
+    _eager(*[t.double() for t in ops[:3]], ref, ops[4].double()).sum().backward()
+    torch.testing.assert_close(w2.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
