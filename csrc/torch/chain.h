@@ -79,6 +79,9 @@ at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, boo
 bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands, const at::Tensor& grad,
                             const std::vector<bool>& wanted, std::vector<at::Tensor>& out);
 
+// Whether grouped_chain_backward takes this chain (grouped, every step a plain grouped product).
+bool chain_has_direct_gradient(const ChainProgram& c);
+
 // An elementwise op on a fresh result, in place unless autograd records it.
 at::Tensor apply_elementwise(Elementwise f, at::Tensor t, bool in_place);
 

@@ -118,6 +118,10 @@ void accumulate(at::Tensor& slot, const at::Tensor& g) {
 
 }  // namespace
 
+bool chain_has_direct_gradient(const ChainProgram& c) {
+  return c.kind == ChainProgram::Kind::grouped && plain_steps(c).has_value();
+}
+
 bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, const at::Tensor& grad_in,
                             const std::vector<bool>& wanted, std::vector<at::Tensor>& out) {
   if (c.kind != ChainProgram::Kind::grouped) return false;

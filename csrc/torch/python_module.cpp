@@ -537,6 +537,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("text"), "(index of the grouping factor S, p, q) when the program can run grouped, else None.");
   m.def("chain_check", [](const std::string& text) { glue::chain_program(text); }, py::arg("text"),
         "Check a chain program (ValueError naming the problem); parsed once per text.");
+  m.def("chain_direct_gradient", [](const std::string& text) {
+    return glue::chain_has_direct_gradient(glue::chain_program(text));
+  }, py::arg("text"), "Whether the chain's gradient runs directly as grouped products (no autograd recomputation).");
   m.def("region_kernel_specs", &glue::region_kernel_specs, py::arg("text"), py::arg("shapes"), py::arg("dtype"),
         py::arg("grads") = std::vector<bool>{}, py::arg("densities") = std::vector<double>{},
         py::arg("grad_density") = 1.0,

@@ -41,10 +41,12 @@ from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
 
 DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
-                   "measure_inputs": True, "chains": "inference", "sequences": False}
-# "chains": where products joined by elementwise ops run as one chain region (passes/partition.py): "inference"
-# (graphs compiled without grad), "always", or "never". A chain's gradient runs the chain again under autograd,
-# which costs more than the separate regions' own gradient programs; so training graphs keep them separate.
+                   "measure_inputs": True, "chains": "direct", "sequences": False}
+# "chains": where products joined by elementwise ops run as one chain region (passes/partition.py): "direct"
+# (graphs compiled without grad, and training graphs whose every chain gets its gradient directly as grouped
+# products: csrc/torch/grouped_backward.cpp, the mixture of experts), "inference" (graphs compiled without grad
+# only), "always", or "never". Any other chain's gradient runs the chain again under autograd, which costs more
+# than the separate regions' own gradient programs; so such training graphs keep them separate.
 # "sequences": also join a product left dense with the region reading its ReLU output compressed (linear ->
 # bias -> ReLU -> linear) where chains are on. Off by default: it saves no work, and the Python chain op's
 # call costs about 0.2 ms more than the separate ops (relu_mlp_sparse inference, 6.27 against 6.08 ms).
@@ -81,8 +83,8 @@ def _options(options) -> dict:
         raise ValueError(f"option 'fallback' must be 'inductor' or 'eager', got {opts['fallback']!r}")
     if not isinstance(opts["sequences"], bool):
         raise ValueError(f"option 'sequences' must be True or False, got {opts['sequences']!r}")
-    if opts["chains"] not in ("inference", "always", "never"):
-        raise ValueError(f"option 'chains' must be 'inference', 'always' or 'never', got {opts['chains']!r}")
+    if opts["chains"] not in ("direct", "inference", "always", "never"):
+        raise ValueError(f"option 'chains' must be 'direct', 'inference', 'always' or 'never', got {opts['chains']!r}")
     t = opts["sparse_threshold"]
     if t is None:
         opts["sparse_threshold"] = cost_model.crossover_density()
@@ -180,9 +182,13 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
         dump.write("propagate", _graph_and_table("after propagate", gm, attrs, measured))
     # Dynamo compiles separately with and without grad mode: this graph is for training if grad is on now.
     training = torch.is_grad_enabled()
-    chains = chains and (opts["chains"] == "always" or (opts["chains"] == "inference" and not training))
+    mode = opts["chains"]
+    chains = chains and (mode in ("always", "direct") or (mode == "inference" and not training))
     regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, chains,
                                    sequences=chains and opts["sequences"])
+    if chains and training and mode == "direct" and not all(
+            _C.chain_direct_gradient(r.program_text) for r in regions if r.chain is not None):
+        regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, False)
     if not attention:
         regions = [r for r in regions if r.attention is None]
     if dump:
