@@ -139,13 +139,14 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
   (weight ? weights : inputs).put(tensor_key(t), std::move(e));
 }
 
-void measure_density(const at::Tensor& t, Entry& e) {
+// `relu`: of relu(t) (RegionOperand::relu; such an operand is never cached, so its entry is its own).
+void measure_density(const at::Tensor& t, Entry& e, bool relu = false) {
   if (t.dim() >= 2 && !t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble))
     e.rows = row_major(t.detach());
-  e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts);
+  e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts, relu);
 }
 
-EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
+EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bool relu = false) {
   if (cached) {
     if (EntryPtr e = lookup(t, frozen, weight)) {
       if (e->density < 0) measure_density(t, *e);
@@ -157,7 +158,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight) {
   e->alias = t.detach();
   e->version = static_cast<int64_t>(t._version());
   if (cached) e->fingerprint = fingerprint(t);
-  measure_density(t, *e);
+  measure_density(t, *e, relu);
   if (cached) remember(t, e, weight);
   return e;
 }
@@ -168,7 +169,7 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
     const auto& o = p.operands[k];
     out.push_back(o.kind == RegionOperand::Kind::dense || !o.packed.empty()
                       ? nullptr
-                      : entry_of(operands[k], o.cached, p.frozen && o.weight, o.weight));
+                      : entry_of(operands[k], o.cached, p.frozen && o.weight, o.weight, o.relu));
   }
   return out;
 }
@@ -177,7 +178,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
                   const std::map<char, int64_t>& sizes) {
   std::vector<int64_t> lead;
   for (int i = 0; i < o.expand; ++i) lead.push_back(sizes.at(o.letters[i]));
-  const char* order = o.col_major ? "T" : "";
+  const char* order = o.col_major ? "T" : o.relu ? "R" : "";
   std::string key = fmt::format("{}{}|{}|", static_cast<int>(o.kind), order, c10::toString(dtype));
   for (auto s : lead) key += std::to_string(s) + ",";
   auto it = e.sparse.find(key);
@@ -221,7 +222,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
     src = src.to(dtype);  // (a narrower type may round values to zero: the counts are not reused)
   }
   const bool same = o.kind == RegionOperand::Kind::sparse && src.scalar_type() == t.scalar_type();
-  Operand c = compress(src, same ? counts : at::Tensor());
+  Operand c = compress(src, same ? counts : at::Tensor(), o.relu);
   e.sparse.emplace(key, c);
   return c;
 }
@@ -284,7 +285,8 @@ std::vector<Operand> sparse_args(const RegionProgram& p, const Slots& s, const s
     }
     std::vector<int64_t> perm;
     for (char c : p.kernel_letters[k]) perm.push_back(static_cast<int64_t>(o.letters.find(c)));
-    at::Tensor t = laid_out(operands[k], perm, dtype, o.cached, p.frozen && o.weight, o.weight);
+    at::Tensor t = laid_out(o.relu ? at::relu(operands[k]) : operands[k], perm, dtype, o.cached, p.frozen && o.weight,
+                            o.weight);
     args.push_back(Operand{nullptr, t.sizes().vec(), {}, t});
   }
   return args;
@@ -372,7 +374,10 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
     SCORCH_CHECK(p.packed_buffers == 0, "scorch::region {}: a program with packed operands cannot run grouped",
                  p.title);
     if (count) ++n_grouped;
-    out = run_grouped_chain(grouped_region_chain(text), operands, false);  // in the requested order
+    std::vector<at::Tensor> applied = operands.vec();  // (the ReLUs the program applies, on the dense tensors)
+    for (size_t k = 0; k < applied.size(); ++k)
+      if (p.operands[k].relu) applied[k] = at::relu(applied[k]);
+    out = run_grouped_chain(grouped_region_chain(text), applied, false);  // in the requested order
     std::vector<int64_t> to_storage;
     for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
     return out.permute(to_storage);
@@ -385,7 +390,7 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
         factors.push_back(packed_operand(p, k, s, dtype).to_dense());
         continue;
       }
-      const at::Tensor& t = operands[k];
+      const at::Tensor t = p.operands[k].relu ? at::relu(operands[k]) : operands[k];
       factors.push_back(p.operands[k].kind == RegionOperand::Kind::pattern ? (t != 0).to(dtype)
                         : t.scalar_type() == dtype                          ? t
                                                                             : t.to(dtype));

@@ -40,6 +40,11 @@ struct RegionOperand {
   // A compressed operand handed over already packed (a rewritten model's weight, stored compressed): its
   // format, its full size and how many index buffers the format keeps. Its slot in the operand list holds
   // the stored values; the index buffers follow all slots, operand by operand. Never differentiated.
+  // The operand is relu(tensor): the call hands over a ReLU's input and the op applies the ReLU itself, in the
+  // pass that measures and compresses it (an inference graph's activation read only compressed: no ReLU
+  // kernel writes the activation first). A sparse or dense operand, not cached, packed or broadcast. Program
+  // text: the "relu" list. Differentiated as relu(tensor) given to the program without the flags (region_op.cpp).
+  bool relu = false;
   std::string packed;  // the format's text; empty: not packed
   std::vector<int64_t> packed_size;  // -1 where the call gives the size (region.cpp: resolve_packed_size)
   int packed_buffers = 0;
@@ -75,6 +80,10 @@ struct RegionProgram {
   std::string product_text;
   bool has_addends() const { return !product_text.empty(); }
   bool has_masks = false;
+  bool has_relu = false;  // some operand is relu(tensor) (RegionOperand::relu)
+  // The same program with every relu flag cleared (its operands then take the ReLU's output): the text autograd
+  // differentiates. Empty when no operand has the flag.
+  std::string plain_text;
 
   std::string text() const;  // JSON, as the backend writes it
 };

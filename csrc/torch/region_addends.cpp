@@ -80,6 +80,7 @@ std::optional<at::Tensor> dense_matmul_with_addends(const RegionProgram& p, at::
     const RegionOperand& o = p.operands[k];
     if (all[k].scalar_type() != dtype || o.expand) return std::nullopt;
     if (o.kind != RegionOperand::Kind::dense && o.kind != RegionOperand::Kind::add) return std::nullopt;
+    if (o.relu) return std::nullopt;  // (the product's own run applies it)
   }
   const size_t i = static_cast<size_t>(p.product_operands[0]), j = static_cast<size_t>(p.product_operands[1]);
   const auto lr = matmul_factors(p.operands[i], all[i], p.operands[j], all[j], p.out);

@@ -28,11 +28,17 @@ bool over_rows(const at::Tensor& t, F&& f) {
   return true;
 }
 
+// Whether x is kept: any nonzero, or under a ReLU anything not <= 0 (a positive value or a NaN).
+template <typename T>
+inline bool kept(T x, bool relu) {
+  return relu ? !(x <= T(0)) : x != T(0);
+}
+
 }  // namespace
 
 // Activations are measured on every call: count_nonzero is a generic reduction, this is one pass. With
 // `row_counts`, each row's count is kept too (when the tensor is rows of a contiguous float or double one).
-double density_of(const at::Tensor& t, at::Tensor* row_counts) {
+double density_of(const at::Tensor& t, at::Tensor* row_counts, bool relu) {
   const int64_t n = t.numel();
   if (n == 0) return 0.0;
   std::atomic<int64_t> count{0};
@@ -51,7 +57,11 @@ double density_of(const at::Tensor& t, at::Tensor* row_counts) {
       int64_t c = 0;
       for (int64_t r = b; r < e; ++r) {
         int32_t in_row = 0;
-        for (int64_t j = 0; j < cols; ++j) in_row += x[r * cols + j] != scalar_t(0);
+        if (relu) {
+          for (int64_t j = 0; j < cols; ++j) in_row += kept(x[r * cols + j], true);
+        } else {
+          for (int64_t j = 0; j < cols; ++j) in_row += x[r * cols + j] != scalar_t(0);
+        }
         if (per_row) per_row[r] = in_row;
         c += in_row;
       }
@@ -59,7 +69,10 @@ double density_of(const at::Tensor& t, at::Tensor* row_counts) {
     });
   });
   if (!done && row_counts) *row_counts = at::Tensor();
-  if (!done) return static_cast<double>(at::count_nonzero(t).item<int64_t>()) / static_cast<double>(n);
+  if (!done) {
+    const at::Tensor counted = relu ? (t > 0).logical_or(t.isnan()) : t;
+    return static_cast<double>(at::count_nonzero(counted).item<int64_t>()) / static_cast<double>(n);
+  }
   return static_cast<double>(count.load()) / static_cast<double>(n);
 }
 
@@ -67,7 +80,7 @@ double density_of(const at::Tensor& t, at::Tensor* row_counts) {
 // flattened into rows), built in two passes over its rows: count each row's nonzeros, then write them. The
 // buffers scorch::pack makes (positions, coordinates; int32), without its sort of coordinates, which a
 // dense source gives in order anyway. An activation is compressed on every call: this is that cost.
-std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, const at::Tensor& counts) {
+std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, const at::Tensor& counts, bool relu) {
   if (src.dim() < 2 || src.numel() >= std::numeric_limits<int32_t>::max() || !src.is_contiguous() ||
       (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
     return std::nullopt;
@@ -83,7 +96,7 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
     } else if (!over_rows(src, [&](int64_t b, int64_t e) {
           for (int64_t r = b; r < e; ++r) {
             int32_t c = 0;
-            for (int64_t j = 0; j < cols; ++j) c += x[r * cols + j] != scalar_t(0);
+            for (int64_t j = 0; j < cols; ++j) c += kept(x[r * cols + j], relu);
             p[r + 1] = c;
           }
         }))
@@ -106,8 +119,8 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
         for (; j < cols && w < end; ++j) {
           const scalar_t y = row[j];
           c[w] = static_cast<int32_t>(j);
-          v[w] = y;
-          w += y != scalar_t(0);
+          v[w] = y;  // under a ReLU a kept entry is relu(y) = y
+          w += kept(y, relu);
         }
       }
     });
@@ -117,15 +130,16 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
   return Operand{&f, src.sizes().vec(), {pos, crd}, values};
 }
 
-Operand compress(const at::Tensor& src, const at::Tensor& counts) {
+Operand compress(const at::Tensor& src_in, const at::Tensor& counts, bool relu) {
   static const auto pack = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::pack", "").typed<
       std::tuple<std::vector<at::Tensor>, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
                                                       c10::string_view, at::ScalarType)>();
-  const int nd = static_cast<int>(src.dim());
+  const int nd = static_cast<int>(src_in.dim());
   const FormatRef& f = region_compressed_format(nd);
-  if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
   if (nd >= 2)
-    if (auto fast = compress_rows(src, f, counts)) return *fast;
+    if (auto fast = compress_rows(src_in, f, counts, relu)) return *fast;
+  const at::Tensor src = relu ? at::relu(src_in) : src_in;  // the other paths compress the ReLU's output
+  if (nd == 0) return Operand{&f, {}, {}, src.reshape({1}).clone()};
   const at::Tensor idx = src.nonzero().t().contiguous();
   c10::List<std::optional<at::Tensor>> index;
   for (int d = 0; d < nd; ++d) index.push_back(idx[d]);

@@ -141,7 +141,15 @@ at::Tensor region_autograd(c10::string_view program, at::TensorList operands) {
   if (at::GradMode::is_enabled())
     for (const auto& t : operands) wants_grad = wants_grad || t.requires_grad();
   if (!wants_grad) return region_below_autograd(std::string(program), operands);
-  return RegionFunction::apply(std::string(program), operands)[0];
+  const std::string text(program);
+  const RegionProgram& p = region_program(text);
+  if (p.has_relu) {  // differentiated as the plain program on the ReLUs' outputs, which autograd records
+    std::vector<at::Tensor> applied = operands.vec();
+    for (size_t k = 0; k < p.operands.size(); ++k)
+      if (p.operands[k].relu) applied[k] = at::relu(applied[k]);
+    return RegionFunction::apply(p.plain_text, at::TensorList(applied))[0];  // (a list autograd sees)
+  }
+  return RegionFunction::apply(text, operands)[0];
 }
 
 }  // namespace

@@ -171,6 +171,19 @@ RegionProgram parse_text(const std::string& text) {
       r.masked_grad = true;
     }
   }
+  if (const Json* m = field(o, "relu")) {
+    for (const Json& e : as<JsonArray>(*m, "relu must be a list")) {
+      const double k = as<double>(e, "relu entry");
+      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
+                   "scorch::region: relu names no operand ({})", k);
+      RegionOperand& r = p.operands[static_cast<size_t>(k)];
+      SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::dense) && !r.cached &&
+                       r.expand == 0 && r.packed.empty() && !r.col_major,
+                   "scorch::region: only a sparse or dense operand that is neither cached, packed, broadcast nor in "
+                   "column order can be a ReLU's output");
+      r.relu = p.has_relu = true;
+    }
+  }
 
   std::string seen;
   for (const auto& r : p.operands) {
@@ -229,6 +242,11 @@ RegionProgram parse_text(const std::string& text) {
     p.product_operands.clear();
   }
   derive(p);
+  if (p.has_relu) {
+    RegionProgram plain = p;
+    for (auto& r : plain.operands) r.relu = false;
+    p.plain_text = plain.text();
+  }
   return p;
 }
 
@@ -257,6 +275,10 @@ std::string RegionProgram::text() const {
   for (size_t k = 0; k < operands.size(); ++k)
     if (operands[k].col_major) cols += fmt::format("{}{}", cols.empty() ? "" : ",", k);
   if (!cols.empty()) s += ",\"col_major\":[" + cols + "]";
+  std::string relus;
+  for (size_t k = 0; k < operands.size(); ++k)
+    if (operands[k].relu) relus += fmt::format("{}{}", relus.empty() ? "" : ",", k);
+  if (!relus.empty()) s += ",\"relu\":[" + relus + "]";
   return s + "}";
 }
 
@@ -281,6 +303,8 @@ RegionGradient region_gradient(const std::string& text, int k) {
                "scorch::region: operand {} is an addend: its gradient is the output's, summed (no program)", k);
   SCORCH_CHECK(!p.has_masks, "scorch::region {}: a program with a mask operand (a run-time variant) has no gradient "
                "programs", p.title);
+  SCORCH_CHECK(!p.has_relu, "scorch::region {}: a program applying a ReLU to an operand is differentiated as its "
+               "plain variant on the ReLU's output", p.title);
   if (p.has_addends()) {  // the product's gradient program; its operands named by their indices here
     const auto at = std::find(p.product_operands.begin(), p.product_operands.end(), k);
     RegionGradient r = region_gradient(p.product_text, static_cast<int>(at - p.product_operands.begin()));

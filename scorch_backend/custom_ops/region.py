@@ -56,6 +56,10 @@ class Operand:
     # gradient program samples it there, the operand itself joining as a pattern factor. Program text:
     # the program's "masked_grads" list.
     masked_grad: bool = False
+    # The operand is relu(tensor): the graph hands the op the ReLU's input and the op applies the ReLU in the
+    # pass that measures and compresses it (an inference graph's activation that only this region reads;
+    # passes/partition.py: _fold_relus). Not cached, packed or broadcast. Program text: the "relu" list.
+    relu: bool = False
 
     @property
     def tensor_letters(self) -> str:
@@ -111,6 +115,9 @@ class Program:
         masked = [k for k, o in enumerate(self.operands) if o.masked_grad]
         if masked:
             d["masked_grads"] = masked
+        relus = [k for k, o in enumerate(self.operands) if o.relu]
+        if relus:
+            d["relu"] = relus
         return json.dumps(d, separators=(",", ":"))
 
 
@@ -118,9 +125,10 @@ class Program:
 def parse_program(text: str) -> Program:
     d = json.loads(text)
     masked = set(d.get("masked_grads", ()))
+    relus = set(d.get("relu", ()))
     ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5]),
                         (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None,
-                        k in masked)
+                        k in masked, k in relus)
                 for k, o in enumerate(d["operands"]))
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
                    d.get("grad_out", "dense") == "sparse")
@@ -135,6 +143,9 @@ def _validate(p: Program) -> None:
             raise ValueError(f"scorch::region: unknown operand kind {o.kind!r}")
         if o.kind == "mask" and (o.expand or o.packed or o.masked_grad or o.grad or sorted(o.letters) != sorted(p.out)):
             raise ValueError(f"scorch::region: a mask has the output's letters ({p.out!r}), got {o.letters!r}")
+        if o.relu and (o.kind not in ("sparse", "dense") or o.cached or o.expand or o.packed):
+            raise ValueError("scorch::region: only a sparse or dense operand that is neither cached, packed nor "
+                             "broadcast can be a ReLU's output")
         if o.kind == "add" and (o.expand or o.packed or o.masked_grad or not set(o.letters) <= set(p.out)):
             raise ValueError(f"scorch::region: addend letters {o.letters!r} must be output letters ({p.out!r})")
         if not all(c.isalpha() and c.isascii() for c in o.letters) or len(set(o.letters)) != len(o.letters):

@@ -202,8 +202,11 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
             for o, leaf in zip(prog.operands, r.fused.leaves):
                 attr = g.attrs.get(leaf.name)
                 shape = tuple(leaf.meta["example_value"].shape) if "example_value" in leaf.meta else ()
-                ops_desc.append({"input": leaf.name, "kind": o.kind, "shape": shape,
-                                 "attr": attr.describe() if attr is not None else "dense"})
+                what = attr.describe() if attr is not None else "dense"
+                if o.relu:  # the graph hands the op the ReLU's input (passes/partition.py: _fold_relus)
+                    what = "a ReLU's input: the op applies the ReLU as it measures and compresses it"
+                ops_desc.append({"input": f"relu({leaf.name})" if o.relu else leaf.name, "kind": o.kind,
+                                 "shape": shape, "attr": what})
             rep = RegionReport(r.name, r.ops, prog.equation, ops_desc, [], "", "", [], r.estimated_speedup,
                                label=r.label, gradients=_gradient_notes(prog, r.fused.leaves))
             operands = runs.get(r.program_text)
@@ -227,7 +230,7 @@ def explain(model, *inputs, options=None, png: str | None = None, repeat: int = 
                 rep.measured_speedup = dense_s / sparse_s if sparse_s > 0 else None
                 for o, leaf, t in zip(prog.operands, r.fused.leaves, operands):
                     if o.kind in ("sparse", "pattern"):
-                        patterns.setdefault(f"{r.name}: {leaf.name}", t)
+                        patterns.setdefault(f"{r.name}: {leaf.name}", torch.relu(t) if o.relu else t)
             else:
                 rep.reasons = ["the region did not run with these inputs"]
             out.regions.append(rep)

@@ -86,9 +86,14 @@ def test_relu_mlp_training_graph_before_and_after():
 def test_relu_mlp_inference_graph_before_and_after():
     before, after, _, _ = rewritten(ReluMLP(), _x(), training=False)
     assert before == [("linear",), ("relu",), ("linear",)]
-    # without gradients fc1 has nothing sparse of its own: it stays a linear for Inductor; with the option
-    # "sequences" it joins fc2's region as the first step of a chain (test_chains.py: sequences)
-    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
+    # without gradients fc1 has nothing sparse of its own: it stays a linear for Inductor; the ReLU read only
+    # by fc2's region joins it (the region takes fc1's output and applies the ReLU as it compresses it); with
+    # the option "sequences" fc1 joins fc2's region as the first step of a chain (test_chains.py: sequences)
+    _, _, gm, _ = rewritten(ReluMLP(), _x(), training=False)
+    assert after == [("linear",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
+    region = next(n for n in gm.graph.nodes if n.target is torch.ops.scorch.region.default)
+    linear = next(n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "linear")
+    assert json.loads(region.args[0])["relu"] == [0] and region.args[1][0] is linear
     gm, ex = capture(ReluMLP(), _x())
     with torch.no_grad():
         transform(gm, ex, _options({"sparse_threshold": THRESHOLD, "sequences": True}))
@@ -198,7 +203,114 @@ def test_compressed_rows_match_dense(dtype):
     assert R.run(prog, [nan, w], force="sparse")[0, 0].isnan().all()
 
 
+@kernel_path
+def test_relu_read_elsewhere_stays_in_the_graph():
+    """A ReLU whose output something else reads too (here the model returns it) is not folded: the region
+    takes its output as before."""
+    class Both(ReluMLP):
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h), h
+
+    before, after, gm, _ = rewritten(Both(), _x(), training=False)
+    assert before == [("linear",), ("relu",), ("linear",)]
+    assert after == [("linear",), ("relu",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
+    region = next(n for n in gm.graph.nodes if n.target is torch.ops.scorch.region.default)
+    assert "relu" not in json.loads(region.args[0])
+
+
+# --- an operand the op applies a ReLU to -------------------------------------------------------------------
+
+def _relu_program(*more, addend=False):
+    ops = (R.Operand("ac", "sparse", relu=True), R.Operand("bc"), *more)
+    return R.Program(ops + ((R.Operand("b", "add"),) if addend else ()), "ab").text()
+
+
+@kernel_path
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("path", ["sparse", "dense", None])
+def test_relu_operand_is_the_relu_of_its_tensor(dtype, path):
+    """The op gives relu(pre) w^T on every path: compressed with the ReLU applied in the same passes (row by
+    row for contiguous rows, the general path for others), or the ReLU applied for the dense product. A NaN
+    stays (relu(NaN) is NaN), -0.0 and negatives go, an empty row is a row of zeros."""
+    g = torch.Generator().manual_seed(4)
+    pre = torch.randn(9, 40, dtype=dtype, generator=g) - 1.0
+    pre[3] = -1.0  # an empty row
+    pre[4, :5] = -0.0
+    w = torch.randn(7, 40, dtype=dtype, generator=g)
+    b = torch.randn(7, dtype=dtype, generator=g)
+    for text, extra, want in ((_relu_program(), [], torch.relu(pre) @ w.t()),
+                              (_relu_program(addend=True), [b], torch.relu(pre) @ w.t() + b)):
+        torch.testing.assert_close(R.run(text, [pre, w, *extra], force=path), want)
+        t = pre.t().contiguous().t()  # not contiguous: the general path
+        torch.testing.assert_close(R.run(text, [t, w, *extra], force=path), want)
+    nan = pre.clone()
+    nan[0, 0] = float("nan")
+    got = R.run(_relu_program(), [nan, w], force=path)
+    assert got[0].isnan().all() and not got[1:].isnan().any()
+    # a 3-D operand and a vector (the general compression) too
+    pre3 = pre.reshape(3, 3, 40)
+    text3 = R.Program((R.Operand("xac", "sparse", relu=True), R.Operand("bc")), "xab").text()
+    torch.testing.assert_close(R.run(text3, [pre3, w], force=path), torch.relu(pre3) @ w.t())
+    text1 = R.Program((R.Operand("c", "sparse", relu=True), R.Operand("bc")), "b").text()
+    torch.testing.assert_close(R.run(text1, [pre[0], w], force=path), w @ torch.relu(pre[0]))
+
+
+@kernel_path
+def test_relu_operand_read_dense_beside_a_sparser_one():
+    """Beside a much sparser compressed operand the ReLU's output is read dense (the demoted variant): the
+    ReLU is still applied."""
+    g = torch.Generator().manual_seed(5)
+    pre = torch.randn(16, 64, dtype=torch.float64, generator=g)  # about half positive
+    w = torch.randn(8, 64, dtype=torch.float64, generator=g) * (torch.rand(8, 64, generator=g) < 0.05)
+    text = R.Program((R.Operand("ac", "sparse", relu=True), R.Operand("bc", "sparse")), "ab").text()
+    demoted = R.stats["demoted"]
+    torch.testing.assert_close(R.run(text, [pre, w], force="sparse"), torch.relu(pre) @ w.t())
+    assert R.stats["demoted"] == demoted + 1
+
+
+@kernel_path
+def test_relu_operand_gradients_are_those_through_the_relu():
+    g = torch.Generator().manual_seed(6)
+    pre = (torch.randn(9, 30, dtype=torch.float64, generator=g) - 1.0).requires_grad_()
+    w = torch.randn(5, 30, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
+    up = torch.randn(9, 5, dtype=torch.float64, generator=g)
+    torch.ops.scorch.region(_relu_program(addend=True), [pre, w, b]).backward(up)
+    got = [t.grad.clone() for t in (pre, w, b)]
+    for t in (pre, w, b):
+        t.grad = None
+    (torch.relu(pre) @ w.t() + b).backward(up)
+    for a, e in zip(got, (pre.grad, w.grad, b.grad)):
+        torch.testing.assert_close(a, e)
+
+
+def test_relu_flag_only_on_plain_operands():
+    for bad in (R.Operand("ac", "sparse", cached=True, relu=True), R.Operand("ac", "pattern", grad=False, relu=True)):
+        text = R.Program((bad, R.Operand("bc")), "ab").text()
+        with pytest.raises(ValueError, match="ReLU"):
+            R.parse_program(text)
+        with pytest.raises(ValueError, match="ReLU"):
+            torch.ops.scorch.region(text, [torch.ones(2, 3), torch.ones(4, 3)])
+    with pytest.raises(ValueError, match="relu names no operand"):
+        torch.ops.scorch.region(json.dumps(dict(json.loads(_relu_program()), relu=[7])),
+                                [torch.ones(2, 3), torch.ones(4, 3)])
+
+
 # --- whole models against eager ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["relu_mlp_sparse", "sparse_autoencoder"])
+def test_zoo_models_infer_like_eager(name, scorch_dispatch):
+    """Inference graphs fold the ReLU into the region that reads it (relu_mlp_sparse; the autoencoder's
+    ReLU feeds a scatter, which stays)."""
+    torch._dynamo.reset()
+    case = zoo.make(name)
+    compiled = torch.compile(case.model, backend="scorch")
+    with torch.no_grad():
+        for x in (case.inputs, (case.make_inputs(5)[0],) if name == "relu_mlp_sparse" else case.inputs):
+            torch.testing.assert_close(compiled(*x), case.model(*x), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
 
 def _with_input_grads(inputs):
     return tuple(x.detach().clone().requires_grad_(True) if type(x) is torch.Tensor and x.is_floating_point() else x

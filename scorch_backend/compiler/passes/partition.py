@@ -26,6 +26,7 @@ the softmax between the two products is not index notation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -342,7 +343,36 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         regions = _chains(regions, spares, decisions, taken, order)
         if sequences:
             regions = _sequences(gm, regions, decisions, taken, order, attrs, threshold, frozen)
+    if not training:
+        _fold_relus(regions, taken)
     return regions, decisions
+
+
+def _fold_relus(regions, taken: set) -> None:
+    """Inference: a region's compressed operand that is a ReLU's output read by nothing else takes the ReLU's
+    input instead, with the operand's `relu` flag: the op applies the ReLU in the passes that measure and
+    compress it (csrc/torch/region_compress.cpp), and no ReLU kernel writes the whole activation first only
+    for the region to read it again. The ReLU joins the region (its ops, and the members the rewrite removes).
+    Training graphs keep the ReLU: autograd saves its output for the backward pass anyway."""
+    for r in regions:
+        f = r.fused
+        if f is None or r.chain is not None:
+            continue
+        operands = list(f.program.operands)
+        for k, (o, leaf) in enumerate(zip(operands, f.leaves)):
+            if o.kind != "sparse" or o.cached or o.weight or o.expand or o.packed or f.squeeze[k] \
+                    or not isinstance(leaf, fx.Node) or leaf.name in taken or f.leaves.count(leaf) != 1:
+                continue
+            view = op_of(leaf)
+            if view.name != "aten.relu" or len(view.args) != 1 or view.kwargs \
+                    or not isinstance(view.args[0], fx.Node) or any(u not in r.members for u in leaf.users):
+                continue
+            operands[k] = dataclasses.replace(o, relu=True)
+            f.leaves[k] = view.args[0]
+            r.members.insert(0, leaf)  # an input of the region: before its members
+            r.ops.insert(0, describe(leaf))
+            taken.add(leaf.name)
+        f.program = dataclasses.replace(f.program, operands=tuple(operands))
 
 
 def _addend_of(node: fx.Node, value: fx.Node, product: fx.Node, taken: set):
