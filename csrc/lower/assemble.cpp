@@ -223,6 +223,9 @@ idx_t* hk = nullptr;         // hash table: keys (-1: empty) and values, hcap sl
 val_t* hv = nullptr;
 int64_t hcap = 0;
 const int64_t l2 = l2_cache_bytes();
+// Lists sorted by rank: up to 8 vectors of coordinates (the target's vector width; 8 without vectors).
+constexpr int64_t kRankLanes = SCORCH_VECTOR_BYTES >= (int)sizeof(idx_t) ? SCORCH_VECTOR_BYTES / sizeof(idx_t) : 1;
+constexpr int64_t kRankMax = 8 * kRankLanes;
 const bool dense_fits = C * (int64_t)sizeof(val_t) + C / 8 <= l2;
 int64_t n = 0;
 for (int64_t i = lo; i < hi; ++i) {
@@ -338,9 +341,24 @@ for (int64_t i = lo; i < hi; ++i) {
             wb[c >> 6] = word | bit;
           }
         }
-        // Sorted columns: the span's words of bits read back, unless they outnumber a few times what sorting the
+        // Sorted columns. A short list (up to kRankMax, a few vectors of coordinates) is sorted by rank: each
+        // column's place is the count of smaller ones, every pair compared in vectors without a branch. Scanning
+        // the span's words or sorting mispredicts a branch about once per column (a word holding one or not, a
+        // comparison), which on rows of a few scattered columns (citation graphs) cost more than the products.
+        // Longer lists: the span's words of bits read back, unless they outnumber a few times what sorting the
         // list takes (m log2 m), as for a handful of columns far apart; then the list is sorted.
-        if (m > 1 && (cmax >> 6) - (cmin >> 6) + 1 < 4 * m * (64 - __builtin_clzll((unsigned long long)m))) {
+        if (m > 1 && m <= kRankMax) {
+          idx_t cols[kRankMax + kRankLanes];
+          memcpy(cols, oc, (size_t)m * sizeof(idx_t));
+          const int64_t mr = (m + kRankLanes - 1) / kRankLanes * kRankLanes;
+          for (int64_t w = m; w < mr; ++w) cols[w] = std::numeric_limits<idx_t>::max();  // never smaller
+          for (int64_t w = 0; w < m; ++w) {
+            const idx_t c = cols[w];
+            idx_t r = 0;
+            for (int64_t x = 0; x < mr; ++x) r += cols[x] < c;
+            oc[r] = c; ov[r] = wv[c]; wv[c] = 0; wb[c >> 6] = 0;
+          }
+        } else if (m > 1 && (cmax >> 6) - (cmin >> 6) + 1 < 4 * m * (64 - __builtin_clzll((unsigned long long)m))) {
           int64_t w = 0;
           for (int64_t g = cmin >> 6; g <= (cmax >> 6); ++g) {
             uint64_t bits = wb[g];
