@@ -45,6 +45,9 @@ struct ChainProgram {
   std::vector<ChainStep> steps;
   std::string name, label, title, profile_name;
   int s = -1;  // grouped: the operand of step 0 that is S
+  // A training graph's chain (program text "keep": true): the forward keeps the intermediates its direct gradient
+  // reads (grouped_backward.cpp: kept_intermediates), so the gradient does not compute them again.
+  bool keep = false;
   // Per chain operand: read by some step as a factor with a gradient (not only as a 0/1 pattern).
   std::vector<bool> differentiable;
 };
@@ -78,6 +81,10 @@ at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, boo
 // false (nothing done) for a chain of another form.
 bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands, const at::Tensor& grad,
                             const std::vector<bool>& wanted, std::vector<at::Tensor>& out);
+
+// A keep chain's forward (grouped.cpp) hands its steps' results (the rows after each step's elementwise ops, all but
+// the last) to the direct gradient, which takes them when its operands are the same tensors at the same versions.
+void keep_intermediates(const ChainProgram& c, at::TensorList operands, std::vector<at::Tensor> results);
 
 // Whether grouped_chain_backward takes this chain (grouped, every step a plain grouped product).
 bool chain_has_direct_gradient(const ChainProgram& c);

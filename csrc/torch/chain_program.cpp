@@ -103,6 +103,7 @@ ChainProgram parse_chain(const std::string& text) {
   SCORCH_CHECK(steps != nullptr, "scorch::chain: malformed program text (steps are required)");
   if (const json::Json* n = json::field(o, "name")) c.name = as<std::string>(*n, "name", kOp);
   if (const json::Json* l = json::field(o, "label")) c.label = as<std::string>(*l, "label", kOp);
+  if (const json::Json* k = json::field(o, "keep")) c.keep = as<bool>(*k, "keep", kOp);
   std::string kind = "grouped";
   if (const json::Json* k = json::field(o, "kind")) kind = as<std::string>(*k, "kind", kOp);
   SCORCH_CHECK(kind == "grouped" || kind == "sequence", "scorch::chain: unknown chain kind '{}'", kind);

@@ -418,6 +418,11 @@ at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, boo
       results.push_back(std::move(r));
       continue;
     }
+    if (c.keep && !differentiable && chain_has_direct_gradient(c)) {  // for the direct gradient
+      std::vector<at::Tensor> kept;
+      for (const StepResult& k : results) kept.push_back(k.rows);
+      keep_intermediates(c, operands, std::move(kept));
+    }
     // The output, in the program's letter order.
     const std::string& out_letters = prog.out;
     at::Tensor out;

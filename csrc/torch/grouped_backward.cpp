@@ -10,6 +10,9 @@
 // of dA' * A, and step 0's rows are summed back into their operand's rows. Only the operands asked for get a
 // gradient: a dA that nobody needs (the input of a model whose input needs no gradient) is not computed.
 // Other chains take the autograd route (chain_op.cpp).
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include <torch/csrc/autograd/grad_mode.h>
@@ -116,7 +119,56 @@ void accumulate(at::Tensor& slot, const at::Tensor& g) {
   slot = slot.defined() ? slot.add(g) : g;
 }
 
+// Kept intermediates (keep_intermediates): per chain, the latest forward's step results with the operands it ran
+// on. The operands are held (they are alive anyway while a gradient may come) so that their storages cannot be
+// reused by other tensors, and matched by storage, offset, shape, strides and version: a gradient whose operands
+// differ (another call's, or changed in place) computes the results again. An entry is taken by the gradient that
+// matches it or replaced by the chain's next forward, so each chain holds at most one.
+struct Kept {
+  std::vector<at::Tensor> operands;
+  std::vector<int64_t> versions;
+  std::vector<at::Tensor> results;
+};
+
+std::mutex kept_mu;
+std::map<const ChainProgram*, Kept>& kept_by_chain() {
+  static auto* m = new std::map<const ChainProgram*, Kept>;  // never destroyed: freed tensors may outlive statics
+  return *m;
+}
+
+bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
+  return a.has_storage() && b.has_storage() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.scalar_type() == b.scalar_type();
+}
+
+// The kept results of the forward that ran on exactly these operands (empty: none).
+std::vector<at::Tensor> take_kept(const ChainProgram& c, at::TensorList operands) {
+  std::lock_guard<std::mutex> lock(kept_mu);
+  auto& m = kept_by_chain();
+  auto it = m.find(&c);
+  if (it == m.end() || it->second.operands.size() != operands.size()) return {};
+  for (size_t k = 0; k < operands.size(); ++k)
+    if (!same_tensor(it->second.operands[k], operands[k]) || it->second.versions[k] != operands[k]._version())
+      return {};
+  std::vector<at::Tensor> results = std::move(it->second.results);
+  m.erase(it);
+  return results;
+}
+
 }  // namespace
+
+void keep_intermediates(const ChainProgram& c, at::TensorList operands, std::vector<at::Tensor> results) {
+  Kept k;
+  for (const at::Tensor& t : operands) {
+    if (!t.has_storage()) return;  // nothing to match a sparse or meta operand by
+    k.operands.push_back(t.detach());
+    k.versions.push_back(t._version());
+  }
+  k.results = std::move(results);
+  std::lock_guard<std::mutex> lock(kept_mu);
+  kept_by_chain()[&c] = std::move(k);
+}
 
 bool chain_has_direct_gradient(const ChainProgram& c) {
   return c.kind == ChainProgram::Kind::grouped && plain_steps(c).has_value();
@@ -142,6 +194,13 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
   at::Tensor S = so.letters[0] == first.p ? s_in : s_in.t();
   if (pattern) S = S.ne(0);
   const Groups g = grouped::group_entries(S, pattern, dtype, /*padded_allowed=*/false);
+  // the forward's results, when it kept them for these operands (the same entries in the same order: ragged)
+  std::vector<at::Tensor> kept = c.keep ? take_kept(c, operands_in) : std::vector<at::Tensor>{};
+  const bool fits = kept.size() + 1 == c.steps.size() &&
+                    std::all_of(kept.begin(), kept.end(), [&](const at::Tensor& t) {
+                      return t.defined() && t.dim() == 2 && t.size(0) == g.entries;
+                    });
+  if (!fits) kept.clear();
   out.assign(operands.size(), at::Tensor());
   auto want = [&](int i) { return i >= 0 && static_cast<size_t>(i) < wanted.size() && wanted[static_cast<size_t>(i)]; };
   auto operand_of = [&](size_t j, int input) -> const RegionOperand& {
@@ -194,6 +253,10 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
       w_t[j] = without(ps.w->lt, st.p, st.q)[0] == n;
     }
     if ((j + 1 == L && !ps.relu) || (defer && j + 2 >= L)) continue;  // results the gradient does not read
+    if (!kept.empty()) {
+      O[j] = kept[j];
+      continue;
+    }
     const at::Tensor scaled = scaled_rows(j);
     at::Tensor r = ps.w ? grouped_matmul(scaled.contiguous(), W[j], w_t[j], g.counts, false) : scaled.clone();
     if (prog.coef != 1.0) r.mul_(prog.coef);

@@ -25,6 +25,7 @@ Options:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -189,6 +190,9 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     if chains and training and mode == "direct" and not all(
             _C.chain_direct_gradient(r.program_text) for r in regions if r.chain is not None):
         regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, False)
+    for r in regions:
+        if r.chain is not None and training and _C.chain_direct_gradient(r.program_text):
+            r.chain.program = dataclasses.replace(r.chain.program, keep=True)
     if not attention:
         regions = [r for r in regions if r.attention is None]
     if dump:

@@ -49,6 +49,7 @@ class ChainProgram:
     name: str = ""
     label: str = ""
     kind: str = "grouped"  # "grouped" | "sequence" (see the module's docstring)
+    keep: bool = False  # a training graph's chain: the forward keeps what the direct gradient reads again
 
     def text(self) -> str:
         d = {"steps": [{"program": s.program, "inputs": list(s.inputs), "then": list(s.then)} for s in self.steps],
@@ -57,6 +58,8 @@ class ChainProgram:
             d["label"] = self.label
         if self.kind != "grouped":
             d["kind"] = self.kind
+        if self.keep:
+            d["keep"] = True
         return json.dumps(d, separators=(",", ":"))
 
     @property
@@ -70,7 +73,7 @@ def parse_chain(text: str) -> ChainProgram:
     d = json.loads(text)
     steps = tuple(ChainStep(st["program"], tuple(int(i) for i in st["inputs"]), tuple(st.get("then", ())))
                   for st in d["steps"])
-    return ChainProgram(steps, d.get("name", ""), d.get("label", ""), d.get("kind", "grouped"))
+    return ChainProgram(steps, d.get("name", ""), d.get("label", ""), d.get("kind", "grouped"), bool(d.get("keep", False)))
 
 
 chain = torch.ops.scorch.chain

@@ -6,12 +6,16 @@ or on a product, empty groups, one token -- and against the autograd route's num
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from scorch_backend.custom_ops import chain as Ch
 from scorch_backend.custom_ops import region as R
+from scorch_backend.tools import zoo
+from model_check import check_model
 
 P, O = R.Program, R.Operand
 
@@ -143,3 +147,64 @@ def test_float32_weights_get_float32_gradients():
     ref = ops[3].double().clone().requires_grad_()
     _eager(*[t.double() for t in ops[:3]], ref, ops[4].double()).sum().backward()
     torch.testing.assert_close(w2.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def _keep(text: str) -> str:
+    return dataclasses.replace(Ch.parse_chain(text), keep=True).text()
+
+
+def _backward_mm_count(text, ops, wanted):
+    """(gradients, matrix products the gradient op ran) for one chain_backward call, on this thread."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.profiler.profile() as prof:
+            g = torch.ops.scorch.chain_backward(text, ops, torch.ones(ops[1].shape, dtype=ops[1].dtype), wanted)
+    finally:
+        torch.set_num_threads(old)
+    return g, [e.name for e in prof.events()].count("aten::mm")
+
+
+def test_keep_chain_gradient_reads_the_forward_results():
+    """A training graph's chain ("keep") hands its intermediates to the gradient of the same operands: the first
+    step's products are not run again (3 products per group instead of 4). Taken once: a second gradient of the
+    same operands, or one of other tensors (a copy), computes them again -- the same numbers every time."""
+    text, ops = _chain(b=40, n=4, d=8, h=16, experts=[k % 4 for k in range(40)])
+    keep = _keep(text)
+    wanted = [0, 0, 1, 1, 1]
+    ref, n_ref = _backward_mm_count(text, ops, wanted)
+    assert n_ref == 4 * 4
+    with torch.no_grad():
+        torch.ops.scorch.chain(keep, ops)
+    got, n_kept = _backward_mm_count(keep, ops, wanted)
+    assert n_kept == 3 * 4
+    again, n_again = _backward_mm_count(keep, ops, wanted)
+    assert n_again == 4 * 4
+    with torch.no_grad():
+        torch.ops.scorch.chain(keep, ops)
+    copies = [t.clone() for t in ops]
+    other, n_other = _backward_mm_count(keep, copies, wanted)
+    assert n_other == 4 * 4
+    for k in (2, 3, 4):
+        for g in (got, again, other):
+            torch.testing.assert_close(g[k], ref[k])
+
+
+def test_keep_chain_not_matched_after_an_in_place_change():
+    text, ops = _chain()
+    keep = _keep(text)
+    ops = [t.clone() for t in ops]
+    with torch.no_grad():
+        torch.ops.scorch.chain(keep, ops)
+        ops[2].mul_(2.0)  # w1 changed in place: the kept results are stale
+    got, n = _backward_mm_count(keep, ops, [0, 0, 1, 1, 1])
+    ref, _ = _backward_mm_count(text, ops, [0, 0, 1, 1, 1])
+    assert n == 4 * len(set(ops[0].argmax(1).tolist()))
+    for k in (2, 3, 4):
+        torch.testing.assert_close(got[k], ref[k])
+
+
+def test_keep_chain_model_trains_like_eager():
+    """The zoo's MoE compiled for training takes a keep chain by default; its gradients match eager's."""
+    case = zoo.make("moe")
+    check_model(case)
