@@ -91,6 +91,19 @@ Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bo
   return g;
 }
 
+Factor grouping_factor(const ChainProgram& c, at::TensorList operands) {
+  const ChainStep& first = c.steps[0];
+  const RegionOperand& so = first.program->operands[static_cast<size_t>(c.s)];
+  Factor f;
+  f.input = first.inputs[static_cast<size_t>(c.s)];
+  const at::Tensor& s_in = operands[static_cast<size_t>(f.input)];
+  SCORCH_CHECK(s_in.dim() == 2, "scorch::chain {}: the grouping factor has {} dimensions, not 2", c.title, s_in.dim());
+  f.pattern = so.kind == RegionOperand::Kind::pattern;
+  f.S = so.letters[0] == first.p ? s_in : s_in.t();
+  if (f.pattern) f.S = f.S.ne(0);
+  return f;
+}
+
 }  // namespace grouped
 
 namespace {
@@ -360,14 +373,8 @@ bool ragged_products(const ChainProgram& c) {
 
 at::Tensor run_grouped_chain(const ChainProgram& c, at::TensorList operands, bool differentiable) {
   const at::ScalarType dtype = chain_dtype(c, operands);
-  const ChainStep& first = c.steps[0];
-  const RegionOperand& so = first.program->operands[static_cast<size_t>(c.s)];
-  const int s_input = first.inputs[static_cast<size_t>(c.s)];
+  const auto [S, pattern, s_input] = grouped::grouping_factor(c, operands);
   const at::Tensor& s_in = operands[static_cast<size_t>(s_input)];
-  SCORCH_CHECK(s_in.dim() == 2, "scorch::chain {}: the grouping factor has {} dimensions, not 2", c.title, s_in.dim());
-  const bool pattern = so.kind == RegionOperand::Kind::pattern;
-  at::Tensor S = so.letters[0] == first.p ? s_in : s_in.t();
-  if (pattern) S = S.ne(0);
   std::vector<c10::SymInt> shape_sym = chain_output_shape(c, operands);
   std::vector<int64_t> shape;
   for (const auto& s : shape_sym) shape.push_back(s.expect_int());

@@ -187,12 +187,7 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
   const at::ScalarType dtype = chain_dtype(c, operands);
   const ChainStep& first = c.steps[0];
   const RegionOperand& so = first.program->operands[static_cast<size_t>(c.s)];
-  const int s_input = first.inputs[static_cast<size_t>(c.s)];
-  const at::Tensor& s_in = operands[static_cast<size_t>(s_input)];
-  SCORCH_CHECK(s_in.dim() == 2, "scorch::chain {}: the grouping factor has {} dimensions, not 2", c.title, s_in.dim());
-  const bool pattern = so.kind == RegionOperand::Kind::pattern;
-  at::Tensor S = so.letters[0] == first.p ? s_in : s_in.t();
-  if (pattern) S = S.ne(0);
+  const auto [S, pattern, s_input] = grouped::grouping_factor(c, operands);
   const Groups g = grouped::group_entries(S, pattern, dtype, /*padded_allowed=*/false);
   // the forward's results, when it kept them for these operands (the same entries in the same order: ragged)
   std::vector<at::Tensor> kept = c.keep ? take_kept(c, operands_in) : std::vector<at::Tensor>{};

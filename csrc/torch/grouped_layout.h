@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include "chain.h"
+
 namespace scorch::torch_glue::grouped {
 
 struct Groups {
@@ -31,5 +33,13 @@ at::Tensor gather_rows(const at::Tensor& t, const std::string& lt, char p, char 
 // S (p, q) grouped: its entries sorted by q, with S's values per entry (`pattern`: none; values that are all 1
 // and need no gradient are dropped), padded when allowed and the padding is small.
 Groups group_entries(const at::Tensor& S, bool pattern, at::ScalarType dtype, bool padded_allowed);
+
+// A grouped chain's factor S as the runner reads it: S(p, q) from step 0's operand (0/1 when it is a pattern).
+struct Factor {
+  at::Tensor S;
+  bool pattern = false;
+  int input = -1;  // the chain operand it is
+};
+Factor grouping_factor(const ChainProgram& c, at::TensorList operands);
 
 }  // namespace scorch::torch_glue::grouped

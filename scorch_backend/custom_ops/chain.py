@@ -29,8 +29,9 @@ from .region import run
 # intermediate is kept as the rows of its groups only, never as the dense (p, q, rest) tensor. The last step's
 # result is scattered back (or summed over groups).
 #
-# Gradients: `scorch::chain_backward` runs the chain again under ATen's autograd and returns every operand's
-# gradient (csrc/torch/chain_op.cpp says why a recomputation).
+# Gradients: `scorch::chain_backward` returns the gradients of the operands asked for: directly as grouped
+# products for chains of plain grouped products (csrc/torch/grouped_backward.cpp; `keep`: a training graph's
+# forward hands it its intermediates), else by running the chain again under ATen's autograd (chain_op.cpp).
 
 CHAIN_ELEMENTWISE = {"aten.relu": torch.relu, "aten.gelu": torch.nn.functional.gelu, "aten.tanh": torch.tanh,
                      "aten.abs": torch.abs, "aten.neg": torch.neg}
