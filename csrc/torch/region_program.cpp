@@ -26,6 +26,20 @@ using json::JsonObject;
 using json::JsonReader;
 using json::json_string;
 
+// Each operand that the list field `name` names by index (col_major, masked_grads, relu) handed to `f`; an
+// index that names no operand is a ValueError.
+template <typename F>
+void listed_operands(const JsonObject& o, const char* name, RegionProgram& p, F&& f) {
+  const Json* m = field(o, name);
+  if (!m) return;
+  for (const Json& e : as<JsonArray>(*m, "a list of operand indices expected")) {
+    const double k = as<double>(e, "an operand index expected");
+    SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
+                 "scorch::region: {} names no operand ({})", name, k);
+    f(p.operands[static_cast<size_t>(k)]);
+  }
+}
+
 const char* kind_name(RegionOperand::Kind k) {
   return k == RegionOperand::Kind::sparse    ? "sparse"
          : k == RegionOperand::Kind::pattern ? "pattern"
@@ -147,43 +161,25 @@ RegionProgram parse_text(const std::string& text) {
                  "scorch::region: out_order is 'storage' or 'requested', got '{}'", order);
     p.requested_order = order == "requested";
   }
-  if (const Json* m = field(o, "col_major")) {
-    for (const Json& e : as<JsonArray>(*m, "col_major must be a list")) {
-      const double k = as<double>(e, "col_major entry");
-      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
-                   "scorch::region: col_major names no operand ({})", k);
-      RegionOperand& r = p.operands[static_cast<size_t>(k)];
-      SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::pattern) &&
-                       r.letters.size() == 2 && r.expand == 0 && r.packed.empty(),
-                   "scorch::region: only a 2-D compressed operand (not packed, not broadcast) can be in column order");
-      r.col_major = true;
-    }
-  }
-  if (const Json* m = field(o, "masked_grads")) {
-    for (const Json& e : as<JsonArray>(*m, "masked_grads must be a list")) {
-      const double k = as<double>(e, "masked_grads entry");
-      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
-                   "scorch::region: masked_grads names no operand ({})", k);
-      RegionOperand& r = p.operands[static_cast<size_t>(k)];
-      SCORCH_CHECK(r.kind != RegionOperand::Kind::pattern && r.kind != RegionOperand::Kind::add && r.expand == 0 &&
-                       r.packed.empty(),
-                   "scorch::region: only a dense or sparse operand's gradient can be masked");
-      r.masked_grad = true;
-    }
-  }
-  if (const Json* m = field(o, "relu")) {
-    for (const Json& e : as<JsonArray>(*m, "relu must be a list")) {
-      const double k = as<double>(e, "relu entry");
-      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
-                   "scorch::region: relu names no operand ({})", k);
-      RegionOperand& r = p.operands[static_cast<size_t>(k)];
-      SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::dense) && !r.cached &&
-                       r.expand == 0 && r.packed.empty() && !r.col_major,
-                   "scorch::region: only a sparse or dense operand that is neither cached, packed, broadcast nor in "
-                   "column order can be a ReLU's output");
-      r.relu = p.has_relu = true;
-    }
-  }
+  listed_operands(o, "col_major", p, [](RegionOperand& r) {
+    SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::pattern) &&
+                     r.letters.size() == 2 && r.expand == 0 && r.packed.empty(),
+                 "scorch::region: only a 2-D compressed operand (not packed, not broadcast) can be in column order");
+    r.col_major = true;
+  });
+  listed_operands(o, "masked_grads", p, [](RegionOperand& r) {
+    SCORCH_CHECK(r.kind != RegionOperand::Kind::pattern && r.kind != RegionOperand::Kind::add && r.expand == 0 &&
+                     r.packed.empty(),
+                 "scorch::region: only a dense or sparse operand's gradient can be masked");
+    r.masked_grad = true;
+  });
+  listed_operands(o, "relu", p, [&](RegionOperand& r) {
+    SCORCH_CHECK((r.kind == RegionOperand::Kind::sparse || r.kind == RegionOperand::Kind::dense) && !r.cached &&
+                     r.expand == 0 && r.packed.empty() && !r.col_major,
+                 "scorch::region: only a sparse or dense operand that is neither cached, packed, broadcast nor in "
+                 "column order can be a ReLU's output");
+    r.relu = p.has_relu = true;
+  });
 
   std::string seen;
   for (const auto& r : p.operands) {
@@ -267,18 +263,16 @@ std::string RegionProgram::text() const {
   if (!label.empty()) s += ",\"label\":" + json_string(label);
   if (sparse_grad_out) s += ",\"grad_out\":\"sparse\"";
   if (requested_order) s += ",\"out_order\":\"requested\"";
-  std::string masked;
-  for (size_t k = 0; k < operands.size(); ++k)
-    if (operands[k].masked_grad) masked += fmt::format("{}{}", masked.empty() ? "" : ",", k);
-  if (!masked.empty()) s += ",\"masked_grads\":[" + masked + "]";
-  std::string cols;
-  for (size_t k = 0; k < operands.size(); ++k)
-    if (operands[k].col_major) cols += fmt::format("{}{}", cols.empty() ? "" : ",", k);
-  if (!cols.empty()) s += ",\"col_major\":[" + cols + "]";
-  std::string relus;
-  for (size_t k = 0; k < operands.size(); ++k)
-    if (operands[k].relu) relus += fmt::format("{}{}", relus.empty() ? "" : ",", k);
-  if (!relus.empty()) s += ",\"relu\":[" + relus + "]";
+  // ,"name":[k, ...] for the operands with a flag (none: nothing)
+  auto listed = [&](const char* name, bool RegionOperand::*flag) {
+    std::vector<size_t> ks;
+    for (size_t k = 0; k < operands.size(); ++k)
+      if (operands[k].*flag) ks.push_back(k);
+    if (!ks.empty()) s += fmt::format(",\"{}\":[{}]", name, fmt::join(ks, ","));
+  };
+  listed("masked_grads", &RegionOperand::masked_grad);
+  listed("col_major", &RegionOperand::col_major);
+  listed("relu", &RegionOperand::relu);
   return s + "}";
 }
 
