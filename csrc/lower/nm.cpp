@@ -139,8 +139,9 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     const bool packable = vector_code && vectors > 1;  // the main vector pass (the panel is made for it below)
     const std::string stride = packable ? std::to_string(tile) : LD;
     body.push_back(line(fmt::format("const val_t* __restrict dbase = {} + jo;", DB)));
-    // The tile's slice of the panel the threads packed together before the passes (pack_panel below).
-    if (packable) body.push_back(line(fmt::format("if ({0} != {1}) dbase = nm_pp + (jo / {1}) * NC * {1};", LD, tile)));
+    // The tile's slice of the thread's panel, packed before the passes (below).
+    if (packable)
+      body.push_back(line(fmt::format("if ({0} != {1}) dbase = nm_pp + (size_t)tid * NC * (NK / {1}) * {1} + (jo / {1}) * NC * {1};", LD, tile)));
     // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1. Rows per block: their
     // output tiles fill a quarter of L2, so that a block's outputs stay there while the chunks pass.
     body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_cache_bytes() / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
@@ -219,16 +220,17 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   nest.push_back(line("const int64_t lo = (int64_t)((__int128)NR * tid / nt), hi = (int64_t)((__int128)NR * (tid + 1) / nt);"));
   const int ptile = nv * w;  // columns of the main pass's tile, the panel's stride
   if (vec && nv > 1) {
-    // The panel: every full tile of the dense rows, tile after tile (tile t's row q at (t * NC + q) * ptile),
-    // one copy shared by the threads, each packing a share of the rows; then a barrier. Each thread packing
-    // the whole panel for itself, a tile per pass, ran 4% slower at 2 threads and 6% at one (1024^2 2:4,
-    // N = 128, 8-lane vectors: 860 -> 830 us, 1780 -> 1680 us).
+    // The thread's panel: every full tile of the dense rows, tile after tile (tile t's row q at
+    // (t * NC + q) * ptile), packed once before the passes. Packed a tile per pass, it ran 6% slower on one
+    // thread and 2-4% slower on two (1024^2 2:4, N = 128, 8-lane vectors: 1780 -> 1680 us, 850 -> 835 us); one
+    // panel shared by the threads, each packing a share of the rows before a barrier, ran 4% slower at 512^2
+    // (210 -> 218 us: each thread then reads the other's half from the other core's cache).
     nest.push_back(line(fmt::format("if ({} != {} && NK >= {}) {{", LD, ptile, ptile)));
-    nest.push_back(line("for (int64_t q = NC * tid / nt; q < NC * (tid + 1) / nt; ++q)"));
-    nest.push_back(line(fmt::format("for (int64_t t = 0; t < NK / {0}; ++t) memcpy(nm_pp + (t * NC + q) * {0}, {1} + q * {2} + t * {0}, "
+    nest.push_back(line(fmt::format("val_t* __restrict mine = nm_pp + (size_t)tid * NC * (NK / {0}) * {0};", ptile)));
+    nest.push_back(line("for (int64_t q = 0; q < NC; ++q)"));
+    nest.push_back(line(fmt::format("for (int64_t t = 0; t < NK / {0}; ++t) memcpy(mine + (t * NC + q) * {0}, {1} + q * {2} + t * {0}, "
                                     "{0} * sizeof(val_t));", ptile, DB, LD)));
     nest.push_back(line("}"));
-    nest.push_back(line("#pragma omp barrier"));
   }
   nest.push_back(line("uint32_t chk = 0;  // nonzero once a mask word of this share is not a good n:m mask"));
   nest.push_back(line("int64_t jo = 0;"));
@@ -279,7 +281,8 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
   // dropped past 64 MB.
   if (vec && nv > 1) {
     Stmts panel{line("static thread_local struct NmPanel { val_t* p = nullptr; size_t n = 0; ~NmPanel() { free(p); } } nm_panel;"),
-                line(fmt::format("const size_t nm_panel_need = {0} != {1} ? (size_t)(NC * (NK / {1}) * {1}) : 0;", LD, nv * w)),
+                line("const size_t nm_threads = args->num_threads > 0 ? (size_t)args->num_threads : 1;"),
+                line(fmt::format("const size_t nm_panel_need = {0} != {1} ? nm_threads * (size_t)(NC * (NK / {1}) * {1}) : 0;", LD, nv * w)),
                 line("if (nm_panel_need > 0 && nm_panel.n < nm_panel_need) {"),
                 line("free(nm_panel.p); const size_t k = nm_panel_need;"),
                 line("nm_panel.p = (val_t*)aligned_alloc(64, (k * sizeof(val_t) + 63) / 64 * 64); nm_panel.n = nm_panel.p ? k : 0;"),
