@@ -25,9 +25,10 @@ Kernels (float32 values, int32 Scorch indices):
 
 Contenders, all in this process with the same thread count: torch.sparse CSR, torch.sparse COO and dense torch
 (when the dense operands fit under --dense-limit-gb and the dense work under --dense-max-gflop). Every time is
-the median of --repeats calls (time.perf_counter) after --warmup calls; a ratio is contender time / Scorch
-time, so a ratio above 1 means Scorch is faster. Each Scorch result is checked once against the torch CSR
-result.
+the median of at least --repeats calls (time.perf_counter) after --warmup calls, Scorch and its contenders
+timed in alternation (rounds in a rotating order, tools/timing.measure_interleaved), so that another process's
+load falls on all of them alike; a ratio is contender time / Scorch time, so a ratio above 1 means Scorch is
+faster. Each Scorch result is checked once against the torch CSR result.
 
 Memory traffic model (bytes a kernel must move at least): every buffer of every operand read once (a sparse
 operand's index buffers and values as Scorch stores them, a dense operand's elements) plus the result written
@@ -64,7 +65,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend.tools import datasets  # noqa: E402
-from scorch_backend.tools.timing import measure, stream_triad  # noqa: E402
+from scorch_backend.tools.timing import measure_interleaved, stream_triad  # noqa: E402
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
 from kernel_cases import (CONTENDERS, EQUATIONS, K_SDDMM, KERNELS, N_SPMM, RANK_MTTKRP, RTOL,  # noqa: E402
                           TORCH_OPS, Skip, block_pruned, check_dense, check_sparse, load_matrices, log,
@@ -84,14 +85,6 @@ TENSOR3_TARGET = 10.0  # MTTKRP and TTM on 3-D CSF: against dense einsum and the
 
 # ----------------------------------------------------------------------------------------------------------
 # timing and helpers
-
-
-def bench(fn, warmup: int, repeats: int, budget: float) -> dict:
-    """Median of at least `repeats` timed calls after `warmup` calls; slow calls shorten the run (at least 3
-    samples, or 1 when a single call takes longer than twice the budget); fast calls get more samples (up to
-    50x, for at least a tenth of the budget) to steady the median."""
-    return measure(fn, warmup=warmup, repeat=repeats, min_time=budget / 10, max_repeat=50 * repeats,
-                   budget=budget, min_samples=3).to_dict()
 
 
 def nbytes(x) -> int:
@@ -187,12 +180,12 @@ def run_bsr(args, triad_gbps, results):
 def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
     res = {"kernel": kernel, "matrix": name, "shape": list(shape), "nnz": int(nnz),
            "scorch_call": EQUATIONS[kernel], "contenders": {}, "skipped": dict(case["skipped"])}
-    # Scorch: first call (compiles or loads the kernel), then the timings.
+    # Scorch's first call (compiles or loads the kernel), and each contender's (the torch CSR result is the
+    # reference), outside the timings.
     try:
         t = time.perf_counter()
         out = case["scorch"]()
         res["scorch_first_call_s"] = time.perf_counter() - t
-        res["scorch"] = bench(case["scorch"], args.warmup, args.repeats, args.budget)
     except Exception as e:  # a Scorch failure is a result, not the end of the run
         res["error"] = f"{type(e).__name__}: {e}"
         log(f"  !! Scorch {kernel} on {name} failed: {res['error']}")
@@ -200,26 +193,43 @@ def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
             traceback.print_exc()
         return res
     moved = sum(nbytes(x) for x in case["inputs"]) + nbytes(out)
-    res["bytes_moved"] = moved
-    res["scorch_gbps"] = moved / res["scorch"]["median_s"] / 1e9
-    # Contenders.
     ref = None
+    timed = {"scorch": case["scorch"]}
     for cname in CONTENDERS:
         fn = case["contenders"].get(cname)
         if fn is None:
             continue
         try:
             r = fn()
-            if cname == "torch_csr":
-                ref = r
-            del r
-            b = bench(fn, args.warmup, args.repeats, args.budget)
-            b["ratio"] = b["median_s"] / res["scorch"]["median_s"]
-            b["op"] = TORCH_OPS[kernel][cname]
-            res["contenders"][cname] = b
         except Exception as e:
             res["skipped"][cname] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        gc.collect()
+            continue
+        if cname == "torch_csr":
+            ref = r
+        del r
+        timed[cname] = fn
+    gc.collect()
+    # Scorch and the contenders timed in alternation (rounds in a rotating order), so that load from another
+    # process falls on all of them alike instead of on whichever was being timed (measure_interleaved).
+    times, failed = measure_interleaved(timed, warmup=args.warmup, repeat=args.repeats, min_time=args.budget / 10,
+                                        max_repeat=50 * args.repeats, budget=args.budget, min_samples=3)
+    if "scorch" in failed:
+        e = failed["scorch"]
+        res["error"] = f"{type(e).__name__}: {e}"
+        log(f"  !! Scorch {kernel} on {name} failed: {res['error']}")
+        return res
+    res["scorch"] = times["scorch"].to_dict()
+    res["bytes_moved"] = moved
+    res["scorch_gbps"] = moved / res["scorch"]["median_s"] / 1e9
+    for cname, e in failed.items():
+        res["skipped"][cname] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    for cname in timed:
+        if cname == "scorch" or cname not in times:
+            continue
+        b = times[cname].to_dict()
+        b["ratio"] = b["median_s"] / res["scorch"]["median_s"]
+        b["op"] = TORCH_OPS[kernel][cname]
+        res["contenders"][cname] = b
     # Check against the torch CSR result (SDDMM: sampled_addmm's, scaled by S's values).
     try:
         if ref is None:
