@@ -15,6 +15,7 @@ from model_check import check_model
 from scorch_backend.custom_ops import region as R
 from scorch_backend.compiler.backend import _options, transform
 from scorch_backend.tools import zoo
+from scorch_backend.compiler import region_cost
 from scorch_backend.compiler.passes import partition
 from test_backend_passes import THRESHOLD, attrs_of, capture
 
@@ -333,6 +334,12 @@ def test_activation_that_turns_out_dense_runs_dense(monkeypatch):
     """Compiled while the ReLU output is 90% zeros; then the activation is dense: the run-time choice runs
     the products dense, and the values stay right."""
     monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    # The compile-time estimate of whether fc2's region pays rests on timings taken once per process (the
+    # region's fixed cost, the dense rate, the crossover); on a loaded machine they can say it does not, and
+    # no region is cut. This test is about the run-time choice, so the estimate gets typical figures.
+    monkeypatch.setattr(region_cost, "region_overhead_s", lambda: 20e-6)
+    monkeypatch.setattr(region_cost, "dense_rate", lambda threads: 50e9)
+    monkeypatch.setattr(region_cost, "crossover_density", lambda: 0.3)
     torch._dynamo.reset()
     case = zoo.make("relu_mlp_sparse", "bench", batch=256, d_in=256, hidden=1024, d_out=256)
     model = case.model
