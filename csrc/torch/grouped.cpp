@@ -256,10 +256,16 @@ StepResult run_step(const ChainStep& st, std::vector<Held> held, const Groups& g
   if (!per_group_operand && (keeps_p || !has(prog.out, q))) {
     std::vector<at::Tensor> args;
     for (const Held& h : held) args.push_back(h.t);
+    // A step that only passes its rows on ("ph->ph") gets a view of them from einsum; the caller scales and
+    // applies elementwise ops in place, which would then change the step before's result (kept for the
+    // gradient) or an operand: such a result is copied.
+    at::Tensor res = at::einsum(eq, args);
+    if (std::any_of(args.begin(), args.end(), [&](const at::Tensor& a) { return res.is_alias_of(a); }))
+      res = res.clone();
     if (keeps_p) {
-      r.rows = at::einsum(eq, args);
+      r.rows = std::move(res);
     } else {
-      r.summed = at::einsum(eq, args);
+      r.summed = std::move(res);
       r.summed_letters = rest_out;
     }
     return r;

@@ -248,8 +248,8 @@ bool grouped_chain_backward(const ChainProgram& c, at::TensorList operands_in, c
       w_t[j] = without(ps.w->lt, st.p, st.q)[0] == n;
     }
     if ((j + 1 == L && !ps.relu) || (defer && j + 2 >= L)) continue;  // results the gradient does not read
-    if (!kept.empty()) {
-      O[j] = kept[j];
+    if (j < kept.size()) {  // (the forward keeps every step's result but the last: a last step's ReLU output,
+      O[j] = kept[j];       // which the gradient reads, is computed here)
       continue;
     }
     const at::Tensor scaled = scaled_rows(j);

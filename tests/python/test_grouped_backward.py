@@ -204,6 +204,41 @@ def test_keep_chain_not_matched_after_an_in_place_change():
         torch.testing.assert_close(got[k], ref[k])
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_keep_chain_gradient_equals_the_recomputed_one(form):
+    """Every form the direct gradient takes, with the forward's results kept: the same gradients as without
+    them. (A last step ending in a ReLU reads its own output, which the forward does not keep: it was read one
+    past the kept results, a crash.)"""
+    text, ops = _chain(**FORMS[form])
+    keep = _keep(text)
+    with torch.no_grad():
+        y = torch.ops.scorch.chain(keep, ops)
+    wanted = [0] + [1] * (len(ops) - 1)
+    got = torch.ops.scorch.chain_backward(keep, ops, torch.ones_like(y), wanted)
+    ref = torch.ops.scorch.chain_backward(text, ops, torch.ones_like(y), wanted)
+    for k in range(1, len(ops)):
+        torch.testing.assert_close(got[k], ref[k])
+
+
+def test_keep_chain_whose_last_step_passes_rows_on():
+    """A last step that only passes the step before's rows on (a pattern read again, then negated): einsum gives
+    a view of those rows, and the forward's in-place negation changed the kept result of the step before, so the
+    gradient's ReLU mask came from the negated rows (gradients off by up to 6.5). The step's result is a copy."""
+    text, ops = _chain(n=3)
+    step0 = Ch.parse_chain(text).steps[0]
+    step1 = Ch.ChainStep(P((O("abh"), O("ab", "pattern")), "ah").text(), (-1, 0), ("aten.neg",))
+    chain = Ch.ChainProgram((step0, step1), "g").text()
+    ops = ops[:3]
+    with torch.no_grad():
+        y = torch.ops.scorch.chain(_keep(chain), ops)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    got = torch.ops.scorch.chain_backward(_keep(chain), ops, g, [0, 1, 1])
+    ref = torch.ops.scorch.chain_backward(chain, ops, g, [0, 1, 1])
+    for k in (1, 2):
+        torch.testing.assert_close(got[k], ref[k])
+    _gradcheck(chain, ops, (1, 2))
+
+
 def test_keep_chain_model_trains_like_eager():
     """The zoo's MoE compiled for training takes a keep chain by default; its gradients match eager's."""
     case = zoo.make("moe")
