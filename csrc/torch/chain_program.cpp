@@ -44,6 +44,8 @@ void check_grouped(ChainProgram& c) {
     const RegionProgram& prog = *st.program;
     SCORCH_CHECK(!prog.has_addends() && prog.packed_buffers == 0,
                  "scorch::chain: step {} of a grouped chain has addends or packed operands", j);
+    // (the grouped runner reads the operands as they are: a ReLU flag would be ignored, not applied)
+    SCORCH_CHECK(!prog.has_relu, "scorch::chain: step {} of a grouped chain applies a ReLU to an operand", j);
     if (j == 0) {
       st.p = plan->p;
       st.q = plan->q;

@@ -120,13 +120,22 @@ void accumulate(at::Tensor& slot, const at::Tensor& g) {
 }
 
 // Kept intermediates (keep_intermediates): per chain, the latest forward's step results with the operands it ran
-// on. The operands are held (they are alive anyway while a gradient may come) so that their storages cannot be
-// reused by other tensors, and matched by storage, offset, shape, strides and version: a gradient whose operands
-// differ (another call's, or changed in place) computes the results again. An entry is taken by the gradient that
-// matches it or replaced by the chain's next forward, so each chain holds at most one.
+// on, matched by storage, offset, shape, strides, dtype and version: a gradient whose operands differ (another
+// call's, or changed in place) computes the results again. An entry is taken by the gradient that matches it or
+// replaced by the chain's next forward, so each chain holds at most one. The operands' storages are held weakly:
+// an entry must not keep a deleted model's weights alive. A weak reference keeps the storage object itself (not
+// its memory) allocated, so no other storage can take its address while the entry exists; a freed one matches
+// nothing.
+struct KeptOperand {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  int64_t offset;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  int64_t version;
+};
+
 struct Kept {
-  std::vector<at::Tensor> operands;
-  std::vector<int64_t> versions;
+  std::vector<KeptOperand> operands;
   std::vector<at::Tensor> results;
 };
 
@@ -136,10 +145,12 @@ std::map<const ChainProgram*, Kept>& kept_by_chain() {
   return *m;
 }
 
-bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
-  return a.has_storage() && b.has_storage() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
-         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
-         a.scalar_type() == b.scalar_type();
+bool matches(const KeptOperand& k, const at::Tensor& t) {
+  if (!t.has_storage()) return false;
+  const auto alive = k.storage.lock();
+  return alive && alive.get() == t.storage().unsafeGetStorageImpl() && t.storage_offset() == k.offset &&
+         t.sizes() == at::IntArrayRef(k.sizes) && t.strides() == at::IntArrayRef(k.strides) &&
+         t.scalar_type() == k.dtype && t._version() == k.version;
 }
 
 // The kept results of the forward that ran on exactly these operands (empty: none).
@@ -149,8 +160,7 @@ std::vector<at::Tensor> take_kept(const ChainProgram& c, at::TensorList operands
   auto it = m.find(&c);
   if (it == m.end() || it->second.operands.size() != operands.size()) return {};
   for (size_t k = 0; k < operands.size(); ++k)
-    if (!same_tensor(it->second.operands[k], operands[k]) || it->second.versions[k] != operands[k]._version())
-      return {};
+    if (!matches(it->second.operands[k], operands[k])) return {};
   std::vector<at::Tensor> results = std::move(it->second.results);
   m.erase(it);
   return results;
@@ -162,8 +172,8 @@ void keep_intermediates(const ChainProgram& c, at::TensorList operands, std::vec
   Kept k;
   for (const at::Tensor& t : operands) {
     if (!t.has_storage()) return;  // nothing to match a sparse or meta operand by
-    k.operands.push_back(t.detach());
-    k.versions.push_back(t._version());
+    k.operands.push_back(KeptOperand{t.storage().getWeakStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                                     t.strides().vec(), t.scalar_type(), t._version()});
   }
   k.results = std::move(results);
   std::lock_guard<std::mutex> lock(kept_mu);

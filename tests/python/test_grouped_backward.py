@@ -239,6 +239,20 @@ def test_keep_chain_whose_last_step_passes_rows_on():
     _gradcheck(chain, ops, (1, 2))
 
 
+def test_grouped_chain_refuses_a_relu_flagged_operand():
+    """The grouped runner reads its operands as they are; a step whose program applies a ReLU to an operand
+    (the inference fold's flag) would have computed without it. Such a chain is refused, naming the step."""
+    text, ops = _chain()
+    c = Ch.parse_chain(text)
+    prog = R.parse_program(c.steps[0].program)
+    flagged = dataclasses.replace(prog, operands=(prog.operands[0], dataclasses.replace(prog.operands[1], relu=True),
+                                                  prog.operands[2]))
+    steps = (dataclasses.replace(c.steps[0], program=flagged.text()),) + tuple(c.steps[1:])
+    bad = dataclasses.replace(c, steps=steps).text()
+    with pytest.raises((RuntimeError, ValueError), match="applies a ReLU"):
+        torch.ops.scorch.chain(bad, ops)
+
+
 def test_keep_chain_model_trains_like_eager():
     """The zoo's MoE compiled for training takes a keep chain by default; its gradients match eager's."""
     case = zoo.make("moe")
