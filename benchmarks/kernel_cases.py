@@ -301,6 +301,18 @@ def _scaled(r: sp.csr_array, m: sp.csr_array) -> sp.csr_array:
     return sp.csr_array((r.data * m.data, r.indices, r.indptr), shape=r.shape)
 
 
+def _dense_tensor3(case: dict, args, idx, vals, shape, equation: str, *factors) -> None:
+    """The dense contender of a 3-D tensor kernel: torch.einsum on T stored dense, when it fits."""
+    n = shape[0] * shape[1] * shape[2]
+    why = dense_ok(args, n * 4.0, 2.0 * n * RANK_MTTKRP)
+    if why:
+        case["skipped"]["dense"] = why
+        return
+    Td = torch.zeros(shape)
+    Td[idx[0], idx[1], idx[2]] = vals
+    case["contenders"]["dense"] = lambda: torch.einsum(equation, Td, *factors)
+
+
 def setup_mttkrp(name, idx, vals, shape, args) -> dict:
     I, K, L = shape
     g = torch.Generator().manual_seed(0)
@@ -316,13 +328,7 @@ def setup_mttkrp(name, idx, vals, shape, args) -> dict:
     case["contenders"]["torch_csr"] = lambda: Tm @ (B[:, None, :] * C[None, :, :]).reshape(K * L, RANK_MTTKRP)
     case["contenders"]["torch_coo"] = lambda: torch.zeros(I, RANK_MTTKRP).index_add_(
         0, i, vals[:, None] * B[k] * C[l])
-    why = dense_ok(args, I * K * L * 4.0, 2.0 * I * K * L * RANK_MTTKRP)
-    if why:
-        case["skipped"]["dense"] = why
-    else:
-        Td = torch.zeros(shape)
-        Td[i, k, l] = vals
-        case["contenders"]["dense"] = lambda: torch.einsum("ikl,kj,lj->ij", Td, B, C)
+    _dense_tensor3(case, args, idx, vals, shape, "ikl,kj,lj->ij", B, C)
     return case
 
 
@@ -342,13 +348,7 @@ def setup_ttm(name, idx, vals, shape, args) -> dict:
     case["contenders"]["torch_csr"] = lambda: (Tm @ U).reshape(I, J, RANK_MTTKRP)
     case["contenders"]["torch_coo"] = lambda: torch.zeros(I * J, RANK_MTTKRP).index_add_(
         0, row, vals[:, None] * U[k]).reshape(I, J, RANK_MTTKRP)
-    why = dense_ok(args, I * J * K * 4.0, 2.0 * I * J * K * RANK_MTTKRP)
-    if why:
-        case["skipped"]["dense"] = why
-    else:
-        Td = torch.zeros(shape)
-        Td[i, j, k] = vals
-        case["contenders"]["dense"] = lambda: torch.einsum("ijk,kr->ijr", Td, U)
+    _dense_tensor3(case, args, idx, vals, shape, "ijk,kr->ijr", U)
     return case
 
 
