@@ -35,18 +35,9 @@ std::pair<Stmts, Stmts> Lowerer::vtile_prefetch(const ExprPtr& e, int v, const s
       prefetches.push_back(loops::eval(loops::call("__builtin_prefetch", {loops::add(row, I(off / elem))})));
   }
   if (prefetches.empty()) return {{}, {}};
-  // Nor when the dense rows span more than kMaxPrefetchTiles full tiles: each sparse row is then walked once
-  // per tile and the prefetches (about ten operations per entry and tile) cost more than the waits they
-  // hide. Measured on Zen 4, 2 threads, x86-64-v3 (8-vector tiles of 64 columns): a 256x2048 CSR at 10%
-  // times 2048x512 (8 tiles a row) 0.94-0.97 ms with prefetches, 0.77 ms without; native (128 columns, 4
-  // tiles) 0.71 against 0.66-0.72 ms; a 512x4608 CSR at 20% times 4608x128 (2 tiles under x86-64-v3) lost
-  // without them (1.51-1.56 against 1.71-1.72 ms), so rows of a few tiles keep them.
-  constexpr int kMaxPrefetchTiles = 4;
-  const LExpr few_tiles = loops::le(size_expr(tile_var_), I(static_cast<int64_t>(kMaxPrefetchTiles) * tile_columns()));
   Stmts before{loops::decl("const bool", "pf_on",
-                           loops::land(loops::gt(loops::mul(loops::paren(sum_of(spans, I(0))), I(elem)),
-                                                 loops::call("l2_cache_bytes", {})),
-                                       few_tiles))};
+                           loops::gt(loops::mul(loops::paren(sum_of(spans, I(0))), I(elem)),
+                                     loops::call("l2_cache_bytes", {})))};
   // The entry `distance` positions ahead (or the last), and its row when its coordinate is in range.
   const LExpr ahead = loops::add(k, I(distance));
   Stmts out{loops::if_then(
