@@ -18,6 +18,8 @@
 // its free index is contiguous and runs the same loop nest, storing the accumulators transposed.
 #include "lower/blocked.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -84,16 +86,28 @@ std::optional<BlockedMatch> match_blocked(const ir::Statement& st, const std::ve
 
 namespace {
 
-// Rows of the block kept in registers at once: the largest divisor of the block height that the register
-// tile holds, one accumulator per row at least. Each dense vector loaded feeds RT multiply-adds, and the dense
-// rows come from L2 (a block row's columns are scattered), so RT sets the L2 traffic per multiply-add: rows
-// before vectors. Measured (1024^2, 10% of 16x16 blocks, N = 128, 2 threads): 8 rows x 1 vector ran 1.19x
-// as fast as 4 x 2 on AVX-512 and 1.07x on AVX2; 4 x 2 ran 1.4x as fast as 2 x 4 and 2x as fast as 1 x 8.
-int rows_per_pass(int64_t bh, int tile) {
-  int rt = 1;
-  for (int r = 1; r <= std::max(1, tile); ++r)
-    if (bh % r == 0) rt = r;
-  return rt;
+// The register tile: RT rows of the block x NV vectors of the dense operand's free index. Each dense vector
+// loaded feeds RT multiply-adds, and the dense rows come from L2 (a block row's columns are scattered), so RT
+// sets the L2 traffic per multiply-add: rows before vectors. RT is the largest divisor of the block height
+// for which one vector still fits, then as many vectors as the registers hold: RT x NV accumulators, the NV
+// dense vectors (kept in registers when RT > 1; one row takes them as operands), one broadcast block value
+// and one spare. RT and NV each stay within the target's tile accumulators (tile_vectors). Measured (8
+// accumulators; 1024^2, 10% of 16x16 blocks, N = 128, 2 threads): 8 rows x 1 vector ran 1.19x as fast as
+// 4 x 2 on AVX-512 and 1.07x on AVX2; 4 x 2 ran 1.4x as fast as 2 x 4 and 2x as fast as 1 x 8. 16 registers
+// give 4 x 2 and 8 x 1 for 4x4 and 16x16 blocks (4 x 3 fills all 16 and ran slower); 32 give 4 x 6 and
+// 8 x 3 (16 x 1 ran 2-3% slower than 8 x 1 and 8 x 3, which were level; docs/levels.md).
+struct BlockTile {
+  int rows = 1, vectors = 1;
+};
+
+BlockTile block_tile(int64_t bh, int registers, int max_vectors) {
+  const int budget = std::max(2, registers - 2);  // less the broadcast value and a spare
+  BlockTile t;
+  for (int r = 1; r + 1 <= budget && r <= std::max(1, max_vectors); ++r)
+    if (bh % r == 0) t.rows = r;
+  const int per_vector = t.rows + (t.rows > 1 ? 1 : 0);  // its accumulators, and itself when shared by rows
+  t.vectors = std::clamp(budget / per_vector, 1, std::max(1, max_vectors));
+  return t;
 }
 
 }  // namespace
@@ -109,9 +123,9 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
   const int elem = spec.f64 ? 8 : 4;
   const bool vec = machine.vector_bytes > 0 && machine.tile_vectors > 0;
   const int w = vec ? machine.vector_bytes / elem : 1;
-  const int tile = vec ? machine.tile_vectors : 8;  // accumulators (scalar code: registers of the ISA's base)
-  const int rt = rows_per_pass(m.bh, tile);
-  const int nv = std::max(1, tile / rt);
+  // Scalar code: the 16 registers of the ISA's base, 8 accumulators a row.
+  const BlockTile tile = vec ? block_tile(m.bh, machine.registers(), machine.tile_vectors) : block_tile(m.bh, 16, 8);
+  const int rt = tile.rows, nv = tile.vectors;
   const std::string NP = fmt::format("N{}", m.p), NQ = fmt::format("N{}", m.q), NK = fmt::format("N{}", m.k);
   const std::string pos = fmt::format("t{}_pos1", A), crd = fmt::format("t{}_crd1", A);
   const std::string vals = fmt::format("t{}_vals", A);
@@ -196,9 +210,13 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
   rows.push_back(line(fmt::format("for (; jo + {} <= {}; jo += {}) {{", full, NK, full)));
   for (const auto& s : pass(nv, vec)) rows.push_back(s);
   rows.push_back(line("}"));
-  if (vec && nv > 1) {
-    rows.push_back(line(fmt::format("for (; jo + {} <= {}; jo += {}) {{", w, NK, w)));
-    for (const auto& s : pass(1, true)) rows.push_back(s);
+  // The columns left after the full tiles (fewer than nv vectors): passes of the powers of two below nv, each
+  // at most once.
+  int below = 1;
+  while (below * 2 < nv) below *= 2;
+  for (int v = below; vec && v >= 1 && nv > 1; v /= 2) {
+    rows.push_back(line(fmt::format("for (; jo + {} <= {}; jo += {}) {{", v * w, NK, v * w)));
+    for (const auto& s : pass(v, true)) rows.push_back(s);
     rows.push_back(line("}"));
   }
   if (full > 1) {

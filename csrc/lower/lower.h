@@ -10,6 +10,7 @@
 #include "lower/kernel_spec.h"
 #include "lower/loop_ir.h"
 #include "lower/schedule.h"
+#include "lower/vector_shape.h"
 
 namespace scorch {
 
@@ -28,13 +29,6 @@ struct LoweredKernel {
 // Format::buffer_names() order) then its values; a strided operand is one data pointer and contributes its
 // strides to the strides array, operand by operand.
 int input_pointer_count(const KernelSpec& spec);
-
-// What lowering needs to know of the machine the kernel is compiled for (runtime/target.h resolves it from
-// the target's instruction set): nothing width-dependent is a constant of the lowerer.
-struct VectorShape {
-  int vector_bytes = 0;  // vector register width the generated code uses; 0: no vector code
-  int tile_vectors = 0;  // vector accumulators a register tile keeps live
-};
 
 LoweredKernel lower(const KernelSpec& spec, const Schedule& schedule, const VectorShape& machine);
 

@@ -33,7 +33,7 @@ struct BundleKernel {
 struct BundleInfo {
   std::string path;
   std::string arch, target, target_flags, compiler, command;
-  int vector_bytes = 0, tile_vectors = 0;
+  int vector_bytes = 0, tile_vectors = 0, vector_registers = 0;
   std::vector<std::string> isa;  // instruction-set features the code needs (runtime/cpu_features.h)
   std::vector<BundleKernel> kernels;
   size_t file_bytes = 0, library_bytes = 0;

@@ -201,7 +201,7 @@ class KeyLock {
 };
 
 Lowered lower_spec(const std::string& text, const Target& target) {
-  return scorch::lower_spec(text, target.vector_bytes, target.tile_vectors());
+  return scorch::lower_spec(text, target.vector_shape());
 }
 
 // Compiles the source into the cache under the held lock; returns the library's bytes. The library is
@@ -299,18 +299,17 @@ static std::string loop_ir_dump_dir() {  // SCORCH_DUMP_DIR, else dumps/ in the 
   return kernel_cache_dir() + "/dumps/loop_ir";
 }
 
-Lowered lower_spec(const std::string& text, int vector_bytes, int tile_vectors) {
+Lowered lower_spec(const std::string& text, const VectorShape& machine) {
   Lowered l{KernelSpec::parse(text), {}, {}, {}};
   // The pipeline: the schedule, the lowering passes (lower/pipeline.h), the C++ source. Under
   // SCORCH_DEBUG=2 the IR after each pass goes to <dump dir>/<hash of spec and vector shape>.<NN>-<pass>.txt.
   l.schedule = make_schedule(l.spec);
-  const VectorShape machine{vector_bytes, tile_vectors};
   PassDump dump;
   if (debug_level() >= 2)
     dump = dump_to_folder(loop_ir_dump_dir(),
-                          content_hash(fmt::format("{}\n{} {}", text, vector_bytes, tile_vectors)).substr(0, 16), text);
+                          content_hash(fmt::format("{}\n{} {} {}", text, machine.vector_bytes, machine.tile_vectors, machine.vector_registers)).substr(0, 16), text);
   l.kernel = run_pipeline(l.spec, l.schedule, machine, dump).facts;
-  l.source = emit_cpp(l.spec, l.kernel, vector_bytes);
+  l.source = emit_cpp(l.spec, l.kernel, machine.vector_bytes);
   return l;
 }
 

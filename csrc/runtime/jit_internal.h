@@ -20,9 +20,9 @@ struct Lowered {
   std::string source;  // the generated C++ (what a bundle records the hash of)
 };
 
-// Spec text -> schedule -> loop IR -> C++, for vectors of `vector_bytes` and register tiles of
-// `tile_vectors` accumulators (Target::vector_bytes, Target::tile_vectors()). Needs no compiler.
-Lowered lower_spec(const std::string& text, int vector_bytes, int tile_vectors);
+// Spec text -> schedule -> loop IR -> C++, for the machine's vector shape (Target::vector_shape(): vector
+// width, tile accumulators, registers). Needs no compiler.
+Lowered lower_spec(const std::string& text, const VectorShape& machine);
 
 // Fills everything of a CompiledKernel that follows from the lowering (not fn, paths, timing or target).
 void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& k);

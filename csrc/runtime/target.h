@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "lower/vector_shape.h"
+
 namespace scorch {
 
 struct Target {
@@ -29,6 +31,8 @@ struct Target {
   int lanes(int elem_bytes) const { return vector_bytes > 0 ? vector_bytes / elem_bytes : 1; }
   // Vector accumulators a register tile keeps live (leaves room for operands and addresses).
   int tile_vectors() const;
+  // The shape lowering sizes vectors and register tiles by (width, tile accumulators, registers).
+  VectorShape vector_shape() const { return VectorShape{vector_bytes, tile_vectors(), vector_registers}; }
   // "x86-64-v3: x86_64 avx avx2 fma ...; 32-byte vectors x 16 registers"
   std::string summary() const;
 };

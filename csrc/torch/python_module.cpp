@@ -447,6 +447,7 @@ py::dict bundle_dict(const scorch::BundleInfo& b) {
   d["target_flags"] = b.target_flags;
   d["vector_bytes"] = b.vector_bytes;
   d["tile_vectors"] = b.tile_vectors;
+  d["vector_registers"] = b.vector_registers;
   d["isa"] = b.isa;
   d["compiler"] = b.compiler;
   d["command"] = b.command;

@@ -1,6 +1,7 @@
 // The golden corpus of the lowering: a fixed list of kernel specs taken from the tests and benchmarks, each
-// lowered (by the general lowering, or for the BSR cases by their native form) for two machine shapes (a 32-byte vector target with 8 tile accumulators, as an AVX2 machine gets,
-// and scalar code), and the C++ source it gives saved under tests/cpp/golden/. A refactor of lowering or
+// lowered (by the general lowering, or for the BSR cases by their native form) for the machine shapes of
+// shapes() (an AVX2-like vector target, for the native forms also an AVX-512-like one, and scalar code), and
+// the C++ source it gives saved under tests/cpp/golden/. A refactor of lowering or
 // codegen must leave every saved source as it is; a change of the generated code on purpose is reviewed as a
 // diff of these files (regenerate them with SCORCH_UPDATE_GOLDEN=1, see docs/loop_ir.md).
 #pragma once
@@ -74,11 +75,24 @@ inline const std::vector<Case>& corpus() {
 struct Shape {
   const char* name;
   VectorShape machine;
+  bool native_only = false;  // only the native-form cases (their tiles follow the register count)
 };
 
+// v32: 32-byte vectors, 8 tile accumulators, 16 registers (AVX2, x86-64-v3); v64: 64-byte vectors and 32
+// registers (AVX-512), for the native forms only; scalar code.
 inline const std::vector<Shape>& shapes() {
-  static const std::vector<Shape> s = {{"v32", VectorShape{32, 8}}, {"scalar", VectorShape{0, 0}}};
+  static const std::vector<Shape> s = {{"v32", VectorShape{32, 8, 16}},
+                                       {"v64", VectorShape{64, 8, 32}, true},
+                                       {"scalar", VectorShape{0, 0}}};
   return s;
+}
+
+// Sources the corpus saves: every case for every shape, native-only shapes for the native cases.
+inline int expected_sources() {
+  int n = 0;
+  for (const auto& c : corpus())
+    for (const auto& s : shapes()) n += !s.native_only || c.native;
+  return n;
 }
 
 inline std::string golden_dir() { return std::string(SCORCH_TEST_SOURCE_DIR) + "/golden"; }

@@ -210,6 +210,13 @@ TEST_F(Jit, TargetsResolveToTheirInstructionSets) {
   EXPECT_EQ(v2.vector_bytes, 16);
   EXPECT_EQ(resolve_target("x86-64-v4").vector_bytes, 64);
   EXPECT_EQ(resolve_target("scalar").vector_bytes, 0);
+  // Register counts (block kernels size their tiles by them): 16 up to AVX2, 32 with AVX-512.
+  EXPECT_EQ(v3.vector_registers, 16);
+  EXPECT_EQ(resolve_target("generic").vector_registers, 16);
+  const VectorShape v4 = resolve_target("x86-64-v4").vector_shape();
+  EXPECT_EQ(v4.vector_registers, 32);
+  EXPECT_EQ(v4.vector_bytes, 64);
+  EXPECT_EQ(v3.vector_shape().registers(), 16);
   EXPECT_NE(v2.fingerprint, v3.fingerprint);
   EXPECT_NE(std::find(v3.features.begin(), v3.features.end(), "avx2"), v3.features.end());
   EXPECT_NE(error_of([] { resolve_target("x86-64-v3; rm -rf /"); }).find("bad Scorch target"), std::string::npos);

@@ -90,6 +90,61 @@ def test_tall_blocks_take_more_rows_per_register_tile():
         assert bh % rows == 0 and (rows == 4 if bh == 4 else rows > 4), line
 
 
+def tile_of(src):
+    line = next(l for l in src.splitlines() if "blocked kernel (spmm)" in l)
+    words = line.split()
+    return int(words[words.index("rows") - 1]), int(words[words.index("vectors") - 1])
+
+
+@pytest.mark.parametrize("target", ["", "x86-64-v3", "x86-64-v4", "scalar"])
+def test_register_tile_fits_the_targets_registers(target):
+    # The tile is sized by the target's register count: RT x NV accumulators, the NV dense vectors shared by
+    # the rows, one broadcast value and a spare fit, and no more than the target's tile accumulators per row
+    # or rows per tile. 32 registers hold more vectors of 4-row blocks than 16 do.
+    if target.startswith("x86-64") and os.uname().machine != "x86_64":
+        pytest.skip("x86-64 target")
+    try:
+        _C.set_target(target)
+    except Exception as e:  # a target beyond this CPU (x86-64-v4 without AVX-512) is refused
+        pytest.skip(str(e))
+    finally:
+        _C.set_target("")
+    info = _C.target_info(target)
+    regs = info["vector_registers"] if info["vector_bytes"] else 16
+    cap = info["tile_vectors"] if info["vector_bytes"] else 8
+    vectors = {}
+    for bh in (1, 4, 16):
+        bsr = f"dense(0/{bh}),compressed(1/{bh}),dense(0%{bh}),dense(1%{bh})"
+        spec = plan("ij,jk->ik", [bsr, "strided"], [(64, 64), (64, 128)])["spec"]
+        _C.set_target(target)
+        try:
+            rows, nv = tile_of(_C.kernel_source(spec))
+        finally:
+            _C.set_target("")
+        assert bh % rows == 0 and rows <= cap and nv <= cap, (target, bh, rows, nv)
+        assert rows * nv + (nv if rows > 1 else 0) + 2 <= regs, (target, bh, rows, nv, regs)
+        vectors[bh] = nv
+    if info["vector_registers"] == 32 and info["vector_bytes"]:
+        assert vectors[4] > 2, vectors
+    elif info["vector_registers"] == 16 and info["vector_bytes"]:
+        assert vectors[4] == 2, vectors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block", [(4, 4), (16, 16), (1, 4)])
+def test_every_column_tail_of_the_register_tile(dtype, block):
+    # After the full register tiles the columns left run in passes of fewer vectors (powers of two below the
+    # tile's), then scalars: every count of dense columns up to past two full tiles of the widest target.
+    bh, bw = block
+    w = block_pruned(3 * bh, 5 * bw, bh, bw, 0.5, dtype, seed=bh)
+    a = sb.sparse(w, "bsr", blocksize=(bh, bw))
+    for n in range(0, 260, 1 if dtype == torch.float32 else 3):
+        b = torch.randn(5 * bw, n, dtype=dtype)
+        assert close(sb.einsum("ij,jk->ik", a, b), w @ b, dtype), (block, n)
+        x = torch.randn(n, 5 * bw, dtype=dtype)
+        assert close(torch.nn.functional.linear(x, a), x @ w.T, dtype), (block, n)
+
+
 def test_one_stored_block_and_a_single_entry():
     w = torch.zeros(64, 48)
     w[16:20, 8:12] = torch.arange(16.0).reshape(4, 4)
