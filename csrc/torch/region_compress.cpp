@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -33,6 +34,47 @@ template <typename T>
 inline bool kept(T x, bool relu) {
   return relu ? !(x <= T(0)) : x != T(0);
 }
+
+constexpr int64_t kWord = 32;  // entries tested at a time by kept_bits
+
+// Bit b set when x[b] is kept (b < n <= kWord). A whole word goes through 16-byte vectors of the compiler's
+// generic vector type (every target has them): a compare per vector, its lanes masked to their bits and
+// or-ed together; a partial word, and compilers without the extension, one entry at a time.
+template <typename T>
+inline uint32_t kept_bits_scalar(const T* x, int64_t n, bool relu) {
+  uint32_t bits = 0;
+  for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint32_t>(kept(x[b], relu)) << b;
+  return bits;
+}
+
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+template <typename T>
+inline uint32_t kept_bits(const T* x, int64_t n, bool relu) {
+  if (n < kWord) return kept_bits_scalar(x, n, relu);
+  using I = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr int kLanes = static_cast<int>(16 / sizeof(T));
+  typedef T vt __attribute__((vector_size(16)));
+  typedef I vi __attribute__((vector_size(16)));
+  vi lane_bit;  // lane l of the vector at offset g * kLanes stands for bit g * kLanes + l
+  for (int l = 0; l < kLanes; ++l) lane_bit[l] = I{1} << l;
+  const vt zero = {};
+  vi acc = {};
+  for (int g = 0; g < kWord / kLanes; ++g) {
+    vt y;
+    std::memcpy(&y, x + g * kLanes, sizeof(vt));
+    const vi k = relu ? ~(vi)(y <= zero) : (vi)(y != zero);  // all ones where kept (NaN: not <= 0, and != 0)
+    acc |= k & (lane_bit << static_cast<I>(g * kLanes));
+  }
+  uint32_t bits = 0;
+  for (int l = 0; l < kLanes; ++l) bits |= static_cast<uint32_t>(acc[l]);
+  return bits;
+}
+#else
+template <typename T>
+inline uint32_t kept_bits(const T* x, int64_t n, bool relu) {
+  return kept_bits_scalar(x, n, relu);
+}
+#endif
 
 }  // namespace
 
@@ -106,21 +148,22 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
     values = at::empty({p[rows]}, src.options());
     int32_t* c = crd.data_ptr<int32_t>();
     scalar_t* v = values.data_ptr<scalar_t>();
-    // Without a branch per entry: every entry is written at the row's next free slot, which moves on only
-    // past a nonzero; the row ends once its last nonzero is written (its count is known), so no write leaves
-    // its slots. An activation's zeros are scattered at random: a branch on each would be mispredicted about
-    // as often as it is taken.
+    // By words of kept-bits: each run of 32 entries is tested without a branch per entry (kept_bits), and
+    // only its set bits are written, the lowest first. An activation's zeros are scattered at random, so a
+    // branch on each entry would be mispredicted about as often as it is taken; writing every entry at the
+    // row's next free slot (the form this replaces) stores twice per entry, kept or not.
     over_rows(src, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         int64_t w = p[r];
-        const int64_t end = p[r + 1];
+        const int64_t end = p[r + 1];  // (never passed: the counts are of the same entries)
         const scalar_t* row = x + r * cols;
-        int64_t j = 0;
-        for (; j < cols && w < end; ++j) {
-          const scalar_t y = row[j];
-          c[w] = static_cast<int32_t>(j);
-          v[w] = y;  // under a ReLU a kept entry is relu(y) = y
-          w += kept(y, relu);
+        for (int64_t j0 = 0; j0 < cols && w < end; j0 += kWord) {
+          const int64_t n = std::min<int64_t>(kWord, cols - j0);
+          for (uint32_t bits = kept_bits(row + j0, n, relu); bits && w < end; bits &= bits - 1) {
+            const int64_t j = j0 + __builtin_ctz(bits);
+            c[w] = static_cast<int32_t>(j);
+            v[w++] = row[j];  // under a ReLU a kept entry is relu(y) = y
+          }
         }
       }
     });

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from model_check import check_model
+from scorch_backend import _C
 from scorch_backend.custom_ops import region as R
 from scorch_backend.compiler.backend import _options, transform
 from scorch_backend.tools import zoo
@@ -202,6 +203,30 @@ def test_compressed_rows_match_dense(dtype):
     nan = a.clone()
     nan[0, 0, 0] = float("nan")  # NaN is stored (it is not zero)
     assert R.run(prog, [nan, w], force="sparse")[0, 0].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("relu", [False, True])
+def test_compressed_rows_store_exactly_the_kept_entries(dtype, relu):
+    """The row compression tests entries a word of 32 at a time: rows shorter than, equal to and a little
+    longer than words hold exactly the kept entries in order (NaN kept, -0.0 not, and under a ReLU nothing
+    <= 0), whatever column of a word they fall in."""
+    g = torch.Generator().manual_seed(11)
+    for cols in (1, 5, 31, 32, 33, 64, 95, 130):
+        x = torch.randn(7, cols, generator=g, dtype=dtype) * (torch.rand(7, cols, generator=g) < 0.3)
+        x[0] = 0.0  # an empty row
+        x[1, ::3] = -0.0
+        x[2, -1] = float("nan")
+        x[3, ::4] = -1.5
+        x[4] = 2.0  # a full row
+        text = R.Program((R.Operand("ac", "sparse", relu=relu), R.Operand("bc")), "ab").text()
+        _, args = _C.region_sparse_call(text, [x, torch.ones(2, cols, dtype=dtype)])
+        a = args[0]
+        kept = (~(x <= 0)) if relu else (x != 0)
+        rows, cols_kept = kept.nonzero(as_tuple=True)
+        assert a.pos1.tolist() == [0] + kept.sum(1).cumsum(0).tolist(), cols
+        assert a.crd1.tolist() == cols_kept.tolist(), cols
+        torch.testing.assert_close(a.stored_values, x[rows, cols_kept], equal_nan=True)
 
 
 @kernel_path
