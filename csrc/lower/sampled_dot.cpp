@@ -57,7 +57,13 @@ LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, c
   (void)sched;
   LoweredKernel out;
   out.sparse_output = true;
+  // Every value of the output is stored below (the caller need not zero it first): S's rows by the threads,
+  // and the positions outside them (before pos[0], from pos[R] to the end of the values) by the code before.
+  out.overwrites_output = true;
   out.body = unpack_arguments(spec);
+  // Where S's values are among the kernel's input pointers: their length is the output's.
+  int vals_at = spec.operands[m.s].format->buffer_count();
+  for (int t = 0; t < m.s; ++t) vals_at += spec.operands[t].strided() ? 1 : spec.operands[t].format->buffer_count() + 1;
   const int elem = spec.f64 ? 8 : 4;
   const int w = machine.vector_bytes / elem;
   const int g = std::max(1, machine.tile_vectors / 2);
@@ -158,6 +164,13 @@ val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operan
 int nthreads = args->num_threads > 0 ? args->num_threads : 1;
 int bad_index = 0;
 const int64_t row_bytes = K * (int64_t)sizeof(val_t);
+{  // the output's positions outside S's rows (none when pos[0] == 0 and pos[R] is the values' length)
+  const int64_t out_n = args->lengths ? args->lengths[$VALS_AT] : (int64_t)sp[R];
+  const int64_t head = std::min<int64_t>(std::max<int64_t>(sp[0], 0), out_n);
+  const int64_t tail = std::min<int64_t>(std::max<int64_t>(sp[R], head), out_n);
+  for (int64_t e = 0; e < head; ++e) sampled_out[e] = 0;
+  for (int64_t e = tail; e < out_n; ++e) sampled_out[e] = 0;
+}
 // Q's rows are gathered by S's columns: prefetched ahead when they outgrow half of L2.
 const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
 #pragma omp parallel num_threads(nthreads)
@@ -227,7 +240,8 @@ return SCORCH_STATUS_OK;)";
                       {"$R", fmt::format("N{}", m.p)},
                       {"$NQ", fmt::format("N{}", m.q)},
                       {"$K", fmt::format("N{}", m.k)},
-                      {"$G", std::to_string(g)}});
+                      {"$G", std::to_string(g)},
+                      {"$VALS_AT", std::to_string(vals_at)}});
   // The parallel region as loop IR, the rest as lines.
   const size_t open = code.find("#pragma omp parallel");
   const size_t body_start = code.find("{\n", open) + 2;

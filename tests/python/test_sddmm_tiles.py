@@ -55,3 +55,26 @@ def test_tiled_sddmm_one_thread_and_a_scale():
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(out.to_dense(), 3 * Sd * (P @ Q.t()), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows,cols,k", [(1, 1, 1), (7, 5, 3), (40, 33, 17), (23, 16384, 128)])
+def test_sddmm_output_is_written_in_full(rows, cols, k):
+    """The native SDDMM kernel stores every value of its output (the call does not zero it first): memory the
+    output may reuse is filled with NaN right before each call, and empty first and last rows leave positions
+    to the other rows only. A value the kernel skipped would read as NaN."""
+    g = torch.Generator().manual_seed(rows + cols)
+    Sd = torch.rand(rows, cols, generator=g) * (torch.rand(rows, cols, generator=g) < 0.3)
+    Sd[0] = 0
+    Sd[-1] = 0
+    if rows > 2:
+        Sd[1, 0] = 1.0  # at least one stored entry
+    S = sb.sparse(Sd, "csr")
+    P = torch.randn(rows, k, generator=g)
+    Q = torch.randn(cols, k, generator=g)
+    ref = Sd.double() * (P.double() @ Q.double().t())
+    for _ in range(3):
+        poison = torch.full((max(1, S.nnz),), float("nan"))
+        del poison
+        out = sb.einsum("ij,ik,jk->ij", S, P, Q)
+        assert not torch.isnan(out.stored_values).any()
+        torch.testing.assert_close(out.to_dense().double(), ref, rtol=1e-4, atol=1e-4)
