@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "codegen/emit_cpp.h"
+#include "codegen/emit_grouped.h"
 #include "common/hash.h"
 #include "common/error.h"
 #include "lower/kernel_spec.h"
@@ -300,6 +301,11 @@ static std::string loop_ir_dump_dir() {  // SCORCH_DUMP_DIR, else dumps/ in the 
 }
 
 Lowered lower_spec(const std::string& text, const VectorShape& machine) {
+  if (is_grouped_product_spec(text)) {  // a fixed kernel outside the pipeline (codegen/emit_grouped.h)
+    Lowered l;
+    l.source = grouped_product_source(text, machine);
+    return l;
+  }
   Lowered l{KernelSpec::parse(text), {}, {}, {}};
   // The pipeline: the schedule, the lowering passes (lower/pipeline.h), the C++ source. Under
   // SCORCH_DEBUG=2 the IR after each pass goes to <dump dir>/<hash of spec and vector shape>.<NN>-<pass>.txt.
@@ -315,6 +321,12 @@ Lowered lower_spec(const std::string& text, const VectorShape& machine) {
 
 void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& k) {
   k.spec = text;
+  if (is_grouped_product_spec(text)) {
+    k.statement = text;
+    k.overwrites_output = true;
+    k.input_pointers = 5;
+    return;
+  }
   k.statement = l.spec.stmt.str();
   k.schedule = l.schedule.str(l.spec.stmt);
   k.reasons = l.schedule.reasons;

@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 
 #include "common/error.h"
+#include "grouped_kernel.h"
 #include "grouped_pool.h"
 
 namespace scorch::torch_glue {
@@ -57,6 +58,7 @@ std::vector<int64_t> starts_of(const std::vector<int64_t>& counts) {
 at::Tensor forward_products(const at::Tensor& A, const at::Tensor& W, bool w_t, const std::vector<int64_t>& counts) {
   const std::vector<int64_t> starts = starts_of(counts);
   at::Tensor out = at::empty({A.size(0), W.size(w_t ? 1 : 2)}, A.options());
+  if (grouped_product_kernel(A, W, w_t, counts, starts, out, /*relu=*/false)) return out;
   for_groups(counts, [&](int64_t q) {
     const size_t u = static_cast<size_t>(q);
     at::Tensor dst = out.narrow(0, starts[u], counts[u]);
@@ -134,6 +136,9 @@ at::Tensor grouped_matmul(const at::Tensor& A, const at::Tensor& W, bool w_t, co
                    A.size(1) == W.size(w_t ? 2 : 1),
                "scorch::chain: grouped product of shapes {} and {} over {} groups", c10::str(A.sizes()),
                c10::str(W.sizes()), counts.size());
+  SCORCH_CHECK(std::all_of(counts.begin(), counts.end(), [](int64_t n) { return n >= 0; }) &&
+                   std::accumulate(counts.begin(), counts.end(), int64_t{0}) == A.size(0),
+               "scorch::chain: grouped product of {} rows given group counts that do not sum to them", A.size(0));
   if (differentiable && (A.requires_grad() || W.requires_grad()))
     return GroupedMatmul::apply(A, W, w_t, counts)[0];
   return forward_products(A, W, w_t, counts);

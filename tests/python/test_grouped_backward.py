@@ -95,8 +95,9 @@ def test_gradient_of_s_values_at_its_entries():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_direct_gradient_runs_no_autograd_and_skips_unneeded_products(threads):
     """The gradient op calls no einsum (the autograd route recomputes the chain, the combine among it) and runs
-    per group: the first step again, dA and dW of the second, dW of the first -- and dA of the first only when x
-    needs a gradient; the experts' outputs are not computed again."""
+    the first step again (one call of the grouped product kernel for every group, or one product per group where
+    the kernel is not to be had), then per group dA and dW of the second, dW of the first -- and dA of the first
+    only when x needs a gradient; the experts' outputs are not computed again."""
     text, ops = _chain(b=40, n=4, d=8, h=16, experts=[k % 4 for k in range(40)])
     old = torch.get_num_threads()
     torch.set_num_threads(1)  # every product on this thread, where the profiler records it
@@ -109,7 +110,9 @@ def test_direct_gradient_runs_no_autograd_and_skips_unneeded_products(threads):
                 y.sum().backward()
             names = [e.name for e in prof.events()]
             assert "scorch::chain_backward" in names and "aten::einsum" not in names
-            counts[x_grad] = names.count("aten::mm")
+            kernel = names.count("scorch::grouped_product")
+            assert kernel <= 1
+            counts[x_grad] = names.count("aten::mm") + 4 * kernel
     finally:
         torch.set_num_threads(old)
     assert counts[False] == 4 * 4 and counts[True] == 5 * 4
@@ -154,7 +157,8 @@ def _keep(text: str) -> str:
 
 
 def _backward_mm_count(text, ops, wanted):
-    """(gradients, matrix products the gradient op ran) for one chain_backward call, on this thread."""
+    """(gradients, matrix products the gradient op ran) for one chain_backward call, on this thread: ATen's, one per
+    group, and the grouped product kernel's, a product for every group with rows in one call."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -162,7 +166,9 @@ def _backward_mm_count(text, ops, wanted):
             g = torch.ops.scorch.chain_backward(text, ops, torch.ones(ops[1].shape, dtype=ops[1].dtype), wanted)
     finally:
         torch.set_num_threads(old)
-    return g, [e.name for e in prof.events()].count("aten::mm")
+    names = [e.name for e in prof.events()]
+    groups = int((ops[0] != 0).any(0).sum())
+    return g, names.count("aten::mm") + groups * names.count("scorch::grouped_product")
 
 
 def test_keep_chain_gradient_reads_the_forward_results():

@@ -1,0 +1,87 @@
+// grouped_product_kernel (grouped_kernel.h): the units of work and the call.
+//
+// The units: each group with rows is one unit (all of its output columns), run largest first; a group with more
+// than its fair share of the rows (more than entries / threads) would keep one thread busy while the others
+// idle, so it is cut into one unit per thread by columns, cuts on whole panels of the kernel's register tile.
+#include "grouped_kernel.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+
+#include "codegen/emit_grouped.h"
+#include "codegen/kernel_abi.h"
+#include "common/error.h"
+#include "runtime/jit.h"
+#include "runtime/target.h"
+
+namespace scorch::torch_glue {
+namespace {
+
+// Columns of one panel of the kernel's register tile for values of `elem_bytes` on the current target.
+int64_t panel_columns(int64_t elem_bytes) {
+  const VectorShape shape = current_target().vector_shape();
+  const int64_t lanes = shape.vector_bytes > 0 ? shape.vector_bytes / elem_bytes : 1;
+  return std::max<int64_t>(1, grouped_tile(shape).vectors * lanes);
+}
+
+std::vector<int64_t> make_units(const std::vector<int64_t>& counts, int64_t n, int64_t threads, int64_t panel) {
+  const int64_t entries = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<int64_t> order;
+  for (int64_t q = 0; q < static_cast<int64_t>(counts.size()); ++q)
+    if (counts[static_cast<size_t>(q)] > 0) order.push_back(q);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return counts[static_cast<size_t>(a)] > counts[static_cast<size_t>(b)];
+  });
+  std::vector<int64_t> units;
+  for (int64_t q : order) {
+    const bool large = threads > 1 && counts[static_cast<size_t>(q)] * threads > entries;
+    const int64_t panels = (n + panel - 1) / panel;
+    const int64_t parts = large ? std::min(threads, panels) : 1;
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t lo = std::min(n, panels * p / parts * panel), hi = std::min(n, panels * (p + 1) / parts * panel);
+      if (hi > lo) units.insert(units.end(), {q, lo, hi});
+    }
+  }
+  return units;
+}
+
+}  // namespace
+
+bool grouped_product_kernel(const at::Tensor& A, const at::Tensor& W, bool w_t, const std::vector<int64_t>& counts,
+                            const std::vector<int64_t>& starts, at::Tensor& out, bool relu) {
+  const at::ScalarType dt = A.scalar_type();
+  if (w_t || (dt != at::kFloat && dt != at::kDouble) || W.scalar_type() != dt || out.scalar_type() != dt ||
+      !A.device().is_cpu() || !W.device().is_cpu() || A.dim() != 2 || W.dim() != 3 || out.dim() != 2 ||
+      !out.is_contiguous() || A.size(1) != W.size(1) || out.size(1) != W.size(2) || out.size(0) != A.size(0) ||
+      (A.size(0) > 1 && A.stride(1) != 1) || (W.size(2) > 1 && W.stride(2) != 1))
+    return false;
+  const std::string spec = std::string(kGroupedProductSpec) + (dt == at::kFloat ? " f32" : " f64");
+  if (!kernel_available(spec)) return false;
+  const auto kernel = get_kernel(spec);
+  if (A.size(0) == 0 || W.size(2) == 0) return true;
+  const int64_t K = A.size(1), N = W.size(2);
+  if (K == 0) {  // no products to sum: zeros (ReLU of zero is zero)
+    out.zero_();
+    return true;
+  }
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<int64_t> units = make_units(counts, N, threads, panel_columns(static_cast<int64_t>(A.element_size())));
+  const int64_t n_units = static_cast<int64_t>(units.size()) / 3;
+  if (n_units == 0) return true;
+  void* inputs[5] = {A.data_ptr(), W.data_ptr(), const_cast<int64_t*>(starts.data()),
+                     const_cast<int64_t*>(counts.data()), units.data()};
+  const int64_t sizes[5] = {W.size(0), K, N, n_units, relu ? 1 : 0};
+  const int64_t strides[4] = {A.stride(0), W.stride(0), W.stride(1), out.stride(0)};
+  RECORD_FUNCTION("scorch::grouped_product", std::vector<c10::IValue>{});  // seen by the profiler, as aten::mm is
+  scorch_kernel_args args{inputs, sizes, strides, out.data_ptr(), 0, nullptr, nullptr, static_cast<int32_t>(threads),
+                          0, nullptr};
+  const int rc = kernel->fn(&args);
+  SCORCH_CHECK(rc == SCORCH_STATUS_OK, "scorch::chain: the grouped product kernel failed (status {})", rc);
+  return true;
+}
+
+}  // namespace scorch::torch_glue
