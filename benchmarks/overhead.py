@@ -21,9 +21,9 @@ For SpMV (y = A x) and SpMM (C = A B, B with 64 columns) on random CSR matrices 
 
 "Around the kernel" is the per-call cost over the kernel, measured on the same calls: each call's time minus
 the time it spent in its kernel (`_C.last_kernel_seconds`, read after the call); the medians are printed.
-Every absolute time is the median of --repeats samples, each the mean of a batch of calls sized to take ~4 ms, after a
-warm-up; the contenders' batches alternate (rounds in a rotating order), so load from another process falls on
-all of them alike, and the kernel alone is timed by the same statistic (the mean of a batch, timed in C++).
+Every absolute time is the median of --repeats samples, each the mean of a batch of calls sized to take ~4 ms (at
+least 10 calls), after a warm-up; the contenders' batches alternate (rounds in a rotating order), so load from
+another process falls on all of them alike, and the kernel alone is timed by the same statistic (the mean of a batch, timed in C++).
 "Cold calls" times the smallest case again with a buffer twice the last-level cache written before every call:
 at 4096 a call follows a kernel that streamed megabytes (and ran long enough for other processes to evict the
 caches), so the interpreter's, the dispatcher's and Scorch's own code and data come back from memory; that
@@ -53,6 +53,9 @@ from scorch_backend.custom_ops import region  # noqa: E402
 from scorch_backend.tools import timing  # noqa: E402
 
 
+MIN_CALLS = 10
+
+
 def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, dict]:
     """({name: median seconds per call}, {name: median seconds per call outside the kernel}) for `fns`.
 
@@ -72,7 +75,10 @@ def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, 
         for _ in range(5):
             fn(1) if self_timed else fn()
         one = max((time.perf_counter() - t) / 5, 1e-7)
-        batch[name] = max(1, min(20000, int(batch_s / one)))
+        # At least MIN_CALLS calls a batch: the first call of a batch follows another contender's batch (the
+        # dense one streams the whole matrix), so with 1-3 calls a batch, as slow cases would get, a third or more
+        # of the split samples would be such first calls, a share set by the case's speed rather than the call.
+        batch[name] = max(MIN_CALLS, min(20000, int(batch_s / one)))
     samples: dict = {n: [] for n in names}
     around: dict = {n: [] for n in names if getattr(fns[n], "split", False)}
     clock = time.perf_counter
