@@ -214,12 +214,21 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
 
 GroupedTile grouped_tile(const VectorShape& machine) {
   const int regs = machine.vector_bytes > 0 ? machine.registers() : 16;
+  const int vbytes = std::max(machine.vector_bytes, 1);
+  // Ranks a tile: the most accumulators; then a panel of whole cache lines (a row of a panel that splits lines
+  // reads two lines for part of each); then the fewest loads per multiply-add (1 / rows broadcasts plus
+  // 1 / vectors weight loads).
+  auto better = [&](GroupedTile a, GroupedTile b) {
+    if (a.rows * a.vectors != b.rows * b.vectors) return a.rows * a.vectors > b.rows * b.vectors;
+    const bool a_lines = a.vectors * vbytes % 64 == 0, b_lines = b.vectors * vbytes % 64 == 0;
+    if (a_lines != b_lines) return a_lines;
+    return a.rows + a.vectors < b.rows + b.vectors ||  // 1/r + 1/v = (r + v) / rv at equal rv
+           (a.rows + a.vectors == b.rows + b.vectors && a.rows > b.rows);
+  };
   GroupedTile best;
   for (int v = 1; v <= 4; ++v)
     for (int r = 1; r <= 8; ++r)
-      if (r * v + v + 1 <= regs &&
-          (r * v > best.rows * best.vectors || (r * v == best.rows * best.vectors && r > best.rows)))
-        best = {r, v};
+      if (r * v + v + 1 <= regs && (best.rows == 0 || better({r, v}, best))) best = {r, v};
   return best;
 }
 
