@@ -51,7 +51,10 @@ struct Entry {
   at::Tensor row_counts;
   // A row-major copy of a float or double tensor of rank >= 2 that is not contiguous (a region's output comes
   // in its storage order, often transposed): the density and the compression read it in one pass each
-  // instead of taking the generic paths (count_nonzero; nonzero, index and pack).
+  // instead of taking the generic paths (count_nonzero; nonzero, index and pack). A column-major matrix gets
+  // it only when a kernel compresses it by rows (`rows_of`): its density is counted on its transpose, and a
+  // consumer that reads it dense, demoted or by columns (a transposed activation in a training step) needs
+  // no copy.
   at::Tensor rows;
 };
 using EntryPtr = std::shared_ptr<Entry>;
@@ -140,10 +143,24 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
 }
 
 // `relu`: of relu(t) (RegionOperand::relu; such an operand is never cached, so its entry is its own).
+bool floating(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
+
+// A matrix laid out by columns: its transpose is contiguous.
+bool column_major(const at::Tensor& t) { return t.dim() == 2 && !t.is_contiguous() && t.t().is_contiguous(); }
+
 void measure_density(const at::Tensor& t, Entry& e, bool relu = false) {
-  if (t.dim() >= 2 && !t.is_contiguous() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble))
-    e.rows = row_major(t.detach());
+  if (column_major(t) && floating(t)) {  // the same count on the transpose; the row counts wait for `rows_of`
+    e.density = density_of(t.detach().t(), nullptr, relu);
+    return;
+  }
+  if (t.dim() >= 2 && !t.is_contiguous() && floating(t)) e.rows = row_major(t.detach());
   e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts, relu);
+}
+
+// The tensor to compress by rows: its row-major copy, made here the first time for a column-major matrix.
+at::Tensor rows_of(const at::Tensor& t, Entry& e) {
+  if (!e.rows.defined() && column_major(t) && floating(t)) e.rows = row_major(t.detach());
+  return e.rows.defined() ? e.rows : t.detach();
 }
 
 EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bool relu = false) {
@@ -195,11 +212,12 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
     }
   }
   ++n_compressions;
-  at::Tensor src = e.rows.defined() ? e.rows : t.detach();
-  at::Tensor counts = e.row_counts;
+  at::Tensor src, counts;
   if (o.col_major) {  // the transpose's rows (the counts are the other way's; no copy if t is column-major)
     src = row_major(t.detach().t());
-    counts = at::Tensor();
+  } else {
+    src = rows_of(t, e);
+    counts = e.row_counts;  // (undefined when the density was counted on a transpose: compress counts)
   }
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
       (src.scalar_type() == at::kFloat || src.scalar_type() == at::kDouble)) {
