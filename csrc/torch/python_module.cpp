@@ -310,7 +310,9 @@ bool operands_from_py(const py::sequence& seq, std::vector<glue::Operand>& ops) 
 
 py::object result_to_py(glue::Operand&& r) {
   if (!r.sparse()) return py::cast(std::move(r.values));
-  return (*wrap_sparse)(r.format->text, r.shape, r.buffers, r.values);
+  py::tuple versions(r.buffers.size());
+  for (size_t k = 0; k < r.buffers.size(); ++k) versions[k] = py::int_(r.buffers[k]._version());
+  return (*wrap_sparse)(r.format->text, r.shape, r.buffers, r.values, versions);
 }
 
 py::dict plan_summary(const scorch::Plan& p, const std::string& statement) {

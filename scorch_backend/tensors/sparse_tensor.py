@@ -654,9 +654,26 @@ def _format_of(text: str, ndim: int) -> Format:
     return Format(text, ndim)
 
 
-def _wrap_result(text: str, shape, buffers, values) -> SparseTensor:
-    """A sparse result of the executor: its buffers come from a kernel, so they are trusted as they are."""
-    return SparseTensor(_format_of(text, len(shape)), shape, buffers, values, validate=False)
+@functools.lru_cache(maxsize=1024)
+def _result_format(text: str, ndim: int) -> tuple[Format, tuple[str, ...]]:
+    fmt = _format_of(text, ndim)
+    return fmt, tuple(fmt.buffer_names)
+
+
+def _wrap_result(text: str, shape, buffers, values, versions) -> SparseTensor:
+    """A sparse result of the executor: its buffers come from a kernel (the format's buffers in order, index
+    dtypes, on the values' device), so they are trusted as they are and none of SparseTensor.__new__'s checks
+    run again; `versions` are the buffers' version counters, read in C++. This runs on every eager call with
+    a sparse result: it sets what __new__ sets and nothing more (about 2 us against 5)."""
+    fmt, names = _result_format(text, len(shape))
+    r = torch.Tensor._make_wrapper_subclass(SparseTensor, shape, dtype=values.dtype, device=values.device)
+    r._format = fmt
+    r._buffer_names = names
+    for name, b in zip(names, buffers):
+        setattr(r, name, b)
+    r._values = values
+    r._checked_versions = versions
+    return r
 
 
 # The executor reads SparseTensor operands directly (format, buffers, values, checked versions) and wraps

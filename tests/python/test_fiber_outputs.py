@@ -192,3 +192,50 @@ def test_threads(threads):
                      ["pos0", "crd0", "pos1", "crd1"])
     finally:
         torch.set_num_threads(old)
+
+
+def _sampled_and_fiber_results():
+    """A TTM fibers result (X's first four buffers copied) and an SDDMM sampled result (S's buffers copied)."""
+    idx, vals, _ = random_tensor3((20, 18, 16), 60, seed=3)
+    X = sb.from_coordinates(idx, vals, (20, 18, 16), "csf")
+    Y = sb.einsum("ijk,kr->ijr", X, torch.randn(16, 5))
+    g = torch.Generator().manual_seed(4)
+    S = sb.sparse(torch.where(torch.rand(30, 25, generator=g) < 0.1, torch.rand(30, 25, generator=g), 0.0), "csr")
+    Z = sb.einsum("ij,ik,kj->ij", S, torch.randn(30, 6, generator=g), torch.randn(6, 25, generator=g))
+    return [(X, Y, ["pos0", "crd0", "pos1", "crd1"]), (S, Z, ["pos1", "crd1"])]
+
+
+def test_result_buffers_are_independent_of_the_operand(scorch_dispatch):
+    # scorch::kernel's outputs never alias its inputs (its schema says so): the index buffers a sampled or
+    # fibers result shares with its operand by value are copies, so a write into one leaves the other as it was.
+    for operand, result, names in _sampled_and_fiber_results():
+        if not isinstance(result, sb.SparseTensor):  # the automatic dispatch may run dense
+            continue
+        for name in names:
+            mine, theirs = result.level_buffers[name], operand.level_buffers[name]
+            assert torch.equal(mine, theirs), name
+            assert mine.untyped_storage().data_ptr() != theirs.untyped_storage().data_ptr(), name
+            before = theirs.clone()
+            mine.zero_()
+            assert torch.equal(theirs, before), name
+
+
+def test_written_result_buffers_are_validated_again(scorch_dispatch):
+    # An executor result is wrapped without validation (its buffers come from a kernel) and records its
+    # buffers' versions then: an in-place write afterwards is noticed, and the next call taking the result as
+    # an operand re-validates it and reports the bad coordinate instead of running the kernel on it.
+    for _, result, _ in _sampled_and_fiber_results():
+        if not isinstance(result, sb.SparseTensor):
+            continue
+        assert result._checked_versions == result._buffer_versions()
+        result.check_unchanged()  # nothing written: nothing to do
+        crd = result.level_buffers["crd1"]
+        if crd.numel() == 0:
+            continue
+        crd[0] = 10_000
+        other = torch.randn(result.shape[1], 3)
+        with pytest.raises((ValueError, IndexError)):
+            if result.dim() == 3:
+                sb.einsum("ijr,js->irs", result, other)
+            else:
+                sb.einsum("ij,jk->ik", result, other)
