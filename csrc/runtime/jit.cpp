@@ -304,9 +304,10 @@ Lowered lower_spec(const std::string& text, const VectorShape& machine) {
   if (is_grouped_product_spec(text)) {  // a fixed kernel outside the pipeline (codegen/emit_grouped.h)
     Lowered l;
     l.source = grouped_product_source(text, machine);
+    l.machine = machine;
     return l;
   }
-  Lowered l{KernelSpec::parse(text), {}, {}, {}};
+  Lowered l{KernelSpec::parse(text), {}, {}, {}, machine};
   // The pipeline: the schedule, the lowering passes (lower/pipeline.h), the C++ source. Under
   // SCORCH_DEBUG=2 the IR after each pass goes to <dump dir>/<hash of spec and vector shape>.<NN>-<pass>.txt.
   l.schedule = make_schedule(l.spec);
@@ -321,6 +322,7 @@ Lowered lower_spec(const std::string& text, const VectorShape& machine) {
 
 void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& k) {
   k.spec = text;
+  k.vector_shape = l.machine;
   if (is_grouped_product_spec(text)) {
     k.statement = text;
     k.overwrites_output = true;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "codegen/kernel_abi.h"
+#include "lower/vector_shape.h"
 
 namespace scorch {
 
@@ -39,6 +40,7 @@ struct CompiledKernel {
   double seconds = 0;           // time to get it: codegen + compile, or codegen + load
   bool compiled = false;        // false: loaded from the disk cache
   std::string target;           // the target it was compiled for (runtime/target.h)
+  VectorShape vector_shape;     // the vector width, tile and registers its code was lowered for
   KernelFn fn = nullptr;
   KernelFreeFn free_fn = nullptr;
 };

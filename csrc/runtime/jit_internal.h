@@ -18,6 +18,7 @@ struct Lowered {
   Schedule schedule;
   LoweredKernel kernel;
   std::string source;  // the generated C++ (what a bundle records the hash of)
+  VectorShape machine;  // the vector shape it was lowered for
 };
 
 // Spec text -> schedule -> loop IR -> C++, for the machine's vector shape (Target::vector_shape(): vector

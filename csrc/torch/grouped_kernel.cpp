@@ -6,8 +6,11 @@
 #include "grouped_kernel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <string>
+
+#include <fmt/format.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -15,7 +18,9 @@
 #include "codegen/emit_grouped.h"
 #include "codegen/kernel_abi.h"
 #include "common/error.h"
+#include "runtime/bundle.h"
 #include "runtime/jit.h"
+#include "runtime/settings.h"
 #include "runtime/target.h"
 
 namespace scorch::torch_glue {
@@ -28,10 +33,9 @@ namespace {
 // generic target) 10.9 ms, 12 (scalar) 113-164 ms.
 constexpr int64_t kMinTileValues = 64;
 
-// Columns of one panel of the kernel's register tile for values of `elem_bytes` on the current target, or 0
+// Columns of one panel of the register tile of a kernel lowered for `shape`, for values of `elem_bytes`, or 0
 // when the tile holds fewer than kMinTileValues values.
-int64_t panel_columns(int64_t elem_bytes) {
-  const VectorShape shape = current_target().vector_shape();
+int64_t panel_columns(const VectorShape& shape, int64_t elem_bytes) {
   const int64_t lanes = shape.vector_bytes > 0 ? shape.vector_bytes / elem_bytes : 1;
   const GroupedTile t = grouped_tile(shape);
   if (t.rows * t.vectors * lanes < kMinTileValues) return 0;
@@ -67,12 +71,31 @@ bool grouped_product_kernel(const at::Tensor& A, const at::Tensor& W, bool w_t, 
   if (w_t || (dt != at::kFloat && dt != at::kDouble) || W.scalar_type() != dt || out.scalar_type() != dt ||
       !A.device().is_cpu() || !W.device().is_cpu() || A.dim() != 2 || W.dim() != 3 || out.dim() != 2 ||
       !out.is_contiguous() || A.size(1) != W.size(1) || out.size(1) != W.size(2) || out.size(0) != A.size(0) ||
-      (A.size(0) > 1 && A.stride(1) != 1) || (W.size(2) > 1 && W.stride(2) != 1))
+      (A.size(1) > 1 && A.stride(1) != 1) || (W.size(2) > 1 && W.stride(2) != 1))
     return false;
-  const int64_t panel = panel_columns(static_cast<int64_t>(A.element_size()));
   const std::string spec = std::string(kGroupedProductSpec) + (dt == at::kFloat ? " f32" : " f64");
-  if (panel == 0 || !kernel_available(spec)) return false;
-  const auto kernel = get_kernel(spec);
+  if (!kernel_available(spec)) return false;
+  const int64_t elem = static_cast<int64_t>(A.element_size());
+  // The tile is the loaded kernel's: a bundle's (its own target, read with no compiler), else this process's
+  // target, asked before compiling so that a target whose tile is too small never compiles it. Anything that
+  // fails on the way (no compiler to resolve the target, a failed compile) leaves the product to ATen.
+  // A failure is remembered (per dtype, for the process): it is not retried, and logged once.
+  static std::atomic<bool> failed[2] = {false, false};
+  std::atomic<bool>& gave_up = failed[dt == at::kFloat ? 0 : 1];
+  load_bundles_from_environment();  // as get_kernel would first (SCORCH_KERNEL_BUNDLES; once per process)
+  std::shared_ptr<const CompiledKernel> kernel = find_bundled_kernel(spec);
+  if (!kernel && gave_up.load(std::memory_order_relaxed)) return false;
+  try {
+    if (!kernel && panel_columns(current_target().vector_shape(), elem) == 0) return false;
+    if (!kernel) kernel = get_kernel(spec);
+  } catch (const std::exception& e) {
+    if (!gave_up.exchange(true))
+      log_message(30, "grouped", fmt::format("the grouped product kernel is not available ({}); ATen's products run",
+                                             e.what()));
+    return false;
+  }
+  const int64_t panel = panel_columns(kernel->vector_shape, elem);
+  if (panel == 0) return false;
   if (A.size(0) == 0 || W.size(2) == 0) return true;
   const int64_t K = A.size(1), N = W.size(2);
   if (K == 0) {  // no products to sum: zeros (ReLU of zero is zero)
