@@ -133,30 +133,13 @@ def test_grouped_kernel_not_taken_for_transposed_weights():
 
 def test_grouped_kernel_from_a_bundle_without_the_jit(tmp_path):
     """A deployment without the JIT (SCORCH_JIT=0) runs the kernel from a bundle that holds its spec."""
-    import os
-    import subprocess
-    import sys
-
     from scorch_backend.custom_ops import aot
 
     path = tmp_path / "grouped.bundle"
     aot.build_bundle(["grouped_product f32"], path)
-    code = f"""
-import sys, torch
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from scorch_backend.custom_ops import aot
-assert aot.load_bundle({str(path)!r}) == 1
-from test_grouped_kernel import _moe, _run
-text, ops, ref = _moe(30, 3, 16, 40, [k % 3 for k in range(30)], torch.float32)
-y, calls = _run(text, ops, 2)
-torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
-print("calls", calls)
-"""
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SCORCH_JIT": "0"}, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    out = _moe_in_subprocess({"SCORCH_JIT": "0"}, bundle=path)
     rows, vectors, lanes = _tile(None)
-    assert f"calls {2 if rows * vectors * lanes >= 64 else 0}" in r.stdout
+    assert f"calls {2 if rows * vectors * lanes >= 64 else 0}" in out
 
 
 def _moe_in_subprocess(env: dict, bundle=None) -> str:
