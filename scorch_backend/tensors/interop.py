@@ -230,6 +230,8 @@ class _InputCache:
         return (x._version,) + tuple(m._version for m in members)
 
     def get(self, x: torch.Tensor) -> SparseTensor:
+        if x.is_inference():  # no version counters (made under torch.inference_mode): converted every call
+            return _convert(x)
         key = id(x)
         versions = self._versions(x)
         hit = self._entries.get(key)

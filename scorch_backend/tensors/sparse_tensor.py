@@ -94,7 +94,9 @@ class SparseTensor(torch.Tensor):
         return r
 
     def _buffer_versions(self):
-        return tuple(getattr(self, n)._version for n in self._buffer_names)
+        """The buffers' version counters; -1 for a buffer that has none (an inference tensor, made under
+        torch.inference_mode): such a buffer cannot be seen to change, so it counts as changed every time."""
+        return tuple(_version_of(getattr(self, n)) for n in self._buffer_names)
 
     def check_unchanged(self) -> None:
         """Re-validate the index buffers if they were modified in place since they were last checked
@@ -105,7 +107,7 @@ class SparseTensor(torch.Tensor):
             versions = self._buffer_versions()
         except RuntimeError:  # fake or functional tensors have no version counter
             return
-        if versions != self._checked_versions:
+        if versions != self._checked_versions or -1 in versions:
             ops.validate(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
             self._checked_versions = versions
 
@@ -658,6 +660,11 @@ def _format_of(text: str, ndim: int) -> Format:
 def _result_format(text: str, ndim: int) -> tuple[Format, tuple[str, ...]]:
     fmt = _format_of(text, ndim)
     return fmt, tuple(fmt.buffer_names)
+
+
+def _version_of(t: torch.Tensor) -> int:
+    """t's version counter, or -1 when it has none (an inference tensor)."""
+    return -1 if t.is_inference() else t._version
 
 
 def _wrap_result(text: str, shape, buffers, values, versions) -> SparseTensor:
