@@ -126,6 +126,7 @@ std::vector<uint8_t> fingerprint(const at::Tensor& t) {
 }
 
 EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
+  if (t.is_inference()) return nullptr;  // no version counter (torch.inference_mode): a write could not be seen
   const std::string key = tensor_key(t);
   EntryPtr e;
   {
@@ -164,6 +165,7 @@ at::Tensor rows_of(const at::Tensor& t, Entry& e) {
 }
 
 EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bool relu = false) {
+  cached = cached && !t.is_inference();  // an inference tensor has no version to check a cached entry by
   if (cached) {
     if (EntryPtr e = lookup(t, frozen, weight)) {
       if (e->density < 0) measure_density(t, *e);
@@ -173,7 +175,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
   }
   auto e = std::make_shared<Entry>();
   e->alias = t.detach();
-  e->version = static_cast<int64_t>(t._version());
+  e->version = cached ? static_cast<int64_t>(t._version()) : -1;
   if (cached) e->fingerprint = fingerprint(t);
   measure_density(t, *e, relu);
   if (cached) remember(t, e, weight);
@@ -250,6 +252,7 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
   if (std::is_sorted(perm.begin(), perm.end()) && t.scalar_type() == dtype && t.is_contiguous()) return t.detach();
   std::string key = fmt::format("{}|", c10::toString(dtype));
   for (auto d : perm) key += std::to_string(d) + ",";
+  cached = cached && !t.is_inference();  // as in entry_of
   EntryPtr e = cached ? lookup(t, frozen, weight) : nullptr;
   if (e) {
     auto it = e->layouts.find(key);

@@ -76,23 +76,28 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
                p.title, k, values.dim());
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)};
+  bool versioned = true;  // an inference tensor has no version counter: validated at every call, never remembered
   auto add = [&](const at::Tensor& t) {
-    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(), static_cast<int64_t>(t._version())});
+    if (t.is_inference()) versioned = false;
+    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(),
+                           t.is_inference() ? -1 : static_cast<int64_t>(t._version())});
   };
   add(values);
   for (const auto& b : s.buffers[k]) add(b);
   const std::vector<int64_t>& size = s.packed_sizes[k];
   key.insert(key.end(), size.begin(), size.end());
   bool known = false;
-  {
+  if (versioned) {
     std::lock_guard lock(validated_mu);
     known = validated.count(key) > 0;
   }
   if (!known) {
     validate.call(s.buffers[k], values, size, o.packed);
-    std::lock_guard lock(validated_mu);
-    if (validated.size() > 4096) validated.clear();
-    validated.insert(std::move(key));
+    if (versioned) {
+      std::lock_guard lock(validated_mu);
+      if (validated.size() > 4096) validated.clear();
+      validated.insert(std::move(key));
+    }
   }
   const FormatRef& f = interned_format(o.packed, static_cast<int>(size.size()));
   std::vector<at::Tensor> buffers;
