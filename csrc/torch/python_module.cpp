@@ -22,6 +22,7 @@
 #include "kernel_call.h"
 #include "region.h"
 #include "region_kernels.h"
+#include "tensor_version.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
 
@@ -263,10 +264,6 @@ bool plain(const at::Tensor& t) {
   return t.device().is_cpu();
 }
 
-// A buffer's version counter, or -1 when it has none (an inference tensor, made under torch.inference_mode):
-// such a buffer counts as changed at every use, so it is validated again (SparseTensor._buffer_versions agrees).
-int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
-
 // One operand from Python, or false when the call is not for the fast path.
 bool operand_from_py(py::handle h, glue::Operand& out) {
   static const py::str s_format("_format"), s_canonical("canonical"), s_names("_buffer_names"),
@@ -288,7 +285,7 @@ bool operand_from_py(py::handle h, glue::Operand& out) {
       if (!THPVariable_Check(b.ptr())) return false;
       out.buffers.push_back(THPVariable_Unpack(b.ptr()));
       if (!plain(out.buffers.back())) return false;
-      const int64_t version = version_of(out.buffers.back());
+      const int64_t version = glue::version_of(out.buffers.back());
       if (!changed && (version < 0 || py::cast<int64_t>(checked[k]) != version)) changed = true;
     }
     if (changed) h.attr(s_check)();  // re-validates buffers written in place since they were checked
@@ -316,7 +313,7 @@ bool operands_from_py(const py::sequence& seq, std::vector<glue::Operand>& ops) 
 py::object result_to_py(glue::Operand&& r) {
   if (!r.sparse()) return py::cast(std::move(r.values));
   py::tuple versions(r.buffers.size());
-  for (size_t k = 0; k < r.buffers.size(); ++k) versions[k] = py::int_(version_of(r.buffers[k]));
+  for (size_t k = 0; k < r.buffers.size(); ++k) versions[k] = py::int_(glue::version_of(r.buffers[k]));
   return (*wrap_sparse)(r.format->text, r.shape, r.buffers, r.values, versions);
 }
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "tensor_version.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -78,9 +79,9 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)};
   bool versioned = true;  // an inference tensor has no version counter: validated at every call, never remembered
   auto add = [&](const at::Tensor& t) {
-    if (t.is_inference()) versioned = false;
-    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(),
-                           t.is_inference() ? -1 : static_cast<int64_t>(t._version())});
+    const int64_t version = version_of(t);
+    if (version < 0) versioned = false;
+    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(), version});
   };
   add(values);
   for (const auto& b : s.buffers[k]) add(b);
