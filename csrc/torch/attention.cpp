@@ -4,11 +4,13 @@
 #include <torch/library.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -79,20 +81,58 @@ Operand pattern_of(const at::Tensor& mask, int64_t nb, at::ScalarType dtype) {
   return p;
 }
 
-// The row (a * rows + i) of each stored position, and the number stored in each row.
-struct Rows {
-  at::Tensor row, counts;
-  int64_t n = 0;
-};
-
-Rows rows_of(const Operand& pattern) {
-  const at::Tensor pos = pattern.buffers[0].to(at::kLong);
-  Rows r;
-  r.counts = pos.slice(0, 1) - pos.slice(0, 0, -1);
-  r.n = r.counts.numel();
-  r.row = at::repeat_interleave(at::arange(r.n, pos.options()), r.counts);
-  return r;
+// The stored range [pos[r], pos[r + 1]) of each row r of the pattern (a batched CSR: a * rows + i), handed
+// to f(begin, end, values) in parallel over rows, with the values as `scalar_t*` (one floating dtype).
+template <typename F>
+void for_each_row(const at::Tensor& pos, const at::Tensor& values, F&& f) {
+  const int64_t rows = pos.numel() - 1, nnz = values.numel();
+  const int64_t grain = std::max<int64_t>(1, thread_grain() / std::max<int64_t>(1, nnz / std::max<int64_t>(1, rows)));
+  AT_DISPATCH_INDEX_TYPES(pos.scalar_type(), "attention_rows", [&] {
+    const index_t* p = pos.const_data_ptr<index_t>();
+    AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "attention_rows", [&] {
+      scalar_t* v = values.data_ptr<scalar_t>();
+      at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) f(static_cast<int64_t>(p[r]), static_cast<int64_t>(p[r + 1]), v);
+      });
+    });
+  });
 }
+
+// The sampled scores become each stored position's softmax probability within its row, in place: scaled and
+// shifted by the row's largest score (one pass), exponentiated (ATen's vectorised exp), divided by the row's
+// sum (one pass). A row with nothing stored has nothing to write.
+void softmax_rows(const at::Tensor& pos, at::Tensor& scores, double scale) {
+  for_each_row(pos, scores, [scale](int64_t b, int64_t e, auto* v) {
+    using T = std::remove_pointer_t<decltype(v)>;
+    const T c = static_cast<T>(scale);
+    T top = -std::numeric_limits<T>::infinity();
+    for (int64_t x = b; x < e; ++x) top = std::max(top, v[x] *= c);
+    for (int64_t x = b; x < e; ++x) v[x] -= top;
+  });
+  scores.exp_();
+  for_each_row(pos, scores, [](int64_t b, int64_t e, auto* v) {
+    using T = std::remove_pointer_t<decltype(v)>;
+    T total = 0;
+    for (int64_t x = b; x < e; ++x) total += v[x];
+    for (int64_t x = b; x < e; ++x) v[x] /= total;
+  });
+}
+
+// The softmax's backward pass on the stored values, in place on dP: dS = P (dP - sum_row(P dP)) * scale.
+void softmax_backward_rows(const at::Tensor& pos, const at::Tensor& p, at::Tensor& dp, double scale) {
+  const at::Tensor pc = p.contiguous();
+  for_each_row(pos, dp, [&pc, scale](int64_t b, int64_t e, auto* d) {
+    using T = std::remove_pointer_t<decltype(d)>;
+    const T* pv = pc.const_data_ptr<T>();
+    T dot = 0;
+    for (int64_t x = b; x < e; ++x) dot += pv[x] * d[x];
+    const T c = static_cast<T>(scale);
+    for (int64_t x = b; x < e; ++x) d[x] = pv[x] * (d[x] - dot) * c;
+  });
+}
+
+// Whether each row (a * rows + i) of the pattern has nothing stored.
+at::Tensor empty_rows(const at::Tensor& pos) { return at::eq(pos.slice(0, 1), pos.slice(0, 0, -1)); }
 
 Operand run_kernel(const AttentionKernel& k, const std::vector<Operand>& ops) {
   return run_einsum(k.equation, ops, k.out_format, at::get_num_threads(), false, /*decide=*/false).result;
@@ -101,16 +141,12 @@ Operand run_kernel(const AttentionKernel& k, const std::vector<Operand>& ops) {
 // Each stored score's softmax probability within its row. The backward pass computes them again (one sampled
 // product) rather than trusting a cache keyed by tensor identity: a write through .data (gradcheck's
 // perturbations) bypasses the version counter.
-at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale,
-                         const Rows& r) {
-  const Operand s = run_kernel(kScores, {pattern, dense_operand(q3), dense_operand(k3)});
-  SCORCH_ASSERT(s.sparse() && s.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
-  const at::Tensor scores = s.values * scale;
-  const at::Tensor top = at::full({r.n}, -std::numeric_limits<double>::infinity(), scores.options())
-                             .scatter_reduce(0, r.row, scores, "amax", /*include_self=*/true);
-  const at::Tensor e = at::exp(scores - top.index_select(0, r.row));
-  const at::Tensor total = at::zeros({r.n}, e.options()).index_add_(0, r.row, e);
-  return e / total.index_select(0, r.row);
+at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale) {
+  Operand s = run_kernel(kScores, {pattern, dense_operand(q3), dense_operand(k3)});
+  SCORCH_ASSERT(s.sparse() && s.nnz() == pattern.nnz() && s.values.is_contiguous(),
+                "the sampled product keeps the mask's pattern");
+  softmax_rows(pattern.buffers[0], s.values, scale);
+  return s.values;
 }
 
 std::vector<int64_t> output_shape(const at::Tensor& q, const at::Tensor& v) {
@@ -209,11 +245,10 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t nb = batch_elements(q);
   const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb);
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
-  const Rows r = rows_of(pattern);
-  const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
+  const at::Tensor p = probabilities(pattern, q3, k3, scale);
   at::Tensor out = run_kernel(kWeighted, {pattern.with_values(p), dense_operand(v3)}).values;
   // A row with nothing stored is NaN, as the dense formula's softmax over only -inf is.
-  out = out.masked_fill(at::eq(r.counts, 0).reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
+  out = out.masked_fill(empty_rows(pattern.buffers[0]).reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
   return owning(out.reshape(output_shape(q, v)));
 }
 
@@ -236,15 +271,14 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const int64_t nb = batch_elements(q);
   const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb), g3 = flat3(g, nb);
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
-  const Rows r = rows_of(pattern);
-  const at::Tensor p = probabilities(pattern, q3, k3, scale, r);
+  const at::Tensor p = probabilities(pattern, q3, k3, scale);
   // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
   const at::Tensor dv = run_kernel(kGradV, {pattern.with_values(p), dense_operand(g3)}).values;
   const Operand sampled = run_kernel(kGradP, {pattern, dense_operand(g3), dense_operand(v3)});
   SCORCH_ASSERT(sampled.sparse() && sampled.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
-  const at::Tensor& dp = sampled.values;
-  const at::Tensor weighted = at::zeros({r.n}, p.options()).index_add_(0, r.row, p * dp);
-  const Operand ds = pattern.with_values(p * (dp - weighted.index_select(0, r.row)) * scale);
+  at::Tensor ds_values = sampled.values.contiguous();
+  softmax_backward_rows(pattern.buffers[0], p, ds_values, scale);
+  const Operand ds = pattern.with_values(ds_values);
   const at::Tensor dq = run_kernel(kGradQ, {ds, dense_operand(k3)}).values;
   const at::Tensor dk = run_kernel(kGradK, {ds, dense_operand(q3)}).values;
   return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
