@@ -27,7 +27,10 @@ another process falls on all of them alike, and the kernel alone is timed by the
 "Cold calls" times the smallest case again with a buffer twice the last-level cache written before every call:
 at 4096 a call follows a kernel that streamed megabytes (and ran long enough for other processes to evict the
 caches), so the interpreter's, the dispatcher's and Scorch's own code and data come back from memory; that
-section shows what any call, torch's included, costs in that state.
+section shows what any call, torch's included, costs in that state. "After a kernel" times the smallest case
+with the largest SpMM case's kernel run alone (no call around it) before every call, and the same calls warm:
+the difference is what a call pays for the state a long kernel leaves (its own traffic, and whatever else ran
+on the machine meanwhile), paid by torch's calls as much as by Scorch's.
 All contenders run in this process with the same thread count. The kernel benchmark's matrices
 (benchmarks/kernels.py) are the place for the kernels' own speed; here the matrices are small on purpose. The
 dense/sparse cost model is switched off (SCORCH_DISPATCH=sparse): the subject is the cost of the call.
@@ -116,16 +119,30 @@ class _Product(torch.nn.Module):
         return self.weight @ x
 
 
-def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: bool = False) -> dict:
+def _case(n: int, kind: str, density: float):
+    """(dense, A, rhs, equation) of one case, from a generator seeded by its size."""
+    g = torch.Generator().manual_seed(n)
+    dense = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) < density)
+    rhs = torch.randn(n, generator=g) if kind == "spmv" else torch.randn(n, 64, generator=g)
+    return dense, sb.sparse(dense, "csr"), rhs, "ij,j->i" if kind == "spmv" else "ij,jk->ik"
+
+
+def kernel_alone(n: int, kind: str, density: float, threads: int):
+    """A function running that case's compiled kernel once, timed in C++ with no call around it: what runs before
+    each call of the "after a kernel" section."""
+    _, A, rhs, eq = _case(n, kind, density)
+    plan = sb.plan_einsum(eq, A, rhs)
+    inputs = [*A.level_buffers.values(), A.stored_values, rhs]
+    return lambda: _C.time_kernel(plan["spec"], inputs, plan["var_sizes"], threads, 1, warmup=0, mean=True)
+
+
+def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: bool = False,
+        after_kernel=None) -> dict:
     # Every case compiles _Product.forward twice (Scorch, Inductor): without a reset Dynamo's recompile limit
     # for that one code object is reached after four cases and the later ones would run uncompiled.
     torch._dynamo.reset()
-    g = torch.Generator().manual_seed(n)
-    dense = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) < density)
-    A = sb.sparse(dense, "csr")
+    dense, A, rhs, eq = _case(n, kind, density)
     At = dense.to_sparse_csr()
-    rhs = torch.randn(n, generator=g) if kind == "spmv" else torch.randn(n, 64, generator=g)
-    eq = "ij,j->i" if kind == "spmv" else "ij,jk->ik"
     plan = sb.plan_einsum(eq, A, rhs)
     inputs = [*A.level_buffers.values(), A.stored_values, rhs]
     expect = At @ rhs
@@ -162,14 +179,19 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: boo
     }, repeats)
     row.update(times)
     row["around_kernel"] = around
+    small = {
+        "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
+        "region": _split(lambda: torch.ops.scorch.region(text, operands)),
+        "torch_csr": lambda: At @ rhs,
+        "dense": lambda: dense @ rhs,
+        "empty": lambda: torch.empty(1),
+    }
     if cold:
-        row["cold"] = cold_calls({
-            "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
-            "region": _split(lambda: torch.ops.scorch.region(text, operands)),
-            "torch_csr": lambda: At @ rhs,
-            "dense": lambda: dense @ rhs,
-            "empty": lambda: torch.empty(1),
-        }, repeats)
+        sweep = torch.empty(2 * last_level_cache_bytes() // 4)
+        row["cold"] = cold_calls(small, repeats, lambda: sweep.fill_(1.0))
+    if after_kernel is not None:
+        row["warm"] = cold_calls(small, repeats, lambda: None)
+        row["after_kernel"] = cold_calls(small, repeats, after_kernel)
     return row
 
 
@@ -189,13 +211,12 @@ def last_level_cache_bytes() -> int:
         return 32 * 2**20
 
 
-def cold_calls(fns: dict, repeats: int) -> dict:
-    """Per-call times when every call starts with cold caches: before each call a buffer twice the last-level
-    cache is written, which is the state a call is in after a kernel that streamed more than the caches hold
-    (or ran long enough for other processes to evict them). For a `split` fn, the cost around its kernel; for
-    the others the whole call (their kernels are negligible on the small case this is run on). Medians of
-    `repeats` x 5 calls, the contenders interleaved call by call."""
-    sweep = torch.empty(2 * last_level_cache_bytes() // 4)
+def cold_calls(fns: dict, repeats: int, before) -> dict:
+    """Per-call times when every call follows `before()`: writing a buffer twice the last-level cache (cold
+    caches: the state after a kernel that streamed more than the caches hold), running a large case's kernel
+    alone (the state a call of that case is in when its kernel returns), or nothing (warm). For a `split` fn, the
+    cost around its kernel; for the others the whole call (their kernels are negligible on the small case this
+    is run on). Medians of `repeats` x 5 calls, the contenders interleaved call by call."""
     out: dict = {n: [] for n in fns}
     clock = time.perf_counter
     for fn in fns.values():
@@ -203,7 +224,7 @@ def cold_calls(fns: dict, repeats: int) -> dict:
             fn()
     for r in range(repeats * 5):
         for name, fn in fns.items():
-            sweep.fill_(1.0)
+            before()
             t = clock()
             fn()
             d = clock() - t
@@ -231,9 +252,12 @@ def main(argv=None) -> int:
           f"{'compiled':>10} | torch.compile wrapper (inductor - dense)")
     rows = []
     sizes = [int(s) for s in args.sizes.split(",")]
+    # The largest SpMM case's kernel, run alone before calls of the smallest case ("after a kernel" below).
+    big = kernel_alone(max(sizes), "spmm", args.density, args.threads) if len(sizes) > 1 else None
     for n in sizes:
         for kind in ("spmv", "spmm"):
-            r = run(n, kind, args.density, args.threads, args.repeats, cold=n == min(sizes))
+            r = run(n, kind, args.density, args.threads, args.repeats, cold=n == min(sizes),
+                    after_kernel=big if n == min(sizes) else None)
             rows.append(r)
             us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "region", "compiled", "torch_csr")}
             a = {k: v * 1e6 for k, v in r["around_kernel"].items()}
@@ -253,6 +277,18 @@ def main(argv=None) -> int:
             c = {k: v * 1e6 for k, v in r["cold"].items()}
             print(f"{r['kind'] + ' ' + str(r['n']):<14}{c['einsum']:>21.1f}u{c['region']:>21.1f}u"
                   f"{c['torch_csr']:>15.1f}u{c['dense']:>14.1f}u{c['empty']:>15.1f}u")
+    if big is not None:
+        print(f"\nAfter a kernel: before each call the {max(sizes)}x{max(sizes)} SpMM case's kernel runs alone (no "
+              f"call around it), the state the large cases' own calls return in. On the smallest case, per call, "
+              f"and what that costs over the same call warm:")
+        print(f"{'case':<14}{'einsum around kernel':>22}{'region around kernel':>22}{'torch CSR call':>22}"
+              f"{'dense mm call':>22}{'torch.empty(1)':>22}")
+        for r in rows:
+            if "after_kernel" in r:
+                a, w = r["after_kernel"], r["warm"]
+                cells = "".join(f"{f'{a[k] * 1e6:.1f}u (+{(a[k] - w[k]) * 1e6:.1f})':>22}"
+                                for k in ("einsum", "region", "torch_csr", "dense", "empty"))
+                print(f"{r['kind'] + ' ' + str(r['n']):<14}{cells}")
     spmv = [r["torch_csr"] / r["einsum"] for r in rows if r["kind"] == "spmv"]
     print(f"SpMV geomean torch CSR / einsum: {statistics.geometric_mean(spmv):.2f}x")
     out = args.out or os.path.join(os.path.dirname(__file__), "results",
