@@ -56,6 +56,9 @@ struct Entry {
   // consumer that reads it dense, demoted or by columns (a transposed activation in a training step) needs
   // no copy.
   at::Tensor rows;
+  // Guards the lazily filled parts above (density, row_counts, rows, sparse, layouts) once the entry is in the
+  // cache: callers on several threads (a model served from a thread pool; the op releases the GIL) share it.
+  std::mutex mu;
 };
 using EntryPtr = std::shared_ptr<Entry>;
 
@@ -168,6 +171,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
   cached = cached && !t.is_inference();  // an inference tensor has no version to check a cached entry by
   if (cached) {
     if (EntryPtr e = lookup(t, frozen, weight)) {
+      std::lock_guard lock(e->mu);
       if (e->density < 0) measure_density(t, *e);
       ++n_hits;
       return e;
@@ -195,6 +199,7 @@ std::vector<EntryPtr> entries_of(const RegionProgram& p, at::TensorList operands
 
 Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::ScalarType dtype,
                   const std::map<char, int64_t>& sizes) {
+  std::lock_guard lock(e.mu);  // a second thread asking for the same form waits and then finds it made
   std::vector<int64_t> lead;
   for (int i = 0; i < o.expand; ++i) lead.push_back(sizes.at(o.letters[i]));
   const char* order = o.col_major ? "T" : o.relu ? "R" : "";
@@ -255,6 +260,7 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
   cached = cached && !t.is_inference();  // as in entry_of
   EntryPtr e = cached ? lookup(t, frozen, weight) : nullptr;
   if (e) {
+    std::lock_guard lock(e->mu);
     auto it = e->layouts.find(key);
     if (it != e->layouts.end()) return it->second;
   }
@@ -265,9 +271,12 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
       e->alias = t.detach();
       e->version = static_cast<int64_t>(t._version());
       e->fingerprint = fingerprint(t);
+      e->layouts[key] = out;  // before the entry is shared
       remember(t, e, weight);
+      return out;
     }
-    e->layouts[key] = out;
+    std::lock_guard lock(e->mu);
+    e->layouts.try_emplace(key, out);  // (another thread may have made the same layout meanwhile)
   }
   return out;
 }
