@@ -248,7 +248,10 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const at::Tensor p = probabilities(pattern, q3, k3, scale);
   at::Tensor out = run_kernel(kWeighted, {pattern.with_values(p), dense_operand(v3)}).values;
   // A row with nothing stored is NaN, as the dense formula's softmax over only -inf is.
-  out = out.masked_fill(empty_rows(pattern.buffers[0]).reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
+  // (In place on the kernel's own output, and only when some row is empty: a copy of the whole output else.)
+  const at::Tensor empty = empty_rows(pattern.buffers[0]);
+  if (empty.any().item<bool>())
+    out.masked_fill_(empty.reshape({nb, q.size(-2), 1}), std::numeric_limits<double>::quiet_NaN());
   return owning(out.reshape(output_shape(q, v)));
 }
 
@@ -389,9 +392,12 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                                 double scale) {
     ctx->saved_data["scale"] = scale;
-    ctx->save_for_backward({q, k, v, mask});
+    // q, k, v are read in storage order by both passes (the kernels' dense operands): made contiguous once
+    // here and kept so, the backward pass does not copy them again (heads split out of one projection are not).
+    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    ctx->save_for_backward({qc, kc, vc, mask});
     at::AutoDispatchBelowADInplaceOrView guard;
-    return {forward_handle().call(q, k, v, mask, scale)};
+    return {forward_handle().call(qc, kc, vc, mask, scale)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
