@@ -16,6 +16,30 @@ from scorch_backend import _C
 from scorch_backend.custom_ops import region
 
 
+def _in_threads(n: int, rounds: int, step) -> None:
+    """Runs step(i, round) on n threads, the threads starting each round together; fails on the first error
+    any thread raised, or when a thread hangs."""
+    errors: list = []
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        try:
+            for r in range(rounds):
+                barrier.wait()
+                step(i, r)
+        except Exception as e:  # noqa: BLE001 -- reported on the main thread
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a caller thread hung"
+    assert not errors, errors[0]
+
+
 def _program(name, weight_kind, weight_letters="bc", col_major=True):
     return json.dumps({"operands": [["ac", "dense", False, False, 0, False],
                                     [weight_letters, weight_kind, col_major, True, 0, True]],
@@ -39,32 +63,17 @@ def test_threads_share_one_weight_entry(monkeypatch, dispatch):
         for j, (text, weight) in enumerate(programs):
             ref_w = (w != 0).to(w.dtype) if "pattern" in text else w
             expect[i, j] = x @ ref_w.t()
-    errors: list = []
-    rounds = 40
-    barrier = threading.Barrier(len(xs))
 
-    def worker(i):
-        try:
-            for r in range(rounds):
-                barrier.wait()
-                for j in range(len(programs)):
-                    jj = (j + i + r) % len(programs)
-                    text, weight = programs[jj]
-                    out = torch.ops.scorch.region(text, [xs[i], weight])
-                    torch.testing.assert_close(out, expect[i, jj], rtol=1e-4, atol=1e-4)
-                if i == 0:
-                    region.clear_cache()
-        except Exception as e:  # noqa: BLE001 -- reported on the main thread
-            errors.append(e)
-            barrier.abort()
+    def step(i, r):
+        for j in range(len(programs)):
+            jj = (j + i + r) % len(programs)
+            text, weight = programs[jj]
+            out = torch.ops.scorch.region(text, [xs[i], weight])
+            torch.testing.assert_close(out, expect[i, jj], rtol=1e-4, atol=1e-4)
+        if i == 0:
+            region.clear_cache()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a caller thread hung"
-    assert not errors, errors[0]
+    _in_threads(len(xs), 40, step)
     assert _C.region_stats()["cache_hits"] > 0
 
 
@@ -82,23 +91,9 @@ def test_compiled_model_called_from_threads(name):
         for b in batches:  # compiled here, one thread (a batch size of its own may recompile)
             compiled(*b)
         expect = [model(*b) for b in batches]
-    errors: list = []
-    barrier = threading.Barrier(len(batches))
 
-    def worker(i):
-        try:
-            with torch.no_grad():
-                for _ in range(10):
-                    barrier.wait()
-                    torch.testing.assert_close(compiled(*batches[i]), expect[i], rtol=1e-4, atol=1e-4)
-        except Exception as e:  # noqa: BLE001 -- reported on the main thread
-            errors.append(e)
-            barrier.abort()
+    def step(i, r):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*batches[i]), expect[i], rtol=1e-4, atol=1e-4)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(batches))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a caller thread hung"
-    assert not errors, errors[0]
+    _in_threads(len(batches), 10, step)
