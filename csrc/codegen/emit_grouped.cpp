@@ -66,12 +66,15 @@ struct Prefetch {
 
 template <int R, int V>
 void tile(const val_t* __restrict a, int64_t lda, const val_t* __restrict w, int64_t ldw, val_t* __restrict c,
-          int64_t ldc, int64_t K, const Prefetch& pf, bool add, bool relu) {
+          int64_t ldc, int64_t K, const Prefetch& pf, bool add, const val_t* bias, bool relu) {
   vec_t acc[R][V];
+  vec_t start[V];  // a first block starts from the bias (or zero), a later one from the output so far
+#pragma GCC unroll 16
+  for (int j = 0; j < V; ++j) start[j] = bias ? vload(bias + j * kLanes) : vec_t{};
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 16
-    for (int j = 0; j < V; ++j) acc[i][j] = add ? vload(c + i * ldc + j * kLanes) : vec_t{};
+    for (int j = 0; j < V; ++j) acc[i][j] = add ? vload(c + i * ldc + j * kLanes) : start[j];
   const char* pfr = pf.base ? pf.base + pf.first * kLine : nullptr;
   for (int64_t k = 0; k < K; ++k) {
     const val_t* __restrict wr = w + k * ldw;
@@ -101,10 +104,10 @@ void tile(const val_t* __restrict a, int64_t lda, const val_t* __restrict w, int
 
 // Columns left over after the full vectors (fewer than kLanes): one at a time.
 void tail_columns(const val_t* a, int64_t lda, const val_t* w, int64_t ldw, val_t* c, int64_t ldc, int64_t M,
-                  int64_t K, int64_t cols, bool relu) {
+                  int64_t K, int64_t cols, const val_t* bias, bool relu) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      val_t s = 0;
+      val_t s = bias ? bias[j] : val_t(0);
       for (int64_t k = 0; k < K; ++k) s += a[i * lda + k] * w[k * ldw + j];
       c[i * ldc + j] = relu && s < 0 ? val_t(0) : s;
     }
@@ -112,10 +115,10 @@ void tail_columns(const val_t* a, int64_t lda, const val_t* w, int64_t ldw, val_
 
 template <int V>
 void tile_rows(int r, const val_t* a, int64_t lda, const val_t* w, int64_t ldw, val_t* c, int64_t ldc, int64_t K,
-               const Prefetch& pf, bool add, bool relu) {
+               const Prefetch& pf, bool add, const val_t* bias, bool relu) {
   switch (r) {
 #define SCORCH_TILE_ROWS(n) \
-    case n: if constexpr (n <= kMR) tile<n, V>(a, lda, w, ldw, c, ldc, K, pf, add, relu); break;
+    case n: if constexpr (n <= kMR) tile<n, V>(a, lda, w, ldw, c, ldc, K, pf, add, bias, relu); break;
     SCORCH_TILE_ROWS(1) SCORCH_TILE_ROWS(2) SCORCH_TILE_ROWS(3) SCORCH_TILE_ROWS(4)
     SCORCH_TILE_ROWS(5) SCORCH_TILE_ROWS(6) SCORCH_TILE_ROWS(7) SCORCH_TILE_ROWS(8)
 #undef SCORCH_TILE_ROWS
@@ -124,61 +127,77 @@ void tile_rows(int r, const val_t* a, int64_t lda, const val_t* w, int64_t ldw, 
 }
 
 void tile_any(int r, int v, const val_t* a, int64_t lda, const val_t* w, int64_t ldw, val_t* c, int64_t ldc,
-              int64_t K, const Prefetch& pf, bool add, bool relu) {
+              int64_t K, const Prefetch& pf, bool add, const val_t* bias, bool relu) {
   switch (v) {
 #define SCORCH_TILE_VECTORS(n) \
-    case n: if constexpr (n <= kNV) tile_rows<n>(r, a, lda, w, ldw, c, ldc, K, pf, add, relu); break;
+    case n: if constexpr (n <= kNV) tile_rows<n>(r, a, lda, w, ldw, c, ldc, K, pf, add, bias, relu); break;
     SCORCH_TILE_VECTORS(1) SCORCH_TILE_VECTORS(2) SCORCH_TILE_VECTORS(3) SCORCH_TILE_VECTORS(4)
 #undef SCORCH_TILE_VECTORS
     default: break;
   }
 }
 
-// One unit: rows a (M x K), weights w (K x cols), into c. The weights are taken in blocks of kc rows of one
+// Column n of row 0 of weights whose panels (kNV vectors of columns each) are ps values apart: ps = the panel's
+// columns for a plain (K x N) matrix, K x the panel's columns for one stored panel by panel (each panel's rows
+// contiguous: a block of kc rows is one contiguous piece, which no cache set conflict evicts).
+inline const val_t* column_of(const val_t* w, int64_t n, int64_t ps) {
+  const int64_t NB = (int64_t)kNV * kLanes;
+  return w + n / NB * ps + n % NB;
+}
+
+// One unit: rows a (M x K), weights w (K x cols, panels ps apart), plus bias (cols values, or null), into c. The weights are taken in blocks of kc rows of one
 // panel, every row tile over a block before the next; the next block -- this panel's next rows, the next
 // panel's first, or at the end `next`'s (cols_next columns of rows ldw apart, or null) -- is prefetched under it.
-void unit_product(const val_t* a, int64_t lda, int64_t M, int64_t K, const val_t* w, int64_t ldw, int64_t cols,
-                  val_t* c, int64_t ldc, const val_t* next, int64_t cols_next, int64_t kc, bool relu) {
+void unit_product(const val_t* a, int64_t lda, int64_t M, int64_t K, const val_t* w, int64_t ldw, int64_t ps,
+                  int64_t cols,
+                  const val_t* bias, val_t* c, int64_t ldc, const val_t* next, int64_t cols_next, int64_t kc,
+                  bool relu) {
   const int64_t NB = (int64_t)kNV * kLanes;
   const int64_t tiles = (M + kMR - 1) / kMR;
   const int64_t full = cols / kLanes * kLanes;
   for (int64_t n0 = 0; n0 < full; n0 += NB) {
     const int64_t nb = std::min(NB, full - n0);
+    const val_t* wp = column_of(w, n0, ps);
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       const int64_t kb = std::min(kc, K - k0);
       const val_t* pw;
       int64_t pcols;
-      if (k0 + kc < K) { pw = w + (k0 + kc) * ldw + n0; pcols = nb; }
-      else if (n0 + NB < full) { pw = w + n0 + NB; pcols = std::min(NB, full - n0 - NB); }
+      if (k0 + kc < K) { pw = wp + (k0 + kc) * ldw; pcols = nb; }
+      else if (n0 + NB < full) { pw = column_of(w, n0 + NB, ps); pcols = std::min(NB, full - n0 - NB); }
       else { pw = next; pcols = std::min(NB, cols_next); }
       const int64_t plines = pw ? (pcols * (int64_t)sizeof(val_t) + kLine - 1) / kLine : 0;
       const bool last = k0 + kc >= K;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t m0 = t * kMR;
         const Prefetch pf{t < plines ? (const char*)pw : nullptr, ldw * (int64_t)sizeof(val_t), t, plines, tiles};
-        tile_any((int)std::min<int64_t>(kMR, M - m0), (int)(nb / kLanes), a + m0 * lda + k0, lda, w + k0 * ldw + n0,
-                 ldw, c + m0 * ldc + n0, ldc, kb, pf, k0 > 0, relu && last);
+        tile_any((int)std::min<int64_t>(kMR, M - m0), (int)(nb / kLanes), a + m0 * lda + k0, lda, wp + k0 * ldw,
+                 ldw, c + m0 * ldc + n0, ldc, kb, pf, k0 > 0, bias && k0 == 0 ? bias + n0 : nullptr, relu && last);
       }
     }
   }
-  if (full < cols) tail_columns(a, lda, w + full, ldw, c + full, ldc, M, K, cols - full, relu);
+  if (full < cols)
+    tail_columns(a, lda, column_of(w, full, ps), ldw, c + full, ldc, M, K, cols - full, bias ? bias + full : nullptr,
+                 relu);
 }
 
 }  // namespace
 
 // inputs: A (entries x K, rows lda apart), W (groups x K x N: group q at q * wq, rows ldw apart), starts and
-// counts (int64 per group), units (int64 triples: group, first column, end column), in the order to run them.
-// sizes: groups, K, N, units, relu (0/1). strides: lda, wq, ldw, ldc. out_dense: (entries x N, rows ldc apart),
-// every element of every unit written.
+// counts (int64 per group), units (int64 triples: group, first column, end column), in the order to run them,
+// bias (groups x N, group q at q * bq, or null). sizes: groups, K, N, units, relu (0/1). strides: lda, wq, ldw,
+// ldc, bq, ps (values between the panels of kNV vectors of columns: column_of; units start on a panel).
+// out_dense: (entries x N, rows ldc apart), every element of every unit written.
 extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* A = (const val_t*)args->inputs[0];
   const val_t* W = (const val_t*)args->inputs[1];
   const int64_t* starts = (const int64_t*)args->inputs[2];
   const int64_t* counts = (const int64_t*)args->inputs[3];
   const int64_t* units = (const int64_t*)args->inputs[4];
+  const val_t* bias = (const val_t*)args->inputs[5];
   const int64_t K = args->sizes[1], U = args->sizes[3];
   const bool relu = args->sizes[4] != 0;
   const int64_t lda = args->strides[0], wq = args->strides[1], ldw = args->strides[2], ldc = args->strides[3];
+  const int64_t bq = args->strides[4], ps = args->strides[5];
   val_t* out = (val_t*)args->out_dense;
   int64_t next = 0;
   const int64_t kc = block_rows();
@@ -198,12 +217,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       int64_t pcols = 0;
       if (peek < U) {
         const int64_t* nx = units + 3 * peek;
-        pw = W + nx[0] * wq + nx[1];
+        pw = column_of(W + nx[0] * wq, nx[1], ps);
         pcols = nx[2] - nx[1];
       }
       const int64_t q = un[0], lo = starts[q], m = counts[q];
-      unit_product(A + lo * lda, lda, m, K, W + q * wq + un[1], ldw, un[2] - un[1], out + lo * ldc + un[1], ldc,
-                   pw, pcols, kc, relu);
+      const val_t* bias_q = bias ? bias + q * bq + un[1] : nullptr;
+      unit_product(A + lo * lda, lda, m, K, column_of(W + q * wq, un[1], ps), ldw, ps, un[2] - un[1], bias_q,
+                   out + lo * ldc + un[1], ldc, pw, pcols, kc, relu);
     }
   }
   return SCORCH_STATUS_OK;

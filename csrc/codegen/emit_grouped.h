@@ -11,9 +11,10 @@
 //   inputs:  A (entries x K, rows lda apart), W (groups x K x N: group q at q * wq, rows ldw apart, columns
 //            contiguous), starts and counts (int64 per group: the rows of group q are starts[q] ..
 //            starts[q] + counts[q] of A and of the output), units (int64 triples: group, first column, end
-//            column; run in this order, shared among the threads as they come free).
+//            column; run in this order, shared among the threads as they come free), bias (groups x N, group q
+//            at q * bq, columns contiguous; null: none) added to every row of its group before the ReLU.
 //   sizes:   groups, K, N, units, relu (1: max(x, 0) of every result; NaN stays NaN).
-//   strides: lda, wq, ldw, ldc.
+//   strides: lda, wq, ldw, ldc, bq.
 //   out_dense: (entries x N, rows ldc apart); every element of every unit's rows and columns is written.
 #pragma once
 

@@ -1,5 +1,6 @@
 // Chain programs (chain.h): the JSON text read and checked once per text, the grouping plan of a region program,
-// the chain's dtype and output shape, and the sequence kind's run (each step a region call).
+// the chain's dtype and output shape, and the sequence kind's run (each step a region call; a dense linear step
+// through the grouped product kernel, its bias and ReLU in the kernel's last pass).
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -9,6 +10,7 @@
 
 #include "chain.h"
 #include "common/error.h"
+#include "grouped_kernel.h"
 #include "json.h"
 
 namespace scorch::torch_glue {
@@ -280,8 +282,58 @@ at::Tensor apply_elementwise(Elementwise f, at::Tensor t, bool in_place) {
   return t;
 }
 
+namespace {
+
+// A step that is a dense linear product -- two dense matrices (out = x W^T or x W), at most a bias along the
+// output's columns, coefficient 1, nothing compressed, masked, packed or ReLU'd -- through the grouped product
+// kernel as one group, the bias and (`relu`) a ReLU in its last pass: an MLP's fc1 in inference, whose output
+// the next step reads compressed. The weight is copied once into the kernel's panels and kept (grouped_kernel.h),
+// so only a cached operand (a parameter or buffer) is taken. Undefined when it does not take the step
+// (then the region op runs it: ATen's addmm); the kernel's own fallback (no compiler, no bundle, a target whose
+// tile is too small) is grouped_product_kernel's.
+at::Tensor linear_step(const ChainStep& st, const std::vector<at::Tensor>& args, bool relu) {
+  const RegionProgram& p = *st.program;
+  if (p.out.size() != 2 || p.coef != 1.0 || p.has_masks || p.has_relu || p.packed_buffers != 0) return at::Tensor();
+  int x = -1, w = -1, b = -1;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if (o.expand != 0 || !o.packed.empty()) return at::Tensor();
+    if (o.kind == RegionOperand::Kind::add && b < 0 && o.letters == p.out.substr(1)) {
+      b = static_cast<int>(k);
+    } else if (o.kind == RegionOperand::Kind::dense && o.letters.size() == 2 && has(o.letters, p.out[0]) && x < 0 &&
+               !has(o.letters, p.out[1])) {
+      x = static_cast<int>(k);
+    } else if (o.kind == RegionOperand::Kind::dense && o.letters.size() == 2 && has(o.letters, p.out[1]) && w < 0 &&
+               !has(o.letters, p.out[0])) {
+      w = static_cast<int>(k);
+    } else {
+      return at::Tensor();
+    }
+  }
+  if (x < 0 || w < 0) return at::Tensor();
+  const std::string& xl = p.operands[static_cast<size_t>(x)].letters;
+  const std::string& wl = p.operands[static_cast<size_t>(w)].letters;
+  const char kx = xl[0] == p.out[0] ? xl[1] : xl[0], kw = wl[0] == p.out[1] ? wl[1] : wl[0];
+  if (kx != kw) return at::Tensor();
+  const at::Tensor& X = args[static_cast<size_t>(x)];
+  const at::Tensor& W = args[static_cast<size_t>(w)];
+  const at::Tensor bias = b >= 0 ? args[static_cast<size_t>(b)] : at::Tensor();
+  const bool w_t = wl[0] == p.out[1];  // stored (n, k): a Linear's weight
+  if (X.scalar_type() != W.scalar_type() || (bias.defined() && bias.scalar_type() != X.scalar_type()) ||
+      !p.operands[static_cast<size_t>(w)].cached)
+    return at::Tensor();
+  at::Tensor A = xl[0] == p.out[0] ? X : X.t();
+  if (A.size(1) > 1 && A.stride(1) != 1) A = A.contiguous();
+  at::Tensor r = linear_product_kernel(A, W, w_t, bias.defined() && bias.size(0) > 1 ? bias.contiguous() : bias, relu);
+  if (r.defined()) region_capture(st.text, args);  // what `explain` records of a region call
+  return r;
+}
+
+}  // namespace
+
 // A sequence: each step a region call (below autograd, or through the region op's autograd when the gradient is
-// recorded), its elementwise ops in place on the step's fresh result.
+// recorded), its elementwise ops in place on the step's fresh result; without autograd, a dense linear step runs
+// through the grouped product kernel (linear_step) with a ReLU that follows it.
 at::Tensor run_chain(const ChainProgram& c, at::TensorList operands, bool differentiable) {
   SCORCH_CHECK(operands.size() == c.differentiable.size(), "scorch::chain {}: {} operands expected, got {}", c.title,
                c.differentiable.size(), operands.size());
@@ -292,8 +344,12 @@ at::Tensor run_chain(const ChainProgram& c, at::TensorList operands, bool differ
   for (const ChainStep& st : c.steps) {
     std::vector<at::Tensor> args;
     for (int i : st.inputs) args.push_back(i >= 0 ? operands[static_cast<size_t>(i)] : r);
-    r = differentiable ? region_op.call(st.text, args) : run_region(st.text, args);
-    for (Elementwise f : st.then) r = apply_elementwise(f, r, !differentiable);
+    const bool first_relu = !st.then.empty() && st.then[0] == Elementwise::relu;
+    r = differentiable ? at::Tensor() : linear_step(st, args, first_relu);
+    const bool fused = r.defined();
+    if (!fused) r = differentiable ? region_op.call(st.text, args) : run_region(st.text, args);
+    for (size_t e = fused && first_relu ? 1 : 0; e < st.then.size(); ++e)
+      r = apply_elementwise(st.then[e], r, !differentiable);
   }
   return r;
 }
