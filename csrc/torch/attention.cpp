@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <mutex>
+#include <utility>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -19,6 +21,7 @@
 #include "region.h"
 #include "region_kernels.h"
 #include "runtime/settings.h"
+#include "tensor_version.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -35,10 +38,12 @@ struct AttentionKernel {
 };
 constexpr AttentionKernel kScores{"aij,aie,aje->aij", ""};      // S = (q k^T) at the pattern
 constexpr AttentionKernel kWeighted{"aij,ajf->aif", "strided"};  // out = P v
-constexpr AttentionKernel kGradV{"aij,aif->ajf", "strided"};     // dv = P^T g
+// The products with P^T and dS^T read the transposed pattern (a, j, i) by rows, as the forward's product
+// reads the pattern: a kernel that scattered into rows of its output would be about twice as slow.
+constexpr AttentionKernel kGradV{"aji,aif->ajf", "strided"};     // dv = P^T g
 constexpr AttentionKernel kGradP{"aij,aif,ajf->aij", ""};        // dP = (g v^T) at the pattern
 constexpr AttentionKernel kGradQ{"aij,aje->aie", "strided"};     // dq = dS k
-constexpr AttentionKernel kGradK{"aij,aie->aje", "strided"};     // dk = dS^T q
+constexpr AttentionKernel kGradK{"aji,aie->aje", "strided"};     // dk = dS^T q
 constexpr AttentionKernel kForwardKernels[] = {kScores, kWeighted};
 constexpr AttentionKernel kBackwardKernels[] = {kGradV, kGradP, kGradQ, kGradK};
 AttentionHooks hooks;
@@ -129,6 +134,89 @@ void softmax_backward_rows(const at::Tensor& pos, const at::Tensor& p, at::Tenso
     const T c = static_cast<T>(scale);
     for (int64_t x = b; x < e; ++x) d[x] = pv[x] * (d[x] - dot) * c;
   });
+}
+
+// The pattern transposed in each batch entry, (a, j, i) as a batched CSR of the same format, and for each of
+// its stored positions the pattern's position of the same entry (`order`, the pattern's index type).
+struct Transposed {
+  at::Tensor pos, crd, order;
+};
+
+Transposed transpose_pattern(const Operand& pattern) {
+  const int64_t nb = pattern.shape[0], rows = pattern.shape[1], cols = pattern.shape[2];
+  const at::Tensor& pos = pattern.buffers[0];
+  const at::Tensor crd = pattern.buffers[1].contiguous();
+  Transposed t{at::zeros({nb * cols + 1}, pos.options()), at::empty({crd.numel()}, crd.options()),
+               at::empty({crd.numel()}, crd.options())};
+  AT_DISPATCH_INDEX_TYPES(pos.scalar_type(), "attention_transpose", [&] {
+    const index_t* p = pos.const_data_ptr<index_t>();
+    const index_t* c = crd.const_data_ptr<index_t>();
+    index_t* tp = t.pos.data_ptr<index_t>();
+    index_t* tc = t.crd.data_ptr<index_t>();
+    index_t* to = t.order.data_ptr<index_t>();
+    at::parallel_for(0, nb, 1, [&](int64_t a0, int64_t a1) {
+      for (int64_t a = a0; a < a1; ++a) {
+        index_t* count = tp + a * cols + 1;  // the entries of column j of batch entry a, then where they start
+        for (int64_t x = p[a * rows]; x < p[(a + 1) * rows]; ++x) ++count[c[x]];
+        index_t next = p[a * rows];  // batch entry a's positions follow those of the entries before it
+        for (int64_t j = 0; j < cols; ++j) next += std::exchange(count[j], next);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t x = p[a * rows + i]; x < p[a * rows + i + 1]; ++x) {
+            const index_t dst = count[c[x]]++;
+            tc[dst] = static_cast<index_t>(i);
+            to[dst] = static_cast<index_t>(x);
+          }
+      }
+    });
+    // count[j] ended where column j + 1 starts: tp[a * cols + j + 1] already holds it.
+  });
+  return t;
+}
+
+// The transposed pattern, built once per pattern and kept for the few patterns seen last (the pattern's
+// buffers, and with them this, change when the mask is written to; their versions are checked as well).
+Transposed transposed_of(const Operand& pattern) {
+  struct Entry {
+    at::Tensor pos, crd;
+    int64_t pos_version, crd_version;
+    Transposed t;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> kept;  // newest last
+  constexpr size_t kKept = 4;
+  const at::Tensor &pos = pattern.buffers[0], &crd = pattern.buffers[1];
+  const int64_t pv = version_of(pos), cv = version_of(crd);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : kept)
+      if (e.pos.is_same(pos) && e.crd.is_same(crd) && pv >= 0 && cv >= 0 && e.pos_version == pv &&
+          e.crd_version == cv)
+        return e.t;
+  }
+  Transposed t = transpose_pattern(pattern);
+  if (pv >= 0 && cv >= 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (kept.size() == kKept) kept.erase(kept.begin());
+    kept.push_back({pos, crd, pv, cv, t});
+  }
+  return t;
+}
+
+// The transposed pattern holding `values` (in the pattern's order) in its own order.
+Operand transposed_with(const Operand& pattern, const Transposed& t, const at::Tensor& values) {
+  const at::Tensor src = values.contiguous();
+  at::Tensor out = at::empty_like(src);
+  AT_DISPATCH_INDEX_TYPES(t.order.scalar_type(), "attention_gather", [&] {
+    const index_t* o = t.order.const_data_ptr<index_t>();
+    AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "attention_gather", [&] {
+      const scalar_t* in = src.const_data_ptr<scalar_t>();
+      scalar_t* dst = out.data_ptr<scalar_t>();
+      at::parallel_for(0, src.numel(), thread_grain(), [&](int64_t b, int64_t e) {
+        for (int64_t x = b; x < e; ++x) dst[x] = in[o[x]];
+      });
+    });
+  });
+  return Operand{pattern.format, {pattern.shape[0], pattern.shape[2], pattern.shape[1]}, {t.pos, t.crd}, out};
 }
 
 // Whether each row (a * rows + i) of the pattern has nothing stored.
@@ -276,14 +364,15 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
   const at::Tensor p = probabilities(pattern, q3, k3, scale);
   // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
-  const at::Tensor dv = run_kernel(kGradV, {pattern.with_values(p), dense_operand(g3)}).values;
+  const Transposed t = transposed_of(pattern);
+  const at::Tensor dv = run_kernel(kGradV, {transposed_with(pattern, t, p), dense_operand(g3)}).values;
   const Operand sampled = run_kernel(kGradP, {pattern, dense_operand(g3), dense_operand(v3)});
   SCORCH_ASSERT(sampled.sparse() && sampled.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
   at::Tensor ds_values = sampled.values.contiguous();
   softmax_backward_rows(pattern.buffers[0], p, ds_values, scale);
   const Operand ds = pattern.with_values(ds_values);
   const at::Tensor dq = run_kernel(kGradQ, {ds, dense_operand(k3)}).values;
-  const at::Tensor dk = run_kernel(kGradK, {ds, dense_operand(q3)}).values;
+  const at::Tensor dk = run_kernel(kGradK, {transposed_with(pattern, t, ds_values), dense_operand(q3)}).values;
   return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
 }
 
