@@ -3,7 +3,7 @@
 //   each thread takes an equal share of the rows [lo, hi) (every row stores the same number of values)
 //   for each tile of V vectors of the dense operand's free index k (then one-vector tiles, then scalars)
 //     for each block of rows of the share (their output tiles fill a quarter of L2)
-//       for each chunk of mask words (their dense rows, one tile wide, fill half of L1)
+//       for each chunk of mask words (their dense rows, one tile wide, fill three quarters of L1)
 //         for each row p of the block (the values and mask words of row p + 4 prefetched)
 //           V vector accumulators (zero in the first chunk, else the output so far)
 //           for each mask word of the chunk (32 / m groups), unrolled over its groups and their n entries:
@@ -134,7 +134,7 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     // The dense rows as the groups read them: the operand's rows from column jo (stride LD), or, when its rows
     // are longer than the tile, the tile's columns of every row packed one after another (stride tile) in
     // memory the thread keeps. Unpacked, the rows of a chunk lie LD apart and with a power-of-two LD fill only
-    // some of L1's sets (tile 64 of 128 columns: half of them), so a chunk that should fill half of L1 evicts
+    // some of L1's sets (tile 64 of 128 columns: half of them), so a chunk that should fill most of L1 evicts
     // itself (measured, 1024^2 2:4, N = 128, 8-lane vectors, one thread: 1.83 -> 1.65 ms packed).
     const bool packable = vector_code && vectors > 1;  // the main vector pass (the panel is made for it below)
     const std::string stride = packable ? std::to_string(tile) : LD;
@@ -142,9 +142,13 @@ LoweredKernel lower_nm(const KernelSpec& spec, const Schedule& sched, const NmMa
     // The tile's slice of the thread's panel, packed before the passes (below).
     if (packable)
       body.push_back(line(fmt::format("if ({0} != {1}) dbase = nm_pp + (size_t)tid * NC * (NK / {1}) * {1} + (jo / {1}) * NC * {1};", LD, tile)));
-    // Mask words per chunk: their GPW * NMm dense rows of one tile fill half of L1. Rows per block: their
-    // output tiles fill a quarter of L2, so that a block's outputs stay there while the chunks pass.
-    body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_cache_bytes() / 2) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
+    // Mask words per chunk: their GPW * NMm dense rows of one tile fill three quarters of L1 (the rest holds
+    // the row's values, mask words and outputs). Half of L1 ran 2-5% slower with 8-lane tiles (2:4, N = 128,
+    // x86-64-v3, 2 threads, ctypes harness, quiet rounds: 1024^2 844-869 -> 821-853 us, 2048^2 3527-3595 ->
+    // 3389-3507 us; 3 words per chunk instead of 2); all of L1 was slower at 512^2. 16-lane tiles of 128
+    // columns get one word per chunk either way. Rows per block: their output tiles fill a quarter of L2, so
+    // that a block's outputs stay there while the chunks pass.
+    body.push_back(line(fmt::format("const int64_t KCW = std::max<int64_t>(1, (l1_cache_bytes() * 3 / 4) / ((int64_t)sizeof(val_t) * {} * GPW * NMm));", tile)));
     body.push_back(line(fmt::format("const int64_t PB = std::max<int64_t>(1, (l2_cache_bytes() / 4) / ((int64_t)sizeof(val_t) * {}));", tile)));
     body.push_back(line("for (int64_t pb = lo; pb < hi; pb += PB) {"));
     body.push_back(line("const int64_t pe = std::min<int64_t>(hi, pb + PB);"));

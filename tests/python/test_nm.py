@@ -371,3 +371,39 @@ def test_x86_64_v3_and_scalar_targets_agree():
         assert p.returncode == 0, p.stderr
         vals = [float(v) for v in p.stdout.split()]
         assert len(vals) == 6 and all(v < 1e-4 for v in vals), (target, p.stdout)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v3", "x86-64-v2", "generic", "scalar"])
+def test_every_target_across_chunks_and_odd_widths(target):
+    # The chunk of mask words and the register tile come from the target's vector width and the caches, so each
+    # target walks these shapes differently: several chunks per row (1001 columns: a partial last word and a
+    # short last group), dense widths of 1, 3 and 129 (no full tile, a tile and a remainder), f32 and f64.
+    if target.startswith("x86-64") and os.uname().machine != "x86_64":
+        pytest.skip("x86-64 target")
+    code = textwrap.dedent("""
+        import torch, scorch_backend as sb
+        g = torch.Generator().manual_seed(1)
+        for n, m in ((2, 4), (4, 8), (1, 4)):
+            for dtype in (torch.float32, torch.float64):
+                w = torch.randn(67, 1001, generator=g, dtype=torch.float64)
+                keep = torch.zeros_like(w, dtype=torch.bool)
+                for c0 in range(0, 1001, m):
+                    grp = w[:, c0:c0 + m].abs()
+                    keep.scatter_(1, grp.topk(min(n, grp.shape[1]), dim=1).indices + c0, True)
+                w = (w * keep).to(dtype)
+                a = sb.sparse(w, f"nm({n},{m})")
+                for k in (1, 3, 129):
+                    b = torch.randn(1001, k, generator=g, dtype=torch.float64).to(dtype)
+                    x = torch.randn(k, 1001, generator=g, dtype=torch.float64).to(dtype)
+                    ref = (w.double() @ b.double()).abs().max()
+                    print(n, m, dtype, k, float((sb.einsum("ij,jk->ik", a, b).double() - w.double() @ b.double()).abs().max() / ref))
+                    print(n, m, dtype, k, float((torch.nn.functional.linear(x, a).double() - x.double() @ w.double().T).abs().max() / ref))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, SCORCH_DISPATCH="sparse", SCORCH_TARGET=target))
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert len(lines) == 3 * 2 * 3 * 2, lines
+    for line in lines:
+        err = float(line.split()[-1])
+        assert err < (1e-5 if "float32" in line else 1e-12), (target, line)
