@@ -510,9 +510,9 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                               double scale) {
   const bool wants_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!wants_grad) {
+  if (!wants_grad) {  // contiguous here too: traced, the copies join the graph (Inductor fuses them)
     at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_handle().call(q, k, v, mask, scale);
+    return forward_handle().call(q.contiguous(), k.contiguous(), v.contiguous(), mask, scale);
   }
   return AttentionFunction::apply(q, k, v, mask, scale)[0];
 }
