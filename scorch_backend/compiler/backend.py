@@ -42,15 +42,16 @@ from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
 
 DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
-                   "measure_inputs": True, "chains": "direct", "sequences": False}
+                   "measure_inputs": True, "chains": "direct", "sequences": True}
 # "chains": where products joined by elementwise ops run as one chain region (passes/partition.py): "direct"
 # (graphs compiled without grad, and training graphs whose every chain gets its gradient directly as grouped
 # products: csrc/torch/grouped_backward.cpp, the mixture of experts), "inference" (graphs compiled without grad
 # only), "always", or "never". Any other chain's gradient runs the chain again under autograd, which costs more
 # than the separate regions' own gradient programs; so such training graphs keep them separate.
 # "sequences": also join a product left dense with the region reading its ReLU output compressed (linear ->
-# bias -> ReLU -> linear) where chains are on. Off by default: it saves no work, and the Python chain op's
-# call costs about 0.2 ms more than the separate ops (relu_mlp_sparse inference, 6.27 against 6.08 ms).
+# bias -> ReLU -> linear) where chains are on. The dense product then runs through the generated grouped product
+# kernel with its bias and the ReLU in its last pass, its weight stored once in the kernel's panels
+# (csrc/torch/chain_program.cpp: linear_step); where that kernel cannot be had, ATen's addmm and an in-place ReLU.
 
 
 @dataclass

@@ -63,11 +63,11 @@ def calls(gm):
     return out
 
 
-def rewritten(model, *inputs, training=True):
+def rewritten(model, *inputs, training=True, options=None):
     gm, ex = capture(model, *inputs)
     before = calls(gm)
     with torch.set_grad_enabled(training):
-        transform(gm, ex, _options({"sparse_threshold": THRESHOLD}))
+        transform(gm, ex, _options({"sparse_threshold": THRESHOLD, **(options or {})}))
     return before, calls(gm), gm, ex
 
 
@@ -88,18 +88,16 @@ def test_relu_mlp_training_graph_before_and_after():
 def test_relu_mlp_inference_graph_before_and_after():
     before, after, _, _ = rewritten(ReluMLP(), _x(), training=False)
     assert before == [("linear",), ("relu",), ("linear",)]
-    # without gradients fc1 has nothing sparse of its own: it stays a linear for Inductor; the ReLU read only
-    # by fc2's region joins it (the region takes fc1's output and applies the ReLU as it compresses it); with
-    # the option "sequences" fc1 joins fc2's region as the first step of a chain (test_chains.py: sequences)
-    _, _, gm, _ = rewritten(ReluMLP(), _x(), training=False)
+    # by default (the option "sequences") fc1 joins fc2's region as the first step of a chain, its product
+    # through the grouped product kernel (test_chains.py, test_sequence_kernel.py)
+    assert after == [("chain.default",)]
+    # without sequences fc1 has nothing sparse of its own: it stays a linear for Inductor; the ReLU read only
+    # by fc2's region joins it (the region takes fc1's output and applies the ReLU as it compresses it)
+    _, after, gm, _ = rewritten(ReluMLP(), _x(), training=False, options={"sequences": False})
     assert after == [("linear",), ("region", ("sparse", "dense", "add"), "dense", (0,))]
     region = next(n for n in gm.graph.nodes if n.target is torch.ops.scorch.region.default)
     linear = next(n for n in gm.graph.nodes if getattr(n.target, "__name__", "") == "linear")
     assert json.loads(region.args[0])["relu"] == [0] and region.args[1][0] is linear
-    gm, ex = capture(ReluMLP(), _x())
-    with torch.no_grad():
-        transform(gm, ex, _options({"sparse_threshold": THRESHOLD, "sequences": True}))
-    assert calls(gm) == [("chain.default",)]
 
 
 @kernel_path
@@ -394,5 +392,8 @@ def test_explain_in_training_shows_the_gradient_regions():
                for r in rep.regions)
     text = str(rep)
     assert "gradient:  its output's gradient is mostly zeros" in text and "then:      + " not in text
-    rep = sb.explain(ReluMLP(), _x(), repeat=1)  # inference: fc1 has nothing sparse, and no gradients
+    # inference: fc1 has nothing sparse, and no gradients; by default it is the first step of fc2's sequence
+    rep = sb.explain(ReluMLP(), _x(), repeat=1, options={"sequences": False})
     assert [r.label for r in rep.regions] == ["fc2 (Linear): linear"] and len(rep.regions[0].gradients) == 1
+    rep = sb.explain(ReluMLP(), _x(), repeat=1)
+    assert [(r.label, r.path) for r in rep.regions] == [("fc2 (Linear): linear, relu", "sequence")]

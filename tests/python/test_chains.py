@@ -249,9 +249,9 @@ def test_relu_mlp_graph_before_and_after_one_sequence_chain():
     assert [st.inputs for st in steps] == [(0, 1, 2), (-1, 3, 4)] and [st.then for st in steps] == [("aten.relu",), ()]
     assert [op.split("(")[0] for op in r.ops] == ["linear", "relu", "linear"]
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-6)
-    # by default (and without chains): fc1 stays a linear for the fallback, fc2 a region of its own that takes
+    # without sequences (and without chains): fc1 stays a linear for the fallback, fc2 a region of its own that takes
     # fc1's output and applies the ReLU in its compression (partition.py: _fold_relus, inference only)
-    for opts in (None, {"chains": "never", "sequences": True}):
+    for opts in ({"sequences": False}, {"chains": "never", "sequences": True}):
         gm, ex = capture(case.model, *case.inputs)
         with torch.no_grad():
             transform(gm, ex, _options(opts))
