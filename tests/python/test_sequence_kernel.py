@@ -14,7 +14,7 @@ import scorch_backend as sb
 from scorch_backend.custom_ops import chain as Ch
 from scorch_backend.custom_ops import region as R
 from scorch_backend.tools import zoo
-from test_grouped_kernel import _targets, _tile
+from test_grouped_kernel import _run, _targets, _tile
 
 P, O = R.Program, R.Operand
 
@@ -44,17 +44,6 @@ def _eager(ops, then=("aten.relu",)):
     return h @ w2.t() + b2
 
 
-def _run(text, ops, threads=2):
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad(), torch.profiler.profile() as prof:
-            y = torch.ops.scorch.chain(text, ops)
-    finally:
-        torch.set_num_threads(old)
-    return y, [e.name for e in prof.events()].count("scorch::grouped_product")
-
-
 def _taken(target, dtype):
     rows, vectors, lanes = _tile(target)
     return rows * vectors * lanes * 4 // dtype.itemsize >= 64
@@ -81,7 +70,7 @@ def test_linear_step_equals_eager(target, dtype, size):
 def test_linear_step_other_elementwise_ops_after_it(then):
     """Only a ReLU right after the product goes into the kernel's last pass; other ops run on its result."""
     ops = _mlp(9, 12, 40, 6, torch.float64, seed=3)
-    y, calls = _run(_program(then=then), ops)
+    y, calls = _run(_program(then=then), ops, 2)
     assert calls == (1 if _taken(None, torch.float64) else 0)
     torch.testing.assert_close(y, _eager(ops, then), rtol=1e-10, atol=1e-10)
 
@@ -91,7 +80,7 @@ def test_linear_step_not_taken_for_uncached_weights_and_gradients_right():
     op's forward still runs below autograd (the kernel may take it) and the gradient runs the steps again through
     the region op recording them: the gradients are eager's."""
     ops = _mlp(8, 12, 40, 6, torch.float64, seed=4)
-    y, calls = _run(_program(cached=False), ops)
+    y, calls = _run(_program(cached=False), ops, 2)
     assert calls == 0
     torch.testing.assert_close(y, _eager(ops), rtol=1e-10, atol=1e-10)
     args = [t.clone().requires_grad_() for t in ops]
@@ -107,19 +96,19 @@ def test_linear_step_sees_a_weight_changed_in_place():
     a write that leaves the version alone (fingerprint), the result is the new weight's."""
     ops = _mlp(16, 20, 48, 8, torch.float32, seed=5)
     text = _program()
-    torch.testing.assert_close(_run(text, ops)[0], _eager(ops), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_run(text, ops, 2)[0], _eager(ops), rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         ops[1].mul_(-1.5)
-    torch.testing.assert_close(_run(text, ops)[0], _eager(ops), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_run(text, ops, 2)[0], _eager(ops), rtol=1e-4, atol=1e-4)
     ops[1].data.copy_(torch.randn(ops[1].shape, generator=torch.Generator().manual_seed(6)))  # via .data
-    torch.testing.assert_close(_run(text, ops)[0], _eager(ops), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_run(text, ops, 2)[0], _eager(ops), rtol=1e-4, atol=1e-4)
 
 
 def test_linear_step_with_inference_mode_weights():
     """A weight made under torch.inference_mode has no version counter: no copy is kept, ATen runs it."""
     with torch.inference_mode():
         ops = _mlp(10, 12, 40, 6, torch.float32, seed=7)
-        y, calls = _run(_program(), ops)
+        y, calls = _run(_program(), ops, 2)
         assert calls == 0
         torch.testing.assert_close(y, _eager(ops), rtol=1e-4, atol=1e-4)
 
@@ -137,7 +126,7 @@ import sys, torch
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_sequence_kernel import _program, _mlp, _eager, _run
 ops = _mlp(30, 16, 70, 8, torch.float32)
-y, calls = _run(_program(), ops)
+y, calls = _run(_program(), ops, 2)
 torch.testing.assert_close(y, _eager(ops), rtol=1e-4, atol=1e-4)
 print("calls", calls)
 """
