@@ -377,13 +377,14 @@ def test_x86_64_v3_and_scalar_targets_agree():
 def test_every_target_across_chunks_and_odd_widths(target):
     # The chunk of mask words and the register tile come from the target's vector width and the caches, so each
     # target walks these shapes differently: several chunks per row (1001 columns: a partial last word and a
-    # short last group), dense widths of 1, 3 and 129 (no full tile, a tile and a remainder), f32 and f64.
+    # short last group), dense widths of 1, 3 and 129 (no full tile, a tile and a remainder), f32 and f64, n:m
+    # shapes whose values per mask word fill whole vectors or not (the main pass splats them from vectors or not).
     if target.startswith("x86-64") and os.uname().machine != "x86_64":
         pytest.skip("x86-64 target")
     code = textwrap.dedent("""
         import torch, scorch_backend as sb
         g = torch.Generator().manual_seed(1)
-        for n, m in ((2, 4), (4, 8), (1, 4)):
+        for n, m in ((2, 4), (4, 8), (1, 4), (3, 5)):
             for dtype in (torch.float32, torch.float64):
                 w = torch.randn(67, 1001, generator=g, dtype=torch.float64)
                 keep = torch.zeros_like(w, dtype=torch.bool)
@@ -403,7 +404,7 @@ def test_every_target_across_chunks_and_odd_widths(target):
                        env=dict(os.environ, SCORCH_DISPATCH="sparse", SCORCH_TARGET=target))
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()
-    assert len(lines) == 3 * 2 * 3 * 2, lines
+    assert len(lines) == 4 * 2 * 3 * 2, lines
     for line in lines:
         err = float(line.split()[-1])
         assert err < (1e-5 if "float32" in line else 1e-12), (target, line)
