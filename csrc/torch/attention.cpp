@@ -222,6 +222,41 @@ Operand transposed_with(const Operand& pattern, const Transposed& t, const at::T
 // Whether each row (a * rows + i) of the pattern has nothing stored.
 at::Tensor empty_rows(const at::Tensor& pos) { return at::eq(pos.slice(0, 1), pos.slice(0, 0, -1)); }
 
+// The kernels share work among threads by batch entry (their outer loop). When the entries do not divide
+// evenly among the threads, each entry's rows are cut into `parts` runs of equal length, seen as entries of
+// their own: a batched CSR's offsets do not tell entries from rows, so the pattern keeps its buffers; the rows'
+// dense operand (q, or g) is a view, and one read whole by every row of an entry (k, v, or q for dk) is repeated
+// once per part.
+struct RowSplit {
+  int64_t parts = 1;
+
+  Operand pattern(const Operand& p) const {
+    if (parts == 1) return p;
+    return Operand{p.format, {p.shape[0] * parts, p.shape[1] / parts, p.shape[2]}, p.buffers, p.values};
+  }
+  at::Tensor rows(const at::Tensor& t) const {  // (nb, rows, w), contiguous -> (nb * parts, rows / parts, w)
+    return parts == 1 ? t : t.view({t.size(0) * parts, t.size(1) / parts, t.size(2)});
+  }
+  at::Tensor whole(const at::Tensor& t) const {  // (nb, n, w) -> (nb * parts, n, w), entry a's copied per part
+    if (parts == 1) return t;
+    return t.unsqueeze(1).expand({t.size(0), parts, t.size(1), t.size(2)}).reshape({-1, t.size(1), t.size(2)});
+  }
+};
+
+// The split for nb entries of `rows` rows each: none when the entries divide among the threads; else the fewest
+// parts (up to twice the threads) that divide the rows and make the entries divide, with runs of at least 32 rows.
+RowSplit split_rows(int64_t nb, int64_t rows) {
+  const int64_t threads = at::get_num_threads();
+  RowSplit s;
+  if (threads <= 1 || nb % threads == 0) return s;
+  for (int64_t parts = 2; parts <= 2 * threads && rows / parts >= 32; ++parts)
+    if (rows % parts == 0 && (nb * parts) % threads == 0) {
+      s.parts = parts;
+      break;
+    }
+  return s;
+}
+
 Operand run_kernel(const AttentionKernel& k, const std::vector<Operand>& ops) {
   return run_einsum(k.equation, ops, k.out_format, at::get_num_threads(), false, /*decide=*/false).result;
 }
@@ -229,8 +264,9 @@ Operand run_kernel(const AttentionKernel& k, const std::vector<Operand>& ops) {
 // Each stored score's softmax probability within its row. The backward pass computes them again (one sampled
 // product) rather than trusting a cache keyed by tensor identity: a write through .data (gradcheck's
 // perturbations) bypasses the version counter.
-at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale) {
-  Operand s = run_kernel(kScores, {pattern, dense_operand(q3), dense_operand(k3)});
+at::Tensor probabilities(const Operand& pattern, const at::Tensor& q3, const at::Tensor& k3, double scale,
+                         const RowSplit& split) {
+  Operand s = run_kernel(kScores, {split.pattern(pattern), dense_operand(split.rows(q3)), dense_operand(split.whole(k3))});
   SCORCH_ASSERT(s.sparse() && s.nnz() == pattern.nnz() && s.values.is_contiguous(),
                 "the sampled product keeps the mask's pattern");
   softmax_rows(pattern.buffers[0], s.values, scale);
@@ -333,8 +369,10 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t nb = batch_elements(q);
   const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb);
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
-  const at::Tensor p = probabilities(pattern, q3, k3, scale);
-  at::Tensor out = run_kernel(kWeighted, {pattern.with_values(p), dense_operand(v3)}).values;
+  const RowSplit split = split_rows(nb, q.size(-2));
+  const at::Tensor p = probabilities(pattern, q3, k3, scale, split);
+  at::Tensor out = run_kernel(kWeighted, {split.pattern(pattern.with_values(p)), dense_operand(split.whole(v3))})
+                       .values.reshape({nb, q.size(-2), v.size(-1)});
   // A row with nothing stored is NaN, as the dense formula's softmax over only -inf is.
   // (In place on the kernel's own output, and only when some row is empty: a copy of the whole output else.)
   const at::Tensor empty = empty_rows(pattern.buffers[0]);
@@ -362,17 +400,22 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const int64_t nb = batch_elements(q);
   const at::Tensor q3 = flat3(q, nb), k3 = flat3(k, nb), v3 = flat3(v, nb), g3 = flat3(g, nb);
   const Operand pattern = pattern_of(mask, nb, q.scalar_type());
-  const at::Tensor p = probabilities(pattern, q3, k3, scale);
+  const RowSplit by_q = split_rows(nb, q.size(-2)), by_k = split_rows(nb, k.size(-2));  // (the transposed rows)
+  const at::Tensor p = probabilities(pattern, q3, k3, scale, by_q);
   // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
   const Transposed t = transposed_of(pattern);
-  const at::Tensor dv = run_kernel(kGradV, {transposed_with(pattern, t, p), dense_operand(g3)}).values;
-  const Operand sampled = run_kernel(kGradP, {pattern, dense_operand(g3), dense_operand(v3)});
+  const at::Tensor dv =
+      run_kernel(kGradV, {by_k.pattern(transposed_with(pattern, t, p)), dense_operand(by_k.whole(g3))}).values;
+  const Operand sampled = run_kernel(
+      kGradP, {by_q.pattern(pattern), dense_operand(by_q.rows(g3)), dense_operand(by_q.whole(v3))});
   SCORCH_ASSERT(sampled.sparse() && sampled.nnz() == pattern.nnz(), "the sampled product keeps the mask's pattern");
   at::Tensor ds_values = sampled.values.contiguous();
   softmax_backward_rows(pattern.buffers[0], p, ds_values, scale);
-  const Operand ds = pattern.with_values(ds_values);
-  const at::Tensor dq = run_kernel(kGradQ, {ds, dense_operand(k3)}).values;
-  const at::Tensor dk = run_kernel(kGradK, {transposed_with(pattern, t, ds_values), dense_operand(q3)}).values;
+  const at::Tensor dq =
+      run_kernel(kGradQ, {by_q.pattern(pattern.with_values(ds_values)), dense_operand(by_q.whole(k3))}).values;
+  const at::Tensor dk =
+      run_kernel(kGradK, {by_k.pattern(transposed_with(pattern, t, ds_values)), dense_operand(by_k.whole(q3))})
+          .values;
   return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
 }
 

@@ -142,20 +142,24 @@ def test_gradients_after_a_write_to_the_mask(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("scale", [0.3, -0.8])
-def test_many_rows_odd_sizes_against_eager(dtype, scale, monkeypatch):
+@pytest.mark.parametrize("batch,L,S", [((3, 1), 301, 517), ((3,), 300, 516), ((1,), 256, 130)])
+def test_many_rows_against_eager(batch, L, S, dtype, scale, monkeypatch):
     # Enough rows that both threads take a share of the row passes (softmax, its gradient, the transposed
-    # pattern's gather); odd lengths, more key rows than query rows, a negative scale, some empty rows.
+    # pattern's gather); odd lengths, more key rows than query rows or fewer, a negative scale, some empty rows.
+    # With an odd number of batch entries and even lengths, two threads cut each entry's query rows (and key
+    # rows, in the backward) into halves run as entries of their own.
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
-    q, k, v, mask = make((3, 1), L=301, S=517, E=19, F=23, density=0.07, dtype=dtype, seed=10,
-                         empty_rows=(0, 150, 300), grad=True)
-    w = torch.randn(3, 1, 301, 23, dtype=dtype, generator=torch.Generator().manual_seed(11))
+    empty = (0, L // 2, L - 1)
+    q, k, v, mask = make(batch, L=L, S=S, E=19, F=23, density=0.07, dtype=dtype, seed=10, empty_rows=empty,
+                         grad=True)
+    w = torch.randn(*batch, L, 23, dtype=dtype, generator=torch.Generator().manual_seed(11))
     out = op(q, k, v, mask, scale)
     want = dense_formula(q, k, v, mask, scale)
     tol = {} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-5}
     torch.testing.assert_close(out, want, equal_nan=True, **tol)
     # Gradients of the other rows (the dense formula's backward is NaN everywhere once a row is empty, so its
     # reference leaves those rows out).
-    keep = [r for r in range(301) if r not in (0, 150, 300)]
+    keep = [r for r in range(L) if r not in empty]
     got = torch.autograd.grad((out[..., keep, :] * w[..., keep, :]).sum(), (q, k, v))
     kept = dense_formula(q[..., keep, :], k, v, mask[keep], scale)
     ref = torch.autograd.grad((kept * w[..., keep, :]).sum(), (q, k, v))
