@@ -7,8 +7,9 @@
 //         for each row p of the block (the values and mask words of row p + 4 prefetched)
 //           V vector accumulators (zero in the first chunk, else the output so far)
 //           for each mask word of the chunk (32 / m groups), unrolled over its groups and their n entries:
-//             c = lowest set bit of the group's field (then cleared); one broadcast value times the V
-//             vectors of dense row g * m + c; the field's popcount checked on the way
+//             c = lowest set bit of the group's field (then cleared); the value (a lane splat of the word's
+//             values, loaded as vectors) times the V vectors of dense row g * m + c; the field's popcount
+//             checked on the way
 //           (last chunk: the groups after the last full word, a short last group, one by one)
 //           store the accumulators
 //   a mask found bad on the way sets the thread's bad flag (the call fails); its decoding never leaves
@@ -22,10 +23,10 @@
 // block from the L1 and L2 sizes the kernel reads where it runs. Every multiply-add loads its dense vector (rows
 // share no dense row), so the loop is bound by loads, not by accumulator latency: on 16 registers of 8 lanes
 // (x86-64-v3, Zen 4, 2:4, N = 128) tiles of 1 row x 12 vectors (then 3 x 4), 2 x 6, 3 x 4 and 2 x 8 all ran
-// 7-25% slower than 1 x 8, and walking both 64-column tiles per row in one pass ran 11% slower; broadcasting
-// the values from one vector load per mask word gains nothing because the compiler turns the lane splats
-// back into broadcast loads. The 1 x 8 loop runs at ~93% of an L1-resident loop of the same loads and
-// multiply-adds with no mask decoding (0.76 us per row of 512 columns per thread against 0.71).
+// 7-25% slower than 1 x 8, and walking both 64-column tiles per row in one pass ran 11% slower; packing the
+// dense rows chunk by chunk into an L1 buffer instead of a panel per call changed nothing. With broadcast loads
+// the 1 x 8 loop ran at ~93% of an L1-resident loop of the same loads and multiply-adds with no mask decoding
+// (0.76 us per row of 512 columns per thread against 0.71); the lane splats (below) take one load in 9 away.
 // The linear form transposes the dense operand once (in parallel) so that its free index is contiguous, runs the
 // same nest into a transposed result and transposes that into the output (as the blocked kernels do, blocked.cpp).
 #include "lower/nm.h"
