@@ -55,9 +55,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                   r3 += ((t0_vals[k0l1] * vload(&t1_data[i0 * t1_st0 + (rb) * t1_st1] + 24)) * vload(&t2_data[i1 * t2_st0 + (rb) * t2_st1] + 24));
                 }
                 const vec_t rs = (r0 + r1) + (r2 + r3);
-                for (int64_t l = 0; l < 8; ++l) {
-                  acc += rs[l];
-                }
+                acc += (((rs[0] + rs[1]) + (rs[2] + rs[3])) + ((rs[4] + rs[5]) + (rs[6] + rs[7])));
               }
               for (int64_t i2 = (N2 / 32) * 32; i2 < N2; ++i2) {
                 acc += ((t0_vals[k0l1] * t1_data[i0 * t1_st0 + i2 * t1_st1]) * t2_data[i1 * t2_st0 + i2 * t2_st1]);
