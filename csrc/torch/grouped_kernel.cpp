@@ -208,6 +208,11 @@ at::Tensor kept_panels(const at::Tensor& w, bool w_t, int64_t panel) {
 
 }  // namespace
 
+void clear_linear_panels() {
+  std::lock_guard lock(kept_mu);
+  kept.clear();
+}
+
 at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool w_t, const at::Tensor& bias,
                                  bool relu) {
   const at::ScalarType dt = A.scalar_type();

@@ -29,4 +29,8 @@ bool grouped_product_kernel(const at::Tensor& A, const at::Tensor& W, bool w_t, 
 at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool w_t, const at::Tensor& bias,
                                  bool relu);
 
+// Drops the weights linear_product_kernel keeps stored panel by panel (and the references to the weights they
+// hold), as the region op's cache is cleared (region_clear_cache).
+void clear_linear_panels();
+
 }  // namespace scorch::torch_glue

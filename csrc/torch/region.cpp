@@ -23,6 +23,7 @@
 
 #include "chain.h"
 #include "dense_einsum.h"
+#include "grouped_kernel.h"
 #include "convert.h"
 #include "region_addends.h"
 #include "region_compress.h"
@@ -586,9 +587,12 @@ RegionCacheSizes region_cache_sizes() {
 }
 
 void region_clear_cache() {
-  std::lock_guard lock(cache_mu);
-  weights.clear();
-  inputs.clear();
+  {
+    std::lock_guard lock(cache_mu);
+    weights.clear();
+    inputs.clear();
+  }
+  clear_linear_panels();  // the sequence chains' dense weights, stored in the grouped kernel's panels
 }
 
 void set_region_hooks(RegionHooks h) { hooks = std::move(h); }

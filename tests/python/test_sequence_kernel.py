@@ -104,6 +104,23 @@ def test_linear_step_sees_a_weight_changed_in_place():
     torch.testing.assert_close(_run(text, ops, 2)[0], _eager(ops), rtol=1e-4, atol=1e-4)
 
 
+def test_clear_cache_drops_the_kept_panels():
+    """R.clear_cache() also lets go of the weights kept in the kernel's panels (their storage's references),
+    and the next call stores the weight again with the same result."""
+    ops = _mlp(16, 20, 48, 8, torch.float32, seed=7)
+    text = _program()
+    uses = lambda t: torch._C._storage_Use_Count(t.untyped_storage()._cdata)  # noqa: E731
+    R.clear_cache()
+    before = uses(ops[1])
+    first = _run(text, ops, 2)[0]
+    if not _taken(_targets()[0], torch.float32):
+        pytest.skip("the default target's tile is too small for the kernel")
+    assert uses(ops[1]) > before  # kept (the panels' entry and the region cache hold it)
+    R.clear_cache()
+    assert uses(ops[1]) == before
+    torch.testing.assert_close(_run(text, ops, 2)[0], first)
+
+
 def test_linear_step_with_inference_mode_weights():
     """A weight made under torch.inference_mode has no version counter: no copy is kept, ATen runs it."""
     with torch.inference_mode():
