@@ -44,7 +44,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes();
+              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_on) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
@@ -121,7 +121,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes();
+              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_on) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
@@ -171,7 +171,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes();
+              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_on) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
@@ -208,7 +208,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes();
+              const bool pf_on = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_on) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
