@@ -40,6 +40,18 @@ def scorch_dispatch(request, monkeypatch):
     return mode or os.environ.get("SCORCH_DISPATCH")
 
 
+@pytest.fixture(autouse=True)
+def _threads_kept():
+    """A test that changes torch's thread count and does not put it back fails, and the count is put back: the
+    tests after it would otherwise run their thread-split paths on one thread without saying so."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch's thread count at {after} (was {before})")
+
+
 def pytest_addoption(parser):
     default = os.environ.get("SCORCH_DATA", str(pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
     parser.addoption("--data", default=default, help="folder of real sparse data sets (default ../shared/data)")

@@ -49,7 +49,15 @@ def _program(name, weight_kind, weight_letters="bc", col_major=True):
 @pytest.mark.parametrize("dispatch", ["sparse", "auto"])
 def test_threads_share_one_weight_entry(monkeypatch, dispatch):
     monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the kernels themselves single-threaded: the threads here are the callers
+    try:
+        _share_one_weight_entry(dispatch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _share_one_weight_entry(dispatch):
     w = random_dense((96, 80), 0.1, seed=11)          # (b, c): read compressed, by rows and by columns
     wt = w.t()                                         # a column-major view of the same memory: rows_of copies
     programs = [(_program(f"thr_rows{dispatch}", "sparse", col_major=False), w),
