@@ -86,6 +86,8 @@ Operand pattern_of(const at::Tensor& mask, int64_t nb, at::ScalarType dtype) {
   return p;
 }
 
+bool single_or_double(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
+
 // The stored range [pos[r], pos[r + 1]) of each row r of the pattern (a batched CSR: a * rows + i), handed
 // to f(begin, end, values) in parallel over rows, with the values as `scalar_t*` (one floating dtype).
 template <typename F>
@@ -107,6 +109,12 @@ void for_each_row(const at::Tensor& pos, const at::Tensor& values, F&& f) {
 // shifted by the row's largest score (one pass), exponentiated (ATen's vectorised exp), divided by the row's
 // sum (one pass). A row with nothing stored has nothing to write.
 void softmax_rows(const at::Tensor& pos, at::Tensor& scores, double scale) {
+  if (!single_or_double(scores)) {  // half and bfloat16 scores: computed in float, written back
+    at::Tensor f = scores.to(at::kFloat);
+    softmax_rows(pos, f, scale);
+    scores.copy_(f);
+    return;
+  }
   for_each_row(pos, scores, [scale](int64_t b, int64_t e, auto* v) {
     using T = std::remove_pointer_t<decltype(v)>;
     const T c = static_cast<T>(scale);
@@ -125,7 +133,13 @@ void softmax_rows(const at::Tensor& pos, at::Tensor& scores, double scale) {
 
 // The softmax's backward pass on the stored values, in place on dP: dS = P (dP - sum_row(P dP)) * scale.
 void softmax_backward_rows(const at::Tensor& pos, const at::Tensor& p, at::Tensor& dp, double scale) {
-  const at::Tensor pc = p.contiguous();
+  if (!single_or_double(dp)) {  // as in softmax_rows
+    at::Tensor f = dp.to(at::kFloat);
+    softmax_backward_rows(pos, p.to(at::kFloat), f, scale);
+    dp.copy_(f);
+    return;
+  }
+  const at::Tensor pc = p.to(dp.scalar_type()).contiguous();
   for_each_row(pos, dp, [&pc, scale](int64_t b, int64_t e, auto* d) {
     using T = std::remove_pointer_t<decltype(d)>;
     const T* pv = pc.const_data_ptr<T>();
@@ -208,7 +222,7 @@ Operand transposed_with(const Operand& pattern, const Transposed& t, const at::T
   at::Tensor out = at::empty_like(src);
   AT_DISPATCH_INDEX_TYPES(t.order.scalar_type(), "attention_gather", [&] {
     const index_t* o = t.order.const_data_ptr<index_t>();
-    AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "attention_gather", [&] {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "attention_gather", [&] {
       const scalar_t* in = src.const_data_ptr<scalar_t>();
       scalar_t* dst = out.data_ptr<scalar_t>();
       at::parallel_for(0, src.numel(), thread_grain(), [&](int64_t b, int64_t e) {

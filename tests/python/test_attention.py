@@ -274,3 +274,25 @@ def test_kernel_specs_are_the_ones_the_op_runs(monkeypatch):
     assert len(specs) == 2 == len(set(specs)) and set(specs) <= used
     assert A.kernel_specs(q.shape, k.shape, v.shape, q.dtype, training=False) == specs[:2]
     assert math.prod(q.shape[:-2]) == 6
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_forward_and_gradients(path, dtype, monkeypatch):
+    """float16 and bfloat16 operands (the softmax computed in float, written back): values and gradients against
+    the dense formula run in float32 on the same rounded inputs."""
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make((2,), L=33, S=29, E=8, F=5, dtype=dtype, seed=9, grad=True)
+    before = A.stats()[f"{path}_runs"]
+    out = op(q, k, v, mask, 0.4)
+    assert A.stats()[f"{path}_runs"] == before + 1
+    assert out.dtype == dtype
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = dense_formula(q32, k32, v32, mask, 0.4)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.float16 else {"rtol": 6e-2, "atol": 6e-2}
+    torch.testing.assert_close(out.float(), ref, **tol)
+    for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), g.float())):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want, **tol)
