@@ -225,16 +225,27 @@ at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool 
   if (!kernel) return at::Tensor();
   const int64_t M = A.size(0), K = A.size(1), N = w.size(w_t ? 0 : 1);
   at::Tensor out = at::empty({M, N}, A.options());
-  const std::vector<int64_t> counts{M}, starts{0};
   if (M == 0 || N == 0) return out;
+  const std::vector<int64_t> counts{M}, starts{0};
   if (K == 0) {
     without_products(out, counts, starts, relu, bias);
     return out;
   }
   const at::Tensor panels = kept_panels(w, w_t, panel);
   if (!panels.defined()) return at::Tensor();
-  const WeightLayout layout{panels.data_ptr(), 1, K, N, 0, panel, K * panel};
-  call_kernel(*kernel, panel, A, layout, counts, starts, out, relu, bias);
+  // The kernel shares work by (group, column panels); with fewer panels than threads (a narrow layer on a machine
+  // of many cores) the rows are cut into parts as well, each a group of its own reading the same weight (group
+  // stride 0), of at least two register tiles of rows each.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads()), n_panels = (N + panel - 1) / panel;
+  const int64_t min_rows = 2 * std::max(1, grouped_tile(kernel->vector_shape).rows);
+  const int64_t parts = std::max<int64_t>(1, std::min((threads + n_panels - 1) / n_panels, M / min_rows));
+  std::vector<int64_t> part_counts, part_starts;
+  for (int64_t p = 0; p < parts; ++p) {
+    part_starts.push_back(M * p / parts);
+    part_counts.push_back(M * (p + 1) / parts - M * p / parts);
+  }
+  const WeightLayout layout{panels.data_ptr(), parts, K, N, 0, panel, K * panel};
+  call_kernel(*kernel, panel, A, layout, part_counts, part_starts, out, relu, bias);
   return out;
 }
 

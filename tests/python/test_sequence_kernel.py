@@ -49,7 +49,9 @@ def _taken(target, dtype):
     return rows * vectors * lanes * 4 // dtype.itemsize >= 64
 
 
-SIZES = [(1, 7, 37, 5), (3, 16, 100, 9), (257, 33, 70, 12), (20, 64, 256, 16)]
+# (batch, d_in, hidden, d_out); 300 inputs: the kernel's K runs in several blocks (the bias enters in the first,
+# the ReLU after the last)
+SIZES = [(1, 7, 37, 5), (3, 16, 100, 9), (257, 33, 70, 12), (20, 64, 256, 16), (50, 300, 40, 7)]
 
 
 @pytest.mark.parametrize("target", _targets())
@@ -60,7 +62,7 @@ def test_linear_step_equals_eager(target, dtype, size):
     ref = _eager(ops)
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     with sb.using_target(target):
-        for threads in (1, 2):
+        for threads in (1, 2, 4):  # 4: more threads than column panels, the rows cut into parts too
             y, calls = _run(_program(), ops, threads)
             assert calls == (1 if _taken(target, dtype) else 0)
             torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
