@@ -186,8 +186,11 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     training = torch.is_grad_enabled()
     mode = opts["chains"]
     chains = chains and (mode in ("always", "direct") or (mode == "inference" and not training))
+    # A sequence has no direct gradient: under "direct" a training graph would form one only to be partitioned
+    # again without any chain (taking the mixture of experts' chains with it), so it forms none there.
+    sequences = chains and opts["sequences"] and not (training and mode == "direct")
     regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, chains,
-                                   sequences=chains and opts["sequences"])
+                                   sequences=sequences)
     if chains and training and mode == "direct" and not all(
             _C.chain_direct_gradient(r.program_text) for r in regions if r.chain is not None):
         regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, False)

@@ -279,6 +279,26 @@ def test_relu_mlp_sequence_not_built_in_training_nor_where_the_activation_escape
         assert all(r.kind == "product" for r in transform(gm, ex, _options({"sequences": True})).regions)
 
 
+def test_training_graph_with_a_relu_mlp_keeps_the_moe_chain():
+    """Under the default "direct", a training graph holding both the MoE and a ReLU MLP forms no sequence (it has
+    no direct gradient, and forming one sent the whole graph back to separate products, the MoE's chain too)."""
+    case = zoo.make("relu_mlp_sparse")
+
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe, self.mlp = MoE(), case.model
+
+        def forward(self, x, y):
+            return self.moe(x), self.mlp(y)
+
+    model = Both()
+    for grad, kinds in ((True, ["chain", "product", "product"]), (False, ["chain", "chain"])):
+        gm, ex = capture(model, torch.randn(10, 8), *case.inputs)  # (transform rewrites the graph it is given)
+        with torch.set_grad_enabled(grad):
+            assert sorted(r.kind for r in transform(gm, ex, _options(None)).regions) == kinds
+
+
 def _sequence(then=("aten.relu",)):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 5, dtype=torch.float64, generator=g)
