@@ -326,7 +326,7 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
   if (is_grouped_product_spec(text)) {
     k.statement = text;
     k.overwrites_output = true;
-    k.input_pointers = 5;
+    k.input_pointers = 6;  // A, W, starts, counts, units, bias (grouped_kernel.cpp: call_kernel)
     return;
   }
   k.statement = l.spec.stmt.str();

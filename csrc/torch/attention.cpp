@@ -189,20 +189,22 @@ Transposed transpose_pattern(const Operand& pattern) {
 
 // The transposed pattern, built once per pattern and kept for the few patterns seen last (the pattern's
 // buffers, and with them this, change when the mask is written to; their versions are checked as well).
+struct KeptTransposed {
+  at::Tensor pos, crd;
+  int64_t pos_version, crd_version;
+  Transposed t;
+};
+std::mutex kept_mutex;
+std::vector<KeptTransposed> kept;  // newest last
+
 Transposed transposed_of(const Operand& pattern) {
-  struct Entry {
-    at::Tensor pos, crd;
-    int64_t pos_version, crd_version;
-    Transposed t;
-  };
-  static std::mutex mutex;
-  static std::vector<Entry> kept;  // newest last
+  std::mutex& mutex = kept_mutex;
   constexpr size_t kKept = 4;
   const at::Tensor &pos = pattern.buffers[0], &crd = pattern.buffers[1];
   const int64_t pv = version_of(pos), cv = version_of(crd);
   {
     std::lock_guard<std::mutex> lock(mutex);
-    for (const Entry& e : kept)
+    for (const KeptTransposed& e : kept)
       if (e.pos.is_same(pos) && e.crd.is_same(crd) && pv >= 0 && cv >= 0 && e.pos_version == pv &&
           e.crd_version == cv)
         return e.t;
@@ -590,6 +592,11 @@ std::vector<at::Tensor> attention_backward_autograd(const at::Tensor& q, const a
 }
 
 }  // namespace
+
+void clear_attention_patterns() {
+  std::lock_guard<std::mutex> lock(kept_mutex);
+  kept.clear();
+}
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
   m.def("masked_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");

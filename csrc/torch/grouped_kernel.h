@@ -30,7 +30,7 @@ at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool 
                                  bool relu);
 
 // Drops the weights linear_product_kernel keeps stored panel by panel (and the references to the weights they
-// hold), as the region op's cache is cleared (region_clear_cache).
+// hold); `region_clear_cache` from Python clears them with the region op's cache.
 void clear_linear_panels();
 
 }  // namespace scorch::torch_glue

@@ -19,6 +19,7 @@
 #include "attention.h"
 #include "chain.h"
 #include "executor.h"
+#include "grouped_kernel.h"
 #include "kernel_call.h"
 #include "region.h"
 #include "region_kernels.h"
@@ -581,7 +582,11 @@ PYBIND11_MODULE(_C, m) {
     d["remeasured"] = s.remeasured;
     return d;
   });
-  m.def("region_clear_cache", &glue::region_clear_cache);
+  m.def("region_clear_cache", [] {  // every cache of operands derived from tensors (and references to them)
+    glue::region_clear_cache();
+    glue::clear_linear_panels();       // the sequence chains' dense weights in the grouped kernel's panels
+    glue::clear_attention_patterns();  // the masks' transposed patterns
+  });
   m.def("region_fingerprint", [](const at::Tensor& t) {
     const auto f = glue::region_fingerprint(t);
     return py::bytes(reinterpret_cast<const char*>(f.data()), f.size());

@@ -23,7 +23,6 @@
 
 #include "chain.h"
 #include "dense_einsum.h"
-#include "grouped_kernel.h"
 #include "convert.h"
 #include "region_addends.h"
 #include "region_compress.h"
@@ -587,12 +586,9 @@ RegionCacheSizes region_cache_sizes() {
 }
 
 void region_clear_cache() {
-  {
-    std::lock_guard lock(cache_mu);
-    weights.clear();
-    inputs.clear();
-  }
-  clear_linear_panels();  // the sequence chains' dense weights, stored in the grouped kernel's panels
+  std::lock_guard lock(cache_mu);
+  weights.clear();
+  inputs.clear();
 }
 
 void set_region_hooks(RegionHooks h) { hooks = std::move(h); }
