@@ -319,8 +319,10 @@ at::Tensor linear_step(const ChainStep& st, const std::vector<at::Tensor>& args,
   const at::Tensor& W = args[static_cast<size_t>(w)];
   const at::Tensor bias = b >= 0 ? args[static_cast<size_t>(b)] : at::Tensor();
   const bool w_t = wl[0] == p.out[1];  // stored (n, k): a Linear's weight
-  if (X.scalar_type() != W.scalar_type() || (bias.defined() && bias.scalar_type() != X.scalar_type()) ||
-      !p.operands[static_cast<size_t>(w)].cached)
+  // Anything but the plain shapes (a 2-D input and weight, a 1-D bias) is left to the region op, whose checks
+  // name what is wrong.
+  if (X.dim() != 2 || W.dim() != 2 || (bias.defined() && bias.dim() != 1) || X.scalar_type() != W.scalar_type() ||
+      (bias.defined() && bias.scalar_type() != X.scalar_type()) || !p.operands[static_cast<size_t>(w)].cached)
     return at::Tensor();
   at::Tensor A = xl[0] == p.out[0] ? X : X.t();
   if (A.size(1) > 1 && A.stride(1) != 1) A = A.contiguous();

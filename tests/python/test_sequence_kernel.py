@@ -179,3 +179,18 @@ def test_compiled_relu_mlp_takes_the_kernel_by_default(batch, dispatch, monkeypa
     assert names.count("scorch::chain") == (1 if sequence else 0)
     assert names.count("scorch::grouped_product") == (1 if sequence and _taken(None, torch.float32) else 0)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["bias_0d", "x_3d", "w_1d"])
+def test_linear_step_bad_shapes_get_the_region_ops_message(bad):
+    """A direct call with operands of the wrong rank is left by the kernel path to the region op, which raises a
+    clear error about the dimensions (not an IndexError from inside the kernel path)."""
+    ops = _mlp(8, 12, 20, 5, torch.float32, seed=8)
+    if bad == "bias_0d":
+        ops[2] = torch.tensor(0.5)
+    elif bad == "x_3d":
+        ops[0] = ops[0].unsqueeze(0)
+    else:
+        ops[1] = ops[1][0]
+    with pytest.raises((RuntimeError, ValueError), match="the program gives it|does not match the number of dimensions"):
+        _run(_program(), ops, 2)
