@@ -198,12 +198,11 @@ std::mutex kept_mutex;
 std::vector<KeptTransposed> kept;  // newest last
 
 Transposed transposed_of(const Operand& pattern) {
-  std::mutex& mutex = kept_mutex;
   constexpr size_t kKept = 4;
   const at::Tensor &pos = pattern.buffers[0], &crd = pattern.buffers[1];
   const int64_t pv = version_of(pos), cv = version_of(crd);
   {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(kept_mutex);
     for (const KeptTransposed& e : kept)
       if (e.pos.is_same(pos) && e.crd.is_same(crd) && pv >= 0 && cv >= 0 && e.pos_version == pv &&
           e.crd_version == cv)
@@ -211,7 +210,7 @@ Transposed transposed_of(const Operand& pattern) {
   }
   Transposed t = transpose_pattern(pattern);
   if (pv >= 0 && cv >= 0) {
-    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(kept_mutex);
     if (kept.size() == kKept) kept.erase(kept.begin());
     kept.push_back({pos, crd, pv, cv, t});
   }

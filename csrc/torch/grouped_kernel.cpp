@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <list>
-#include <mutex>
 #include <numeric>
 #include <string>
 
@@ -160,58 +158,21 @@ bool grouped_product_kernel(const at::Tensor& A, const at::Tensor& W, bool w_t, 
 
 namespace {
 
-// Weights stored panel by panel for linear_product_kernel, the most recent first: the weight (kept alive, so that
-// its memory is not another tensor's while the entry lives), how it was read, its version and fingerprint when
-// copied, and the copy: (panels, K, panel columns), the last panel padded with zeros.
-struct KeptPanels {
-  at::Tensor weight, panels;
-  bool w_t = false;
-  int64_t panel = 0, version = 0;
-  std::vector<uint8_t> fingerprint;
-};
-constexpr size_t kMaxKeptPanels = 64;
-std::mutex kept_mu;
-std::list<KeptPanels> kept;
-
-bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
-  return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides();
-}
-
-// w read as (K, N) (its transpose when w_t), stored panel by panel, kept; undefined for a weight without a version
-// counter (made under inference mode: a write to it could not be seen).
+// w read as (K, N) (its transpose when w_t) stored panel by panel -- (panels, K, panel columns), the last panel
+// padded with zeros -- kept with the weight in the region op's operand cache (version, fingerprint, cleared with
+// it); undefined for a weight without a version counter (made under inference mode: copying it at every call
+// would cost more than ATen's product).
 at::Tensor kept_panels(const at::Tensor& w, bool w_t, int64_t panel) {
-  const int64_t version = version_of(w);
-  if (version < 0) return at::Tensor();
-  const std::vector<uint8_t> fp = region_fingerprint(w);
-  {
-    std::lock_guard lock(kept_mu);
-    for (auto it = kept.begin(); it != kept.end(); ++it)
-      if (same_tensor(it->weight, w) && it->w_t == w_t && it->panel == panel) {
-        if (it->version == version && it->fingerprint == fp) {
-          kept.splice(kept.begin(), kept, it);
-          return kept.front().panels;
-        }
-        kept.erase(it);
-        break;
-      }
-  }
-  const at::Tensor kn = w_t ? w.detach().t() : w.detach();
-  const int64_t K = kn.size(0), N = kn.size(1), panels = (N + panel - 1) / panel;
-  const at::Tensor padded = at::constant_pad_nd(kn, {0, panels * panel - N});
-  at::Tensor copy = padded.reshape({K, panels, panel}).permute({1, 0, 2}).contiguous();
-  std::lock_guard lock(kept_mu);
-  kept.push_front(KeptPanels{w.detach(), copy, w_t, panel, version, fp});
-  if (kept.size() > kMaxKeptPanels) kept.pop_back();
-  return copy;
+  if (version_of(w) < 0) return at::Tensor();
+  return cached_derived(w, fmt::format("panels|{}|{}", w_t ? "t" : "n", panel), [&] {
+    const at::Tensor kn = w_t ? w.detach().t() : w.detach();
+    const int64_t K = kn.size(0), N = kn.size(1), panels = (N + panel - 1) / panel;
+    const at::Tensor padded = at::constant_pad_nd(kn, {0, panels * panel - N});
+    return padded.reshape({K, panels, panel}).permute({1, 0, 2}).contiguous();
+  });
 }
 
 }  // namespace
-
-void clear_linear_panels() {
-  std::lock_guard lock(kept_mu);
-  kept.clear();
-}
 
 at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool w_t, const at::Tensor& bias,
                                  bool relu) {

@@ -22,15 +22,11 @@ bool grouped_product_kernel(const at::Tensor& A, const at::Tensor& W, bool w_t, 
 // A dense linear product through the same kernel, as one group: A (m, k) @ B (k, n) (+ bias (n)), ReLU'd when
 // `relu`; B is `w` read as (k, n) (its transpose when `w_t`: a Linear's weight, stored (n, k)). The weight is copied
 // once into the kernel's panels (each panel of the register tile's columns a contiguous (k, columns) block, so the
-// blocks the kernel walks never collide in the cache's sets) and the copy is kept while the weight's version and
-// fingerprint stay: a parameter in inference is copied once. Undefined when the kernel does not take it (as
-// grouped_product_kernel; also a weight made under inference mode, which has no version counter to keep a copy
-// by): the caller runs ATen's product.
+// blocks the kernel walks never collide in the cache's sets) and the copy is kept in the region op's operand cache
+// while the weight's version and fingerprint stay: a parameter in inference is copied once. Undefined when the
+// kernel does not take it (as grouped_product_kernel; also a weight made under inference mode, which has no
+// version counter to keep a copy by): the caller runs ATen's product.
 at::Tensor linear_product_kernel(const at::Tensor& A, const at::Tensor& w, bool w_t, const at::Tensor& bias,
                                  bool relu);
-
-// Drops the weights linear_product_kernel keeps stored panel by panel (and the references to the weights they
-// hold); `region_clear_cache` from Python clears them with the region op's cache.
-void clear_linear_panels();
 
 }  // namespace scorch::torch_glue

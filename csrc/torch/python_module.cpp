@@ -19,7 +19,6 @@
 #include "attention.h"
 #include "chain.h"
 #include "executor.h"
-#include "grouped_kernel.h"
 #include "kernel_call.h"
 #include "region.h"
 #include "region_kernels.h"
@@ -583,8 +582,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("region_clear_cache", [] {  // every cache of operands derived from tensors (and references to them)
-    glue::region_clear_cache();
-    glue::clear_linear_panels();       // the sequence chains' dense weights in the grouped kernel's panels
+    glue::region_clear_cache();        // (with the linear kernel's weight panels, kept in the same entries)
     glue::clear_attention_patterns();  // the masks' transposed patterns
   });
   m.def("region_fingerprint", [](const at::Tensor& t) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <list>
 #include <optional>
@@ -252,11 +253,11 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   return c;
 }
 
-at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::ScalarType dtype, bool cached,
-                    bool frozen, bool weight) {
-  if (std::is_sorted(perm.begin(), perm.end()) && t.scalar_type() == dtype && t.is_contiguous()) return t.detach();
-  std::string key = fmt::format("{}|", c10::toString(dtype));
-  for (auto d : perm) key += std::to_string(d) + ",";
+// A tensor derived from t (a dense layout of it, a packed copy, ...), made by `make` once and kept in t's cache
+// entry under `key` while t's version and fingerprint stay; made anew at every call when not `cached` or when t
+// has no version counter (made under inference mode).
+at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
+                      bool cached, bool frozen, bool weight) {
   cached = cached && !t.is_inference();  // as in entry_of
   EntryPtr e = cached ? lookup(t, frozen, weight) : nullptr;
   if (e) {
@@ -264,7 +265,7 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
     auto it = e->layouts.find(key);
     if (it != e->layouts.end()) return it->second;
   }
-  at::Tensor out = t.detach().to(dtype).permute(perm).contiguous();
+  at::Tensor out = make();
   if (cached) {
     if (!e) {  // a dense operand: no density needed
       e = std::make_shared<Entry>();
@@ -279,6 +280,14 @@ at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::S
     e->layouts.try_emplace(key, out);  // (another thread may have made the same layout meanwhile)
   }
   return out;
+}
+
+at::Tensor laid_out(const at::Tensor& t, const std::vector<int64_t>& perm, at::ScalarType dtype, bool cached,
+                    bool frozen, bool weight) {
+  if (std::is_sorted(perm.begin(), perm.end()) && t.scalar_type() == dtype && t.is_contiguous()) return t.detach();
+  std::string key = fmt::format("{}|", c10::toString(dtype));
+  for (auto d : perm) key += std::to_string(d) + ",";
+  return derived_of(t, key, [&] { return t.detach().to(dtype).permute(perm).contiguous(); }, cached, frozen, weight);
 }
 
 std::map<char, int64_t> letter_sizes(const RegionProgram& p, const Slots& s) {
@@ -569,6 +578,10 @@ std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOp
 }
 
 std::vector<uint8_t> region_fingerprint(const at::Tensor& t) { return fingerprint(t); }
+
+at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make) {
+  return derived_of(t, key, make, /*cached=*/true, /*frozen=*/false, /*weight=*/true);
+}
 
 double cached_density(const at::Tensor& t, bool frozen) {
   return entry_of(t, /*cached=*/true, frozen, /*weight=*/false)->density;
