@@ -187,34 +187,22 @@ Transposed transpose_pattern(const Operand& pattern) {
   return t;
 }
 
-// The transposed pattern, built once per pattern and kept for the few patterns seen last (the pattern's
-// buffers, and with them this, change when the mask is written to; their versions are checked as well).
-struct KeptTransposed {
-  at::Tensor pos, crd;
-  int64_t pos_version, crd_version;
-  Transposed t;
-};
-std::mutex kept_mutex;
-std::vector<KeptTransposed> kept;  // newest last
-
-Transposed transposed_of(const Operand& pattern) {
-  constexpr size_t kKept = 4;
-  const at::Tensor &pos = pattern.buffers[0], &crd = pattern.buffers[1];
-  const int64_t pv = version_of(pos), cv = version_of(crd);
-  {
-    std::lock_guard<std::mutex> lock(kept_mutex);
-    for (const KeptTransposed& e : kept)
-      if (e.pos.is_same(pos) && e.crd.is_same(crd) && pv >= 0 && cv >= 0 && e.pos_version == pv &&
-          e.crd_version == cv)
-        return e.t;
-  }
-  Transposed t = transpose_pattern(pattern);
-  if (pv >= 0 && cv >= 0) {
-    std::lock_guard<std::mutex> lock(kept_mutex);
-    if (kept.size() == kKept) kept.erase(kept.begin());
-    kept.push_back({pos, crd, pv, cv, t});
-  }
-  return t;
+// The transposed pattern of the mask's pattern, built once per version of the mask and kept in the mask's
+// entry of the region op's operand cache, next to the pattern it comes from (both are valid while the mask's
+// version and fingerprint stay, and both go with clear_cache). The entry keeps one tensor: pos, crd and
+// order one after the other (one index type), read back here as views.
+Transposed transposed_of(const at::Tensor& mask, const Operand& pattern) {
+  const int64_t nb = pattern.shape[0], cols = pattern.shape[2], nnz = pattern.buffers[1].numel();
+  const at::Tensor kept = cached_derived(
+      mask, fmt::format("attention-transposed|{}|{}", nb, c10::toString(pattern.buffers[0].scalar_type())),
+      [&] {
+        const Transposed t = transpose_pattern(pattern);
+        return at::cat({t.pos, t.crd, t.order});
+      },
+      /*weight=*/false);
+  SCORCH_ASSERT(kept.numel() == nb * cols + 1 + 2 * nnz, "the kept transposed pattern fits its pattern");
+  return Transposed{kept.slice(0, 0, nb * cols + 1), kept.slice(0, nb * cols + 1, nb * cols + 1 + nnz),
+                    kept.slice(0, nb * cols + 1 + nnz)};
 }
 
 // The transposed pattern holding `values` (in the pattern's order) in its own order.
@@ -418,7 +406,7 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const RowSplit by_q = split_rows(nb, q.size(-2)), by_k = split_rows(nb, k.size(-2));  // (the transposed rows)
   const at::Tensor p = probabilities(pattern, q3, k3, scale, by_q);
   // dv = P^T g; dP = (g v^T) at the pattern; dS = P (dP - rowsum(P dP)) * scale; dq = dS k; dk = dS^T q.
-  const Transposed t = transposed_of(pattern);
+  const Transposed t = transposed_of(mask, pattern);
   const at::Tensor dv =
       run_kernel(kGradV, {by_k.pattern(transposed_with(pattern, t, p)), dense_operand(by_k.whole(g3))}).values;
   const Operand sampled = run_kernel(
@@ -591,11 +579,6 @@ std::vector<at::Tensor> attention_backward_autograd(const at::Tensor& q, const a
 }
 
 }  // namespace
-
-void clear_attention_patterns() {
-  std::lock_guard<std::mutex> lock(kept_mutex);
-  kept.clear();
-}
 
 TORCH_LIBRARY_FRAGMENT(scorch, m) {
   m.def("masked_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");

@@ -54,7 +54,4 @@ struct AttentionHooks {
 void set_attention_hooks(AttentionHooks hooks);
 void set_attention_capture(bool on);
 
-// Drops the masks' transposed patterns kept for the backward pass (and their references to the pattern's buffers).
-void clear_attention_patterns();
-
 }  // namespace scorch::torch_glue

@@ -583,7 +583,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("region_clear_cache", [] {  // every cache of operands derived from tensors (and references to them)
     glue::region_clear_cache();        // (with the linear kernel's weight panels, kept in the same entries)
-    glue::clear_attention_patterns();  // the masks' transposed patterns
   });
   m.def("region_fingerprint", [](const at::Tensor& t) {
     const auto f = glue::region_fingerprint(t);

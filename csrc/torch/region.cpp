@@ -579,8 +579,9 @@ std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOp
 
 std::vector<uint8_t> region_fingerprint(const at::Tensor& t) { return fingerprint(t); }
 
-at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make) {
-  return derived_of(t, key, make, /*cached=*/true, /*frozen=*/false, /*weight=*/true);
+at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
+                          bool weight) {
+  return derived_of(t, key, make, /*cached=*/true, /*frozen=*/false, weight);
 }
 
 double cached_density(const at::Tensor& t, bool frozen) {

@@ -121,10 +121,12 @@ std::vector<uint8_t> region_fingerprint(const at::Tensor& t);
 
 // The density of a tensor, through the same cache (measured once per version).
 double cached_density(const at::Tensor& t, bool frozen);
-// A tensor derived from the weight t, made by `make` the first time and kept in t's entry of the operand cache
-// (the weights' side) under `key` while t's version and fingerprint stay, as the region op keeps a weight's dense
-// layouts; cleared with the cache. Made anew at every call for a tensor without a version counter.
-at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make);
+// A tensor derived from t, made by `make` the first time and kept in t's entry of the operand cache under `key`
+// while t's version and fingerprint stay, as the region op keeps a weight's dense layouts; cleared with the
+// cache. `weight`: t is kept on the weights' side (parameters, buffers), else on the data inputs' (a mask).
+// Made anew at every call for a tensor without a version counter.
+at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
+                          bool weight = true);
 
 struct RegionStats {
   int64_t compressions = 0, cache_hits = 0, sparse_runs = 0, dense_runs = 0, grouped_runs = 0;
