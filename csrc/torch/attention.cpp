@@ -86,8 +86,6 @@ Operand pattern_of(const at::Tensor& mask, int64_t nb, at::ScalarType dtype) {
   return p;
 }
 
-bool single_or_double(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
-
 // The stored range [pos[r], pos[r + 1]) of each row r of the pattern (a batched CSR: a * rows + i), handed
 // to f(begin, end, values) in parallel over rows, with the values as `scalar_t*` (one floating dtype).
 template <typename F>

@@ -14,6 +14,11 @@
 
 namespace scorch::torch_glue {
 
+// float32 or float64: the dtypes the hand-written passes over values (compression, softmax) run in directly.
+inline bool single_or_double(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+}
+
 // Runs f, re-raising scorch::Error as the c10 error type Python maps to the matching exception.
 template <typename F>
 auto translate_errors(F&& f) -> decltype(f()) {

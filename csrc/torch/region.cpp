@@ -148,23 +148,22 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
 }
 
 // `relu`: of relu(t) (RegionOperand::relu; such an operand is never cached, so its entry is its own).
-bool floating(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
 
 // A matrix laid out by columns: its transpose is contiguous.
 bool column_major(const at::Tensor& t) { return t.dim() == 2 && !t.is_contiguous() && t.t().is_contiguous(); }
 
 void measure_density(const at::Tensor& t, Entry& e, bool relu = false) {
-  if (column_major(t) && floating(t)) {  // the same count on the transpose; the row counts wait for `rows_of`
+  if (column_major(t) && single_or_double(t)) {  // the same count on the transpose; the row counts wait for `rows_of`
     e.density = density_of(t.detach().t(), nullptr, relu);
     return;
   }
-  if (t.dim() >= 2 && !t.is_contiguous() && floating(t)) e.rows = row_major(t.detach());
+  if (t.dim() >= 2 && !t.is_contiguous() && single_or_double(t)) e.rows = row_major(t.detach());
   e.density = density_of(e.rows.defined() ? e.rows : t, &e.row_counts, relu);
 }
 
 // The tensor to compress by rows: its row-major copy, made here the first time for a column-major matrix.
 at::Tensor rows_of(const at::Tensor& t, Entry& e) {
-  if (!e.rows.defined() && column_major(t) && floating(t)) e.rows = row_major(t.detach());
+  if (!e.rows.defined() && column_major(t) && single_or_double(t)) e.rows = row_major(t.detach());
   return e.rows.defined() ? e.rows : t.detach();
 }
 
@@ -228,7 +227,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
     counts = e.row_counts;  // (undefined when the density was counted on a transpose: compress counts)
   }
   if (o.kind == RegionOperand::Kind::pattern && lead.empty() && src.dim() >= 2 && src.is_contiguous() &&
-      (src.scalar_type() == at::kFloat || src.scalar_type() == at::kDouble)) {
+      single_or_double(src)) {
     // The positions of the nonzeros, read off the tensor itself (no 0/1 copy of it first), with ones as values.
     if (auto fast = compress_rows(src, region_compressed_format(static_cast<int>(src.dim())), counts)) {
       Operand c = fast->with_values(at::ones({fast->values.numel()}, fast->values.options().dtype(dtype)));

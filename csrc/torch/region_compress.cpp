@@ -11,6 +11,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "convert.h"
 #include "region_kernels.h"
 #include "runtime/settings.h"
 
@@ -84,7 +85,7 @@ double density_of(const at::Tensor& t, at::Tensor* row_counts, bool relu) {
   const int64_t n = t.numel();
   if (n == 0) return 0.0;
   std::atomic<int64_t> count{0};
-  const bool floating = t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
+  const bool floating = single_or_double(t);
   const bool rows_ok = floating && t.dim() >= 2 && t.is_contiguous() && t.size(-1) > 0 &&
                        n < std::numeric_limits<int32_t>::max();
   int32_t* per_row = nullptr;
