@@ -21,6 +21,7 @@ import json
 import math
 import os
 import pathlib
+import stat
 import threading
 import time
 
@@ -74,6 +75,27 @@ def machine_key(threads: int) -> dict:
               "target": target_info()["fingerprint"], "version": CALIBRATION_VERSION}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
     return {"fields": fields, "key": digest}
+
+
+_MAX_CACHE_FILE = 1 << 20  # a calibration document is a few KB
+
+
+def _read_cache_file(path) -> str:
+    """The text of a file in the kernel cache, read only if it is a regular file of at most 1 MB that is not
+    a symbolic link: the cache is shared, and what another process left there is not trusted (a FIFO would
+    block the read forever, a link could point anywhere). Raises OSError otherwise, as a missing file does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_CACHE_FILE:
+            raise OSError(f"{path}: not a regular file of at most {_MAX_CACHE_FILE} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(_MAX_CACHE_FILE + 1)
+        if len(data) > _MAX_CACHE_FILE:
+            raise OSError(f"{path}: larger than {_MAX_CACHE_FILE} bytes")
+        return data.decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 def _calibration_path(key: str) -> pathlib.Path:
@@ -186,7 +208,7 @@ def calibration(threads: int | None = None) -> dict:
         path = _calibration_path(key["key"])
         result = None
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(_read_cache_file(path))
             if _valid(doc, key):
                 result = dict(doc, source=f"measured on this machine, stored in {path}")
         except (OSError, ValueError):

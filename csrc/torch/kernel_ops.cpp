@@ -6,11 +6,13 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/ranges.h>
@@ -23,6 +25,14 @@
 
 namespace scorch::torch_glue {
 namespace {
+
+// The team a kernel call starts: the threads asked for (1 when <= 0), at most 4 per core of this machine.
+// libgomp cannot refuse a team it fails to create: it exits the process or faults (10^5 threads did), so a
+// request of thousands is cut here instead of being passed on.
+int32_t kernel_threads(int64_t requested) {
+  static const int64_t most = 4 * std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return static_cast<int32_t>(std::clamp<int64_t>(requested, 1, most));
+}
 
 // The duration of this thread's last kernel call (two clock reads per call, ~40 ns): a benchmark reads it to
 // split a whole call's time into the kernel and the cost around it, on the same call.
@@ -251,7 +261,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
     const auto opts = at::TensorOptions().dtype(vt);
     at::Tensor dense;
     scorch_kernel_args args{ptrs.data(), sizes.data(), strides.data(), nullptr, 0, nullptr, nullptr,
-                            static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, lengths.data()};
+                            kernel_threads(num_threads), 0, lengths.data()};
     const int sampled = e.kernel->sampled_operand;
     std::vector<at::Tensor> shared;  // the sampling operand's index buffers the output shares
     if (spec.output.strided()) {
@@ -345,7 +355,7 @@ double time_kernel(const std::string& spec_text, at::TensorList inputs, c10::Int
     for (int v : e.spec.stmt.out_vars) out_shape.push_back(sizes[v]);
     at::Tensor out = at::zeros(out_shape, e.spec.f64 ? at::kDouble : at::kFloat);
     scorch_kernel_args args{c.ptrs.data(), sizes.data(), c.strides.data(), out.data_ptr(), 0, nullptr, nullptr,
-                            static_cast<int32_t>(num_threads > 0 ? num_threads : 1), 0, c.lengths.data()};
+                            kernel_threads(num_threads), 0, c.lengths.data()};
     const size_t bytes = out.numel() * out.element_size();
     std::vector<double> times;
     warmup = std::max(warmup, 0);

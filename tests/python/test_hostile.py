@@ -241,6 +241,47 @@ C = sb.einsum("ij,ij->ij", A, A)
 assert C.format.name == "dcsr", C.format
 assert torch.equal(C.stored_values, torch.tensor([4.0, 9.0])), C.stored_values
 """),
+    "kernel_op_asks_for_100000_threads": case("""
+A = sb.sparse(torch.randn(300, 300).relu(), "csr")
+B = torch.randn(300, 16)
+p = sb.plan_einsum("ij,jk->ik", A, B)
+out, _ = torch.ops.scorch.kernel(p["spec"], [*A.level_buffers.values(), A.stored_values, B], p["var_sizes"], 100000)
+torch.testing.assert_close(out, A.to_dense() @ B)
+"""),
+    "calibration_file_is_a_fifo": case("""
+import pathlib, tempfile
+from scorch_backend import cost_model
+root = pathlib.Path(tempfile.mkdtemp())
+os.environ["SCORCH_CACHE_DIR"] = str(root)
+key = cost_model.machine_key(torch.get_num_threads())["key"]
+path = cost_model._calibration_path(key)
+path.parent.mkdir(parents=True, exist_ok=True)
+os.mkfifo(path)  # a reader that opens it blocking waits for a writer forever
+A = sb.sparse(torch.randn(200, 200).relu(), "csr")
+torch.testing.assert_close(sb.einsum("ij,jk->ik", A, torch.ones(200, 8)), A.to_dense() @ torch.ones(200, 8))
+""", env={"SCORCH_DISPATCH": "auto"}, timeout=240),
+    "transpose_dimension_out_of_range": case("""
+A = sb.sparse(torch.eye(4, 6), "csr")
+A.transpose(0, 5)
+""", IndexError, "Dimension out of range"),
+    "transpose_negative_dimension_out_of_range": case("""
+A = sb.sparse(torch.eye(4, 6), "csr")
+A.transpose(0, -3)
+""", IndexError, "Dimension out of range"),
+    "permute_not_a_permutation": case("""
+A = sb.sparse(torch.eye(4, 6), "csr")
+A.permute(0, 0)
+""", RuntimeError, "not a permutation"),
+    "permute_too_few_dimensions": case("""
+A = sb.sparse(torch.eye(4, 6), "csr")
+A.permute(1)
+""", RuntimeError, "not a permutation"),
+    "transpose_and_permute_in_range": case("""
+A = sb.sparse(torch.randn(4, 6).relu(), "csr")
+assert torch.equal(A.transpose(-1, 0).to_dense(), A.to_dense().t())
+assert torch.equal(A.permute(-1, -2).to_dense(), A.to_dense().t())
+assert torch.equal(A.transpose(1, 1).to_dense(), A.to_dense())
+"""),
 
     # --- 7. semantics that must not depend on dispatch ------------------------------------------------------
     **{f"inf_in_dense_operand_{mode}": case("""
