@@ -5,7 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec 9>/tmp/scorch-heavy.lock
-flock 9
+if ! flock -n 9; then
+  # Say who holds it: a caller that wrapped this script in `flock /tmp/scorch-heavy.lock` waits here forever.
+  holders=$(fuser /tmp/scorch-heavy.lock 2>/dev/null | tr -s ' ' || true)
+  echo "dev-build: waiting for /tmp/scorch-heavy.lock (open in processes:${holders:- unknown});" \
+       "do not run this script under flock on that lock, it takes the lock itself" >&2
+  flock 9
+fi
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/build/ccache}
 ninja -C build/py "$@"
 # cmake --install rewrites the build tree's RPATH to the installed one ($ORIGIN), as the wheel has it.
