@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
-#include <mutex>
 #include <utility>
 #include <type_traits>
 
@@ -21,7 +20,6 @@
 #include "region.h"
 #include "region_kernels.h"
 #include "runtime/settings.h"
-#include "tensor_version.h"
 
 namespace scorch::torch_glue {
 namespace {

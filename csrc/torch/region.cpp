@@ -147,11 +147,10 @@ void remember(const at::Tensor& t, EntryPtr e, bool weight) {
   (weight ? weights : inputs).put(tensor_key(t), std::move(e));
 }
 
-// `relu`: of relu(t) (RegionOperand::relu; such an operand is never cached, so its entry is its own).
-
 // A matrix laid out by columns: its transpose is contiguous.
 bool column_major(const at::Tensor& t) { return t.dim() == 2 && !t.is_contiguous() && t.t().is_contiguous(); }
 
+// `relu`: of relu(t) (RegionOperand::relu; such an operand is never cached, so its entry is its own).
 void measure_density(const at::Tensor& t, Entry& e, bool relu = false) {
   if (column_major(t) && single_or_double(t)) {  // the same count on the transpose; the row counts wait for `rows_of`
     e.density = density_of(t.detach().t(), nullptr, relu);
