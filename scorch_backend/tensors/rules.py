@@ -1,4 +1,5 @@
-"""ATen ops on SparseTensors that run as compiled Scorch kernels (eager mode).
+"""ATen ops on SparseTensors that run as compiled Scorch kernels (eager mode), and the layout ops (transpose,
+permute) that only reorder a format's levels.
 
 Registered into SparseTensor's dispatch table on import. Each rule returns NotImplemented where it does not
 apply (broadcasting, unsupported arguments), and the op then runs on dense copies with a warning.
@@ -21,6 +22,47 @@ def _tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+# --- layout: transposes and permutations (the format's level order permuted; no data moves) ----------------
+def _permuted(x: SparseTensor, perm) -> SparseTensor:
+    shape = [x.shape[p] for p in perm]
+    return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
+
+
+@_rule(aten.t.default)
+def _t(x):
+    if x.dim() < 2:
+        return x
+    return _permuted(x, [1, 0])
+
+
+def _wrap_dim(d: int, ndim: int) -> int:
+    """A dimension index as torch reads it (negative from the end), or IndexError as torch raises."""
+    n = max(ndim, 1)  # a 0-d tensor takes dimension 0 or -1, as in torch
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return d % n
+
+
+@_rule(aten.transpose.int)
+def _transpose(x, d0, d1):
+    perm = list(range(x.dim()))
+    d0, d1 = _wrap_dim(d0, x.dim()), _wrap_dim(d1, x.dim())
+    if not perm:
+        return x
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permuted(x, perm)
+
+
+@_rule(aten.permute.default)
+def _permute(x, dims):
+    perm = [_wrap_dim(d, x.dim()) for d in dims]
+    if len(perm) != x.dim() or sorted(perm) != list(range(x.dim())):
+        raise RuntimeError(f"permute(): the dimensions {list(dims)} are not a permutation of the tensor's "
+                           f"{x.dim()} dimensions")
+    return _permuted(x, perm)
+
+
+# --- products and sums as kernels ---------------------------------------------------------------------------
 @_rule(aten.mm.default)
 def _mm(a, b):
     return einsum("ij,jk->ik", a, b)
@@ -87,7 +129,7 @@ def _sum(x, *, dtype=None):
 def _sum_dims(x, dims, keepdim=False, *, dtype=None):
     if dtype is not None or keepdim:
         return NotImplemented
-    dims = {d % x.dim() for d in (dims if dims is not None else range(x.dim()))}
+    dims = {_wrap_dim(d, x.dim()) for d in (dims if dims is not None else range(x.dim()))}
     s = _LETTERS[: x.dim()]
     return einsum(f"{s}->{''.join(c for d, c in enumerate(s) if d not in dims)}", x)
 

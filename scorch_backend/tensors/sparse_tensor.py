@@ -371,45 +371,6 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return _same_pattern(x, x._values.to(dtype=dtype or x.dtype, copy=True))
 
 
-def _permuted(x: SparseTensor, perm) -> SparseTensor:
-    shape = [x.shape[p] for p in perm]
-    return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
-
-
-@_rule(aten.t.default)
-def _t(x):
-    if x.dim() < 2:
-        return x
-    return _permuted(x, [1, 0])
-
-
-def _wrap_dim(d: int, ndim: int) -> int:
-    """A dimension index as torch reads it (negative from the end), or IndexError as torch raises."""
-    n = max(ndim, 1)  # a 0-d tensor takes dimension 0 or -1, as in torch
-    if not -n <= d < n:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
-    return d % n
-
-
-@_rule(aten.transpose.int)
-def _transpose(x, d0, d1):
-    perm = list(range(x.dim()))
-    d0, d1 = _wrap_dim(d0, x.dim()), _wrap_dim(d1, x.dim())
-    if not perm:
-        return x
-    perm[d0], perm[d1] = perm[d1], perm[d0]
-    return _permuted(x, perm)
-
-
-@_rule(aten.permute.default)
-def _permute(x, dims):
-    perm = [_wrap_dim(d, x.dim()) for d in dims]
-    if len(perm) != x.dim() or sorted(perm) != list(range(x.dim())):
-        raise RuntimeError(f"permute(): the dimensions {list(dims)} are not a permutation of the tensor's "
-                           f"{x.dim()} dimensions")
-    return _permuted(x, perm)
-
-
 # --- torch.sparse's accessors, answered from the level buffers ----------------------------------------------
 def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
     if x.format.name not in names:

@@ -276,6 +276,10 @@ A.permute(0, 0)
 A = sb.sparse(torch.eye(4, 6), "csr")
 A.permute(1)
 """, RuntimeError, "not a permutation"),
+    "sum_dimension_out_of_range": case("""
+A = sb.sparse(torch.eye(4, 6), "csr")
+A.sum(dim=5)
+""", IndexError, "Dimension out of range"),
     "transpose_and_permute_in_range": case("""
 A = sb.sparse(torch.randn(4, 6).relu(), "csr")
 assert torch.equal(A.transpose(-1, 0).to_dense(), A.to_dense().t())
