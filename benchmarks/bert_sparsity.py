@@ -18,6 +18,7 @@ import sys
 import torch
 
 import scorch_backend as sb
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools import zoo
 from scorch_backend.tools.timing import measure
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
@@ -32,12 +33,15 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--out", default="bert_sparsity.json")
+    add_baseline_isa_argument(ap)
     args = ap.parse_args(argv)
+    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
     cpu, target = sb.target.cpu_model(), sb.target.target_name()
     print(f"CPU: {cpu}; target: {target}; threads: {args.threads}; BertModel base, batch 1, seq {args.seq}")
+    print(baseline_isa)
     rows = []
     for s in (float(x) for x in args.sparsities.split(",")):
         case = zoo.make("bert_encoder", "bench", sparsity=s, seq=args.seq)
@@ -61,7 +65,8 @@ def main(argv=None) -> int:
     print(f"worst speedup over the sweep: {fmt_ratio(worst)} (target: never below 1.0x beyond noise)")
     if at90:
         print(f"at 90%: {fmt_ratio(at90[0])} (target >= 1.5x)")
-    save_json(args.out, {"cpu": cpu, "target": target, "threads": args.threads, "seq": args.seq, "rows": rows})
+    save_json(args.out, {"cpu": cpu, "target": target, "baseline_isa": baseline_isa, "threads": args.threads,
+                         "seq": args.seq, "rows": rows})
     return 0
 
 

@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools.timing import save_json  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -132,12 +133,15 @@ def main(argv=None) -> int:
                     help="also time this kernel library (e.g. one built from an older commit's source of the same "
                          "spec), interleaved with the others so that machine noise hits all alike")
     ap.add_argument("--out", default=None, help="JSON output (default benchmarks/results/check_cost_<target>.json)")
+    add_baseline_isa_argument(ap)
     args = ap.parse_args(argv)
+    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     if args.target:
         sb.set_target(args.target)
     target = sb.target_info()
     threads = [int(t) for t in args.threads.split(",")]
     print(sb.describe_machine(max(threads)))
+    print(baseline_isa)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="scorch-check-cost-"))
     ref = build_unchecked(target, tmp)
     p_i32, p_f32 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
@@ -208,7 +212,8 @@ def main(argv=None) -> int:
                   + (f"; --compare-lib {t_cmp[0] * 1e3:.2f} ms (checks cost {100 * (t_cmp[0] / t_ref - 1):+.1f}%)"
                      if t_cmp else ""))
     out = args.out or str(HERE / "results" / f"check_cost_{target['name']}.json")
-    save_json(out, {"machine": sb.describe_machine(max(threads)), "target": target, "repeats": args.repeats,
+    save_json(out, {"machine": sb.describe_machine(max(threads)), "baseline_isa": baseline_isa,
+                    "target": target, "repeats": args.repeats,
                     "compare_lib": args.compare_lib, "cases": rows_out})
     print(f"wrote {out}")
     return 0

@@ -25,6 +25,7 @@ import torch
 
 import scorch_backend as sb
 from scorch_backend.compiler import jit
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools import zoo
 from scorch_backend.tools.timing import measure
 from scorch_backend.tools.timing import save_json
@@ -48,7 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="deploy.json")
+    add_baseline_isa_argument(ap)
     args = ap.parse_args(argv)
+    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
@@ -60,6 +63,7 @@ def main(argv=None) -> int:
         case = zoo.make("pruned_mlp", "bench")
         model, example = case.model.eval(), case.inputs
     print(f"CPU: {cpu}; target: {target}; threads: {args.threads}; {case.notes}", flush=True)
+    print(baseline_isa)
     binary = build_example()
     work = pathlib.Path(tempfile.mkdtemp(prefix="scorch-deploy-"))
     report = jit.RewriteReport()
@@ -93,7 +97,8 @@ def main(argv=None) -> int:
           f"C++ / Python {ratio:.3f} (target <= 1.10); max error vs eager {err:.1e}")
     print(f"packed weights: {100 * report.packed_ratio:.1f}% of their dense bytes (target <= 22%), "
           f"{len(report.packed)} weights, {len(report.regions)} regions, {len(info['kernels'])} kernels")
-    save_json(args.out, {"cpu": cpu, "target": target, "threads": args.threads, "model": args.model,
+    save_json(args.out, {"cpu": cpu, "target": target, "baseline_isa": baseline_isa,
+                         "threads": args.threads, "model": args.model,
                          "python_s": py, "cpp_s": cc, "ratio": ratio, "packed_ratio": report.packed_ratio,
                          "error": err})
     return 0

@@ -64,6 +64,7 @@ import torch
 os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 
 import scorch_backend as sb  # noqa: E402
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools import datasets  # noqa: E402
 from scorch_backend.tools.timing import measure_interleaved, stream_triad  # noqa: E402
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
@@ -311,7 +312,9 @@ def parse_args(argv=None):
                    help="skip SpGEMM when A*A^T needs more multiply-adds than this (default 3e8)")
     p.add_argument("--no-jit", action="store_true", help="skip the JIT time measurement")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    add_baseline_isa_argument(p)
     a = p.parse_args(argv)
+    a.baseline_isa_note = hold_baseline_isa(a.target, a.baseline_isa, reexec=argv is None)
     a.repeats = a.repeats if a.repeats is not None else (3 if a.quick else 7)
     a.warmup = a.warmup if a.warmup is not None else 1 if a.quick else 2
     a.budget = a.budget if a.budget is not None else 0.5 if a.quick else 2.0
@@ -550,6 +553,8 @@ def main(argv=None) -> int:
     log(f"Scorch kernel benchmark: torch {info['torch']}, {info['cpu_model']}, {info['cpu_count']} CPUs, "
         f"{args.threads} threads for torch and Scorch (torch.get_num_threads() = {torch.get_num_threads()})")
     log(sb.describe_machine(args.threads))
+    log(args.baseline_isa_note)
+    info["baseline_isa"] = args.baseline_isa_note
     log(f"median of {args.repeats} calls after {args.warmup} warm-up calls (fewer past {args.budget:g} s); "
         "ratio = torch time / Scorch time (>1: Scorch faster)")
 

@@ -52,6 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorch_backend as sb
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools import datasets
 from scorch_backend.tools import zoo
 from scorch_backend.tools.timing import contention_probe, measure_interleaved
@@ -485,7 +486,9 @@ def parse_args(argv=None):
                         "apply")
     p.add_argument("--out", default=str(HERE / "results" / "models.json"), help="JSON output path")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    add_baseline_isa_argument(p)
     a = p.parse_args(argv)
+    a.baseline_isa_note = hold_baseline_isa(a.target, a.baseline_isa, reexec=argv is None)
     a.models = [m.strip() for m in a.models.split(",") if m.strip()]
     bad = [m for m in a.models if m not in MODELS]
     if bad:
@@ -519,6 +522,8 @@ def main(argv=None) -> int:
         f"{args.threads} threads for every contender; median of {args.repeat} after {args.warmup} warm-ups"
         + (" (QUICK: test sizes, the targets do not apply)" if args.quick else ""))
     log(sb.describe_machine(args.threads))
+    log(args.baseline_isa_note)
+    info["baseline_isa"] = args.baseline_isa_note
     probe = contention_probe()
     info["contention_probe_start"] = probe
     if probe["contended"]:

@@ -53,6 +53,7 @@ import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
 from scorch_backend.compiler import backend  # noqa: E402
 from scorch_backend.custom_ops import region  # noqa: E402
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools import timing  # noqa: E402
 
 
@@ -240,12 +241,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=41)
     p.add_argument("--target", default=None, help="kernel target (default: SCORCH_TARGET or native)")
     p.add_argument("--out", default=None, help="JSON file for the results (default benchmarks/results/)")
+    add_baseline_isa_argument(p)
     args = p.parse_args(argv)
+    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
     print(sb.describe_machine(args.threads))
+    print(baseline_isa)
     print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches")
     print(f"{'case':<14}{'nnz':>9}{'kernel':>10}{'op':>10}{'einsum':>10}{'region':>10}{'compiled':>10}"
           f"{'torch CSR':>11}{'CSR/einsum':>12} | around the kernel: {'op':>7}{'einsum':>9}{'region':>9}"
@@ -293,7 +297,8 @@ def main(argv=None) -> int:
     print(f"SpMV geomean torch CSR / einsum: {statistics.geometric_mean(spmv):.2f}x")
     out = args.out or os.path.join(os.path.dirname(__file__), "results",
                                    f"overhead_{args.target or sb.target_info()['name']}.json")
-    timing.save_json(out, {"machine": sb.describe_machine(args.threads), "threads": args.threads,
+    timing.save_json(out, {"machine": sb.describe_machine(args.threads), "baseline_isa": baseline_isa,
+                           "threads": args.threads,
                            "density": args.density, "rows": rows})
     print(f"saved {out}")
     return 0

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 import scorch_backend as sb
+from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools.timing import measure
 
 
@@ -35,11 +36,14 @@ def main():
     ap.add_argument("--no-inductor", action="store_true", help="skip the dense Inductor contender")
     ap.add_argument("--target", default=None,
                     help="instruction set of the kernels: native (default, or SCORCH_TARGET), x86-64-v3 (AVX2), ...")
+    add_baseline_isa_argument(ap)
     args = ap.parse_args()
+    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=True)
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
     print(sb.describe_machine(args.threads))
+    print(baseline_isa)
     torch.manual_seed(0)
     t0 = time.perf_counter()
 

@@ -19,7 +19,7 @@
 #   compiler/     the torch.compile backend, its passes, TorchScript rewriting
 #   tools/        explain, plots, pruning, data sets, the timing harness and model zoo
 from ._native import ops, ops_library_path
-from .target import describe_machine, set_target, target_info, target_name, using_target
+from .target import describe_machine, set_target, target_info, target_name, torch_isa_environment, using_target
 from .tensors import rules  # noqa: F401  (the eager op table: ATen ops on SparseTensors as kernels)
 from .tensors.convert import from_coordinates, sparse, to_format, to_scipy, to_torch
 from .tensors.frontend import compute, einsum, kernel_info, plan_einsum, precompile
@@ -60,6 +60,7 @@ __all__ = [
     "set_target",
     "target_info",
     "target_name",
+    "torch_isa_environment",
     "using_target",
 ]
 __version__ = "0.1.0"

@@ -36,6 +36,31 @@ def target_info(name: str | None = None) -> dict:
     return _C.target_info(name or "")
 
 
+# The names torch's own libraries give an instruction set, by the widest vector a target has (x86 only):
+# (ATen's CPU capability, MKL's MKL_ENABLE_INSTRUCTIONS, oneDNN's ONEDNN_MAX_CPU_ISA).
+_TORCH_ISA_NAMES = {32: ("avx2", "AVX2", "AVX2"), 16: ("default", "SSE4_2", "SSE41")}
+
+
+def torch_isa_environment(name: str | None = None) -> dict[str, str]:
+    """The environment that holds torch's own CPU code to the instruction set of target `name` (default: the
+    target in effect), so a benchmark's baseline runs what it would run on a CPU of that kind: ATen's vector
+    kernels (ATEN_CPU_CAPABILITY), MKL (MKL_ENABLE_INSTRUCTIONS), oneDNN (ONEDNN_MAX_CPU_ISA) and Inductor's
+    generated C++ (its vector ISA follows ATEN_CPU_CAPABILITY, its -march TORCHINDUCTOR_CPP_MARCH).
+
+    Empty when the target's vectors are as wide as this machine's, or off x86. The libraries read these
+    variables once, when torch starts: set them before that (`tools.timing.hold_baseline_isa` re-runs a
+    benchmark with them)."""
+    t, machine = target_info(name), target_info("native")
+    if t["arch"] != "x86_64" or t["vector_bytes"] >= machine["vector_bytes"]:
+        return {}
+    aten, mkl, dnnl = _TORCH_ISA_NAMES.get(t["vector_bytes"], _TORCH_ISA_NAMES[16])
+    env = {"ATEN_CPU_CAPABILITY": aten, "MKL_ENABLE_INSTRUCTIONS": mkl, "ONEDNN_MAX_CPU_ISA": dnnl}
+    march = [f.split("=", 1)[1] for f in t["flags"] if f.startswith("-march=")]
+    if march and march[0] != "native":
+        env["TORCHINDUCTOR_CPP_MARCH"] = march[0]
+    return env
+
+
 @contextlib.contextmanager
 def using_target(name: str | None):
     """`with sb.using_target("x86-64-v3"): ...` compiles the kernels of the block for that target."""

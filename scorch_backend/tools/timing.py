@@ -5,6 +5,8 @@
     ts, failed = measure_interleaved({"a": f, "b": g})   # contenders alternated: ratios robust to load drift
     t.median, t.min, t.samples, t.to_dict()
 
+`hold_baseline_isa(target, how)` holds torch's own kernels to the kernels' target (a benchmark under x86-64-v3
+on an AVX-512 machine then compares AVX2 with AVX2, as on an AVX2 CPU).
 `stream_triad()` measures the memory bandwidth a benchmark's achieved GB/s can be compared with.
 Times are wall-clock seconds from time.perf_counter(); nothing here sets thread counts (the caller does, with
 torch.set_num_threads, before measuring anything).
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -234,3 +238,45 @@ def save_json(path, doc: dict) -> pathlib.Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
     return out
+
+
+BASELINE_ISA_CHOICES = ("target", "machine")
+_REEXEC_MARK = "SCORCH_BENCH_BASELINE_ISA"
+
+
+def add_baseline_isa_argument(parser) -> None:
+    """The `--baseline-isa` option every benchmark with `--target` takes."""
+    parser.add_argument("--baseline-isa", choices=BASELINE_ISA_CHOICES, default="target",
+                        help="instruction set of the torch baselines (ATen, MKL, oneDNN, Inductor): 'target' (default) "
+                             "holds them to --target's, as on a CPU of that kind; 'machine' lets them use all of "
+                             "this CPU's")
+
+
+def hold_baseline_isa(target: str | None, how: str = "target", *, reexec: bool = True) -> str:
+    """Make the torch baselines of this benchmark run `target`'s instruction set (how="target") or the whole
+    machine's (how="machine"), and return one line saying which, for the output.
+
+    torch's libraries read their ISA variables once at start (`torch_isa_environment`), so when they are
+    missing this re-executes the program once with them set (`reexec`; a benchmark's main() called with an
+    argument list, as tests do, is not re-executed: the line then says the baseline is not held)."""
+    from .. import target as _target
+
+    if how not in BASELINE_ISA_CHOICES:
+        raise ValueError(f"baseline ISA must be one of {BASELINE_ISA_CHOICES}, got {how!r}")
+    want = _target.torch_isa_environment(target) if how == "target" else {}
+    if not want:
+        held = {k: os.environ[k] for k in _target.torch_isa_environment("x86-64-v3") if k in os.environ}
+        return ("torch baselines: this CPU's full instruction set"
+                + (f" (but the environment sets {held})" if held else ""))
+    missing = {k: v for k, v in want.items() if os.environ.get(k) != v}
+    if missing and reexec and not os.environ.get(_REEXEC_MARK):
+        os.environ.update(want)
+        os.environ[_REEXEC_MARK] = "1"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    if missing:
+        return f"torch baselines: NOT held to the target's instruction set (missing {missing})"
+    held = ", ".join(f"{k}={v}" for k, v in want.items())
+    return (f"torch baselines: held to the target's instruction set ({held}; ATen reports "
+            f"{torch.backends.cpu.get_cpu_capability()})")

@@ -1,10 +1,14 @@
 """The benchmarks' timing helper: contenders timed in alternation, failures reported, budgets respected."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from scorch_backend.tools.timing import measure, measure_interleaved
+import scorch_backend as sb
+from scorch_backend.tools.timing import hold_baseline_isa, measure, measure_interleaved
 
 
 def test_contenders_alternate_and_each_gets_its_samples():
@@ -60,3 +64,50 @@ def test_bad_arguments_raise():
         measure_interleaved({"a": lambda: None}, repeat=0)
     with pytest.raises(ValueError, match="repeat"):
         measure(lambda: None, repeat=0)
+
+
+# --- the baselines' instruction set (hold_baseline_isa) ---------------------------------------------------------
+
+ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CPP_MARCH")
+wider_than_avx2 = pytest.mark.skipif(sb.target_info("native")["arch"] != "x86_64"
+                                     or sb.target_info("native")["vector_bytes"] <= 32,
+                                     reason="needs an x86 CPU with vectors wider than AVX2's")
+
+
+def test_a_target_as_wide_as_the_machine_holds_nothing():
+    assert sb.torch_isa_environment("native") == {}
+
+
+@wider_than_avx2
+def test_avx2_target_names_avx2_for_every_library():
+    env = sb.torch_isa_environment("x86-64-v3")
+    assert env == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                   "TORCHINDUCTOR_CPP_MARCH": "x86-64-v3"}
+    assert sb.torch_isa_environment("x86-64-v2")["ATEN_CPU_CAPABILITY"] == "default"
+
+
+@wider_than_avx2
+def test_hold_without_reexec_says_the_baseline_is_not_held(monkeypatch):
+    for k in ISA_VARS:
+        monkeypatch.delenv(k, raising=False)
+    assert "NOT held" in hold_baseline_isa("x86-64-v3", "target", reexec=False)
+    assert "full instruction set" in hold_baseline_isa("x86-64-v3", "machine", reexec=False)
+    with pytest.raises(ValueError, match="baseline ISA"):
+        hold_baseline_isa("x86-64-v3", "avx2", reexec=False)
+
+
+@wider_than_avx2
+def test_hold_reexecutes_once_with_torch_at_the_target_isa(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(
+        "import os, torch\n"
+        "from scorch_backend.tools.timing import hold_baseline_isa\n"
+        "print('START', flush=True)\n"
+        "line = hold_baseline_isa('x86-64-v3', 'target')\n"
+        "print(line)\n"
+        "print('CAP', torch.backends.cpu.get_cpu_capability(), os.environ['MKL_ENABLE_INSTRUCTIONS'])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ISA_VARS and k != "SCORCH_BENCH_BASELINE_ISA"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("START") == 2          # the program ran again, once
+    assert "CAP AVX2 AVX2" in out.stdout and "held to the target's instruction set" in out.stdout
