@@ -283,7 +283,8 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
     size_t ellipsis_pos = 0;
     std::vector<char> letters;
     std::vector<size_t> letter_pos;
-    while (i < n && (std::isalpha(static_cast<unsigned char>(eq[i])) || eq[i] == '.' || eq[i] == ' ')) {
+    auto ascii_letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+    while (i < n && (ascii_letter(eq[i]) || eq[i] == '.' || eq[i] == ' ')) {
       if (eq[i] == ' ') {
         ++i;
         continue;
@@ -299,6 +300,15 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
       letters.push_back(eq[i]);
       letter_pos.push_back(i);
       ++i;
+    }
+    // What may follow subscripts: ',' or "->" (the parser checks which), the end, or spaces. Anything else is
+    // named here rather than surfacing later as a count mismatch.
+    if (i < n && eq[i] != ',' && eq[i] != '-' && !std::isspace(static_cast<unsigned char>(eq[i]))) {
+      const auto c = static_cast<unsigned char>(eq[i]);
+      st.fail_at(i, c >= 0x80 ? std::string("subscripts must be ASCII letters a-z or A-Z; found a non-ASCII character")
+                              : fmt::format("subscripts must be letters a-z or A-Z or '...'; found '{}'",
+                                            c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c))
+                                                                  : fmt::format("\\x{:02x}", c)));
     }
     int nell = 0;
     if (ellipsis_at >= 0) {

@@ -15,7 +15,7 @@ import torch
 from .._native import ops
 from .format import Format, FormatLike, make_format
 from .sparse_tensor import (INDEX_DTYPES, VALUE_DTYPES, SparseTensor, _check_index_dtype,  # noqa: F401
-                            _check_values_dtype, _from_dense, to_format, to_scipy, to_torch)
+                            _check_values_dtype, _from_dense, sizes_of, to_format, to_scipy, to_torch)
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -23,7 +23,7 @@ _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.s
 def from_coordinates(indices: torch.Tensor, values: torch.Tensor, shape: Sequence[int], format: FormatLike = "coo",
                      *, mode_order=None, blocksize=None, index_dtype=torch.int32) -> SparseTensor:
     """Pack (ndim, nnz) coordinates and their values, in any order, duplicates summed, into `format`."""
-    shape = [int(s) for s in shape]
+    shape = [int(s) for s in sizes_of(shape)]  # symbolic sizes specialize here, as packing needs them
     for s in shape:
         if s < 0:
             raise ValueError(f"sizes must be non-negative, got shape {tuple(shape)}")

@@ -286,6 +286,8 @@ def _index_dtype(operands) -> torch.dtype:
 
 def plan_einsum(equation: str, *operands, out_format=None) -> dict:
     """What `einsum` would do: the kernel spec, conversions, output format and the reasons."""
+    if not isinstance(equation, str):
+        raise TypeError(f"plan_einsum: the equation must be a str such as 'ij,jk->ik', got {type(equation).__name__}")
     ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
@@ -309,6 +311,8 @@ def einsum(equation: str, *operands, out_format=None):
     dimensions). The result is a SparseTensor when the computation is sparse (a product with a sparse factor,
     a sum of sparse terms), else a dense tensor; `out_format` ("dense", a preset or format text) overrides it.
     """
+    if not isinstance(equation, str):
+        raise TypeError(f"einsum: the equation must be a str such as 'ij,jk->ik', got {type(equation).__name__}")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not 1 <= len(operands):
@@ -506,8 +510,15 @@ def _debug(what: str, plan: dict) -> None:
 
 
 def precompile(specs, workers: int = 2) -> None:
-    """Compile kernels (specs from plan_einsum) ahead of use, `workers` compilers at a time."""
-    _C.compile_kernels(list(specs), workers)
+    """Compile kernels (specs from plan_einsum: one spec or a list of them) ahead of use, `workers` compilers
+    at a time."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    bad = [type(x).__name__ for x in specs if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"precompile takes kernel specs (str, from plan_einsum(...)['spec']); got {bad[0]}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"precompile: workers must be an int >= 1, got {workers!r}")
+    _C.compile_kernels(specs, workers)
 
 
 def kernel_info(spec: str) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import sys
 import warnings
 from typing import Sequence
@@ -46,6 +47,17 @@ def _dynamo_specialize_code():
     return _specialize_code or None
 
 
+def sizes_of(shape) -> tuple:
+    """A shape as a tuple of ints; symbolic sizes (tracing with dynamic shapes) stay symbolic, since int()
+    would specialize them. Anything that is not an integer (a float, a string) raises TypeError naming it,
+    instead of being truncated."""
+    try:
+        return tuple(s if isinstance(s, torch.SymInt) else operator.index(s) for s in shape)
+    except TypeError:
+        bad = next((s for s in shape if not isinstance(s, torch.SymInt) and not hasattr(s, "__index__")), shape)
+        raise TypeError(f"sizes must be integers, got {bad!r} in shape {tuple(shape)!r}") from None
+
+
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format.
 
@@ -61,9 +73,7 @@ class SparseTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, format: Format, shape: Sequence[int], buffers: Sequence[torch.Tensor], values: torch.Tensor,
                 *, validate: bool = True, requires_grad: bool = False):
-        # Symbolic sizes (tracing with dynamic shapes) stay symbolic: int() would specialize them.
-        shape = tuple(s if isinstance(s, torch.SymInt) else int(s) for s in shape) \
-            if not isinstance(shape, torch.Size) else shape
+        shape = shape if isinstance(shape, torch.Size) else sizes_of(shape)
         if not isinstance(format, Format):
             format = make_format(format, len(shape))
         if len(shape) != format.ndim:

@@ -196,3 +196,58 @@ def test_huge_sparse_dimension_gets_a_compressed_output_level():
     assert sb.Format(sb.plan_einsum("ij,jk->ik", small, B)["out_format"], 2).name == "csr"
     # The operands' own format is kept where it has the output's indices.
     assert sb.Format(sb.plan_einsum("ij,ij->ij", A, A)["out_format"], 2).name == "dcsr"
+
+
+# --- arguments of the wrong kind name themselves (no pybind signature dumps, no silent truncation) -----------
+
+def test_equation_that_is_not_a_string():
+    A = sb.sparse(torch.eye(4), "csr")
+    with pytest.raises(TypeError, match="equation must be a str.*got int"):
+        sb.einsum(123, A, torch.ones(4, 3))
+    with pytest.raises(TypeError, match="equation must be a str.*got NoneType"):
+        sb.plan_einsum(None, A, torch.ones(4, 3))
+
+
+@pytest.mark.parametrize("equation,message", [
+    ("i\u00e9,\u00e9j->ij", "non-ASCII"),        # a letter outside a-z/A-Z, not a miscounted operand
+    ("i+j,jk->ik", "found '\\+'"),
+    ("i\x01,jk->ik", "found '\\\\x01'"),
+    ("ij,jk->i_k", "found '_'"),
+])
+def test_equation_characters_that_are_not_subscripts(equation, message):
+    A = sb.sparse(torch.eye(4), "csr")
+    with pytest.raises(ValueError, match=message):
+        sb.einsum(equation, A, torch.ones(4, 3))
+
+
+def test_spaces_in_an_equation_are_still_fine():
+    A = sb.sparse(torch.eye(4), "csr")
+    B = torch.rand(4, 3)
+    assert torch.allclose(sb.einsum(" ij , jk -> i k ", A, B), B)
+
+
+def test_precompile_arguments():
+    spec = sb.plan_einsum("ij,jk->ik", sb.sparse(torch.eye(4), "csr"), torch.ones(4, 3))["spec"]
+    sb.precompile(spec)                      # one spec on its own, not its characters
+    sb.precompile([spec], workers=1)
+    with pytest.raises(ValueError, match="workers must be an int >= 1, got None"):
+        sb.precompile([spec], None)
+    with pytest.raises(TypeError, match="kernel specs.*got NoneType"):
+        sb.precompile([None])
+
+
+@pytest.mark.parametrize("shape", [(3.7, 4.2), (3, "4"), (3, None)])
+def test_sizes_that_are_not_integers(shape):
+    idx = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match="sizes must be integers"):
+        sb.from_coordinates(idx, torch.tensor([1.0, 2.0]), shape, "csr")
+    with pytest.raises(TypeError, match="sizes must be integers"):
+        sb.SparseTensor("csr", shape, [torch.tensor([0, 1, 2, 2], dtype=i32), torch.tensor([1, 2], dtype=i32)],
+                        torch.tensor([1.0, 2.0]))
+
+
+def test_integer_like_sizes_are_accepted():
+    import numpy as np
+    idx = torch.tensor([[0, 1], [1, 2]])
+    A = sb.from_coordinates(idx, torch.tensor([1.0, 2.0]), (np.int64(3), torch.tensor(4)), "csr")
+    assert A.shape == (3, 4) and torch.equal(A.to_dense()[1], torch.tensor([0, 0, 2.0, 0]))
