@@ -1,7 +1,11 @@
 #include "format/storage.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
+
+#include <fmt/ranges.h>
 
 #include "common/error.h"
 
@@ -30,6 +34,34 @@ std::vector<std::vector<int64_t>> level_coords(const Format& f, std::span<const 
     lc.push_back(std::move(v));
   }
   return lc;
+}
+
+// Packing builds, level by level, arrays as long as the level's parent positions (a compressed level's pos)
+// and its own positions (a dense level has parent count x extent of them), in int64, and the torch layer copies
+// them once more. A dense extent of billions (a (2^31, 2^31) CSR) would need tens of GiB: refuse it up front
+// with an error that says so, instead of letting the process be killed by the out-of-memory handler.
+void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> sizes,
+                       int64_t tuples) {
+  long double parents = 1, entries = 0;
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    const long double all = parents * static_cast<long double>(sizes[l]);
+    const long double positions =
+        f.levels()[l].kind->walk() == LevelWalk::locate ? all : std::min(all, static_cast<long double>(tuples));
+    entries += parents + positions;
+    parents = positions;
+  }
+  constexpr long double kBytesPerEntry = 3 * sizeof(int64_t);  // the level's array, its copy, the index dtype
+  const long double need = entries * kBytesPerEntry;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const long double have = static_cast<long double>(pages) * static_cast<long double>(page);
+  constexpr long double GiB = 1024.0L * 1024.0L * 1024.0L;
+  SCORCH_CHECK(need <= have,
+               "packing a {}-dimensional tensor of shape ({}) in format {} needs about {:.0f} GiB of index arrays "
+               "(its dense levels span {:.3g} positions), more than this machine's {:.0f} GiB; use compressed levels "
+               "for the large dimensions",
+               shape.size(), fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
+               static_cast<double>(entries), static_cast<double>(have / GiB));
 }
 
 // Sort order of the tuples by level coordinates (lexicographic, storage order).
@@ -84,6 +116,7 @@ std::string level_name(const Format& f, size_t k) {
 Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz) {
   SCORCH_CHECK(nnz >= 0, "number of nonzeros must be non-negative, got {}", nnz);
   const auto sizes = f.level_sizes(shape);
+  check_pack_memory(f, shape, sizes, nnz);
   const auto lc = level_coords(f, shape, coords, nnz);
   const auto order = sort_order(lc, sizes, nnz);
 

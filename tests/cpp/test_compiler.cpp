@@ -57,7 +57,9 @@ TEST(Parser, EinsumErrorsPointAtTheMistake) {
   EXPECT_NE(error_of([] { ir::parse_einsum("ij,jkl->ik", {2, 2}); }).find("operand 1 has 2 dimensions but 3 subscripts"),
             std::string::npos);
   EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk->ii", {2, 2}); }).find("appears twice"), std::string::npos);
-  EXPECT_NE(error_of([] { ir::parse_einsum("ij;jk", {2, 2}); }).find("unexpected character"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij;jk", {2, 2}); }).find("found ';'\n  ij;jk\n    ^"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("i\xc3\xa9,jk", {2, 2}); }).find("non-ASCII"), std::string::npos);
+  EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk->ik,", {2, 2}); }).find("unexpected character"), std::string::npos);
   EXPECT_NE(error_of([] { ir::parse_einsum("ij,jk,k", {2, 2}); }).find("more operands"), std::string::npos);
   EXPECT_NE(error_of([] { ir::parse_einsum("i.j", {2}); }).find("expected '...'"), std::string::npos);
 }

@@ -90,6 +90,15 @@ TEST(Pack, CsrSortsAndSumsDuplicates) {
   EXPECT_EQ(back, (std::vector<int64_t>{0, 0, 2, /*cols*/ 0, 3, 1}));
 }
 
+TEST(Pack, DenseLevelsTooLargeForMemoryAreRefusedBeforeAllocating) {
+  // 2^40 rows: the dense row level and the compressed pos would need terabytes; a dcsr needs neither.
+  const int64_t shape[2] = {int64_t{1} << 40, 4};
+  expect_error([&] { pack(Format::preset("csr", 2), shape, std::vector<int64_t>{5, 1}, 1); },
+               "GiB of index arrays");
+  Packed p = pack(Format::preset("dcsr", 2), shape, std::vector<int64_t>{5, 1}, 1);
+  EXPECT_EQ(p.value_count, 1);
+}
+
 TEST(Pack, OutOfRangeAndShapeErrors) {
   const Format f = Format::preset("csr", 2);
   const int64_t shape[2] = {3, 4};

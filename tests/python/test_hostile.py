@@ -241,6 +241,12 @@ C = sb.einsum("ij,ij->ij", A, A)
 assert C.format.name == "dcsr", C.format
 assert torch.equal(C.stored_values, torch.tensor([4.0, 9.0])), C.stored_values
 """),
+    "huge_dense_level_refused_before_packing": case("""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # if the check let it through: an error, not an OOM kill
+n = 2**40
+sb.from_coordinates(torch.tensor([[5], [1]]), torch.tensor([2.0]), (n, 2**20), "csr")
+""", ValueError, r"needs about \d+ GiB of index arrays.*use compressed levels"),
     "kernel_op_asks_for_100000_threads": case("""
 A = sb.sparse(torch.randn(300, 300).relu(), "csr")
 B = torch.randn(300, 16)
