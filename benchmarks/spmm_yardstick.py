@@ -31,7 +31,6 @@ import torch
 
 import scorch_backend as sb
 from scorch_backend import _C
-from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools import datasets
 from scorch_backend.tools.timing import save_json
 
@@ -76,15 +75,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-matrices", type=int, default=5, help="matrices per DLMC model, spread over sizes")
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--out", default=str(HERE / "results" / "spmm_yardstick.json"))
-    add_baseline_isa_argument(ap)
     args = ap.parse_args(argv)
-    baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     if args.target:
         sb.set_target(args.target)
     torch.set_num_threads(args.threads)
     target = sb.target_info()
     print(sb.describe_machine(args.threads))
-    print(baseline_isa)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="scorch-yardstick-"))
     ref = build_reference(target, tmp)
     print(f"reference vector width: {ref.ref_vector_bytes()} bytes; generated: {target['vector_bytes']} bytes")
@@ -132,8 +128,7 @@ def main(argv=None) -> int:
     geo = math.exp(statistics.fmean(math.log(r["ratio_reference_over_generated"]) for r in rows_out))
     worst = min(r["ratio_reference_over_generated"] for r in rows_out)
     print(f"geomean reference/generated: {geo:.2f}x; worst {worst:.2f}x (target: >= 0.9 for every case)")
-    out = save_json(args.out, {"machine": sb.describe_machine(args.threads), "baseline_isa": baseline_isa,
-                               "target": target,
+    out = save_json(args.out, {"machine": sb.describe_machine(args.threads), "target": target,
                                "threads": args.threads, "cases": rows_out, "geomean": geo, "worst": worst})
     print(f"wrote {out}")
     return 0

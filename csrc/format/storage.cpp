@@ -36,32 +36,29 @@ std::vector<std::vector<int64_t>> level_coords(const Format& f, std::span<const 
   return lc;
 }
 
-// Packing builds, level by level, arrays as long as the level's parent positions (a compressed level's pos)
-// and its own positions (a dense level has parent count x extent of them), in int64, and the torch layer copies
-// them once more. A dense extent of billions (a (2^31, 2^31) CSR) would need tens of GiB: refuse it up front
-// with an error that says so, instead of letting the process be killed by the out-of-memory handler.
-void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> sizes,
-                       int64_t tuples) {
-  long double parents = 1, entries = 0;
-  for (size_t l = 0; l < f.levels().size(); ++l) {
-    const long double all = parents * static_cast<long double>(sizes[l]);
-    const long double positions =
-        f.levels()[l].kind->walk() == LevelWalk::locate ? all : std::min(all, static_cast<long double>(tuples));
-    entries += parents + positions;
-    parents = positions;
-  }
-  constexpr long double kBytesPerEntry = 3 * sizeof(int64_t);  // the level's array, its copy, the index dtype
-  const long double need = entries * kBytesPerEntry;
+// The leading dense levels of a format have parent count x extent positions whatever the data, and the
+// level below them builds an array of that many entries + 1 (a CSR's pos), in int64, which the torch layer
+// copies once more. A dense extent of billions (a (2^31, 2^31) CSR) would need tens of GiB: refuse it up front
+// with an error that says so, instead of letting the out-of-memory handler kill the process. Levels below the
+// first sparse one follow the stored entries (the caller's own data) and are not estimated.
+void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> sizes) {
+  const auto& levels = f.levels();
+  long double positions = 1;
+  size_t l = 0;
+  for (; l < levels.size() && levels[l].kind->walk() == LevelWalk::locate; ++l)
+    positions *= static_cast<long double>(sizes[l]);
+  // The last dense level's positions (int64), then the next level's parent array: int64, its copy, the index dtype.
+  const long double need = positions * 8 + (l < levels.size() ? (positions + 1) * 24 : 0);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return;
   const long double have = static_cast<long double>(pages) * static_cast<long double>(page);
   constexpr long double GiB = 1024.0L * 1024.0L * 1024.0L;
   SCORCH_CHECK(need <= have,
-               "packing a {}-dimensional tensor of shape ({}) in format {} needs about {:.0f} GiB of index arrays "
-               "(its dense levels span {:.3g} positions), more than this machine's {:.0f} GiB; use compressed levels "
-               "for the large dimensions",
-               shape.size(), fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
-               static_cast<double>(entries), static_cast<double>(have / GiB));
+               "packing a tensor of shape ({}) in format {} needs about {:.0f} GiB for the index arrays of its "
+               "leading dense levels ({:.3g} positions), more than this machine's {:.0f} GiB of memory; a format "
+               "whose first levels are compressed (dcsr, coo) stores only the nonempty ones",
+               fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
+               static_cast<double>(positions), static_cast<double>(have / GiB));
 }
 
 // Sort order of the tuples by level coordinates (lexicographic, storage order).
@@ -116,7 +113,7 @@ std::string level_name(const Format& f, size_t k) {
 Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz) {
   SCORCH_CHECK(nnz >= 0, "number of nonzeros must be non-negative, got {}", nnz);
   const auto sizes = f.level_sizes(shape);
-  check_pack_memory(f, shape, sizes, nnz);
+  check_pack_memory(f, shape, sizes);
   const auto lc = level_coords(f, shape, coords, nnz);
   const auto order = sort_order(lc, sizes, nnz);
 

@@ -284,8 +284,9 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
     std::vector<char> letters;
     std::vector<size_t> letter_pos;
     auto ascii_letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
-    while (i < n && (ascii_letter(eq[i]) || eq[i] == '.' || eq[i] == ' ')) {
-      if (eq[i] == ' ') {
+    auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+    while (i < n && (ascii_letter(eq[i]) || eq[i] == '.' || space(eq[i]))) {
+      if (space(eq[i])) {
         ++i;
         continue;
       }
@@ -303,7 +304,7 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
     }
     // What may follow subscripts: ',' or "->" (the parser checks which), the end, or spaces. Anything else is
     // named here rather than surfacing later as a count mismatch.
-    if (i < n && eq[i] != ',' && eq[i] != '-' && !std::isspace(static_cast<unsigned char>(eq[i]))) {
+    if (i < n && eq[i] != ',' && eq[i] != '-') {
       const auto c = static_cast<unsigned char>(eq[i]);
       st.fail_at(i, c >= 0x80 ? std::string("subscripts must be ASCII letters a-z or A-Z; found a non-ASCII character")
                               : fmt::format("subscripts must be letters a-z or A-Z or '...'; found '{}'",

@@ -107,7 +107,13 @@ void* load_private_copy(const std::string& dir, const std::string& stem, const s
                         const std::string& what) {
   static std::atomic<uint64_t> counter{0};
   const std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, stem, ::getpid(), counter++);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  if (fd < 0 && errno == EEXIST) {
+    // This process never used the name, so the file is a leftover of an earlier process with the same PID
+    // (killed between creating and unlinking its copy; containers reuse PIDs). Remove it and create afresh.
+    ::unlink(path.c_str());
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  }
   SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load {}: {}", path, what,
                     std::strerror(errno));
   const bool ok = write_all(fd, library);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "codegen/emit_cpp.h"
 #include "codegen/emit_grouped.h"
@@ -175,19 +177,37 @@ std::vector<std::string> remove_orphans(const std::string& dir, const std::strin
 }
 
 // The per-key lock: an exclusive flock on KEY.lock, held while an entry is checked, built and published.
-// The descriptor is close-on-exec, so the compiler (and anything it leaves running) never holds it.
+// The descriptor is close-on-exec, so the compiler (and anything it leaves running) never holds it. A holder
+// compiles for at most the compile timeout; one that holds the lock much longer is stopped (Ctrl-Z) or hung,
+// so waiting ends after twice the timeout plus 10 s with an error naming the lock (no limit when the timeout
+// is 0, as compiles then have none either).
 class KeyLock {
  public:
-  explicit KeyLock(const std::string& path) {
+  KeyLock(const std::string& path, double compile_timeout) {
     fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     SCORCH_CHECK_KIND(ErrorKind::runtime, fd_ >= 0, "cannot open the kernel cache lock {}: {}", path,
                       std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        const int err = errno;
+    const double limit = compile_timeout > 0 ? 2 * compile_timeout + 10 : 0;
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::milliseconds(5);
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (err != EWOULDBLOCK) {
         ::close(fd_);
         throw_error(ErrorKind::runtime, fmt::format("cannot lock {}: {}", path, std::strerror(err)));
       }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (limit > 0 && waited > limit) {
+        ::close(fd_);
+        throw_error(ErrorKind::runtime,
+                    fmt::format("another process has held the kernel cache lock {} for {:.0f} s, longer than a "
+                                "compile may take (twice SCORCH_COMPILE_TIMEOUT + 10 s): it is stopped or hung. End "
+                                "it, or use another cache (SCORCH_CACHE_DIR)",
+                                path, waited));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
   }
   ~KeyLock() {
@@ -262,7 +282,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
   std::string library;
   std::string why = verify_entry(k->library_path, manifest_path, m, library);
   if (!why.empty()) {
-    KeyLock lock(dir + "/" + key + ".lock");
+    KeyLock lock(dir + "/" + key + ".lock", settings.timeout);
     for (const auto& name : remove_orphans(dir, key, settings.timeout)) log.push_back("removed orphan " + name);
     why = verify_entry(k->library_path, manifest_path, m, library);  // another process may have built it
     if (!why.empty()) {

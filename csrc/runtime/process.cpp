@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,10 @@
 extern char** environ;
 
 namespace scorch {
+
+namespace {
+constexpr size_t kMaxChildOutput = size_t{1} << 20;  // bytes of a child's output kept
+}  // namespace
 
 std::vector<std::string> compiler_command() {
   const char* cxx = std::getenv("CXX");
@@ -79,7 +84,12 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    output.append(buf, static_cast<size_t>(n));
+    // Keep the start of what the child says (a compiler's first errors are the useful ones) and drain the
+    // rest unread: a child that writes without end must not fill this process's memory.
+    if (output.size() < kMaxChildOutput) {
+      output.append(buf, std::min(static_cast<size_t>(n), kMaxChildOutput - output.size()));
+      if (output.size() == kMaxChildOutput) output += "\n... (output cut at 1 MiB)";
+    }
   }
   ::close(fds[0]);
   if (timed_out) {

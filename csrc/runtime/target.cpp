@@ -123,10 +123,16 @@ Target resolve_uncached(const std::string& name) {
 
 // A target whose instruction-set features the CPU running this process lacks would compile kernels that die
 // with SIGILL at their first vector instruction: refuse it by name instead. "native" is the reference.
+// Both lists are compared: the vector features against what the compiler enables for native, and every
+// feature the target's code may use (runtime/cpu_features.h: fma4, xop, sse4a, bmi2, ...) against the CPU
+// itself, as a kernel bundle is checked; the short list alone let bdver1-4 (FMA4, XOP) through on a CPU
+// without them.
 void check_runnable(const Target& t, const Target& native) {
   std::vector<std::string> missing;
   for (const auto& f : t.features)
     if (std::find(native.features.begin(), native.features.end(), f) == native.features.end()) missing.push_back(f);
+  for (const auto& f : check_cpu_features(t.isa).missing)
+    if (std::find(missing.begin(), missing.end(), f) == missing.end()) missing.push_back(f);
   SCORCH_CHECK(missing.empty(),
                "Scorch target '{}' needs {} which this CPU does not have (it has: {}); kernels compiled for it "
                "would crash here. Pick a target this CPU runs, e.g. native",

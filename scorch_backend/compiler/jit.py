@@ -275,6 +275,17 @@ def _route_sparse_inputs(gm, kinds, formats: dict, names, report: RewriteReport)
                               label=f"{name} @ {other.name}")
             count += 1
             with gm.graph.inserting_before(user):
+                # The region reads the sparse input's rows from its pointer array and its columns from the dense
+                # operand: check that they agree with the sizes the input declares, as eager's product does.
+                g = gm.graph
+                g.call_function(torch._assert, (g.call_function(operator.eq, (
+                    g.call_method("size", (node, 1)), g.call_method("size", (other, 0)))),
+                    f"the sparse input {name} has a different number of columns than {other.name} has rows"))
+                g.call_function(torch._assert, (g.call_function(operator.eq, (
+                    g.call_method("size", (node, 0)),
+                    g.call_function(operator.sub, (g.call_method("numel", (g.call_method("crow_indices", (node,)),)),
+                                                   1)))),
+                    f"the sparse input {name}'s crow_indices do not match its number of rows"))
                 pos = gm.graph.call_method("crow_indices", (node,))
                 crd = gm.graph.call_method("col_indices", (node,))
                 values = gm.graph.call_method("values", (node,))
@@ -519,7 +530,13 @@ def load(path) -> torch.jit.ScriptModule:
     path = os.fspath(path)
     extra = {"scorch.json": ""}
     module = torch.jit.load(path, _extra_files=extra)
-    meta = json.loads(extra["scorch.json"]) if extra["scorch.json"] else {}
+    try:
+        meta = json.loads(extra["scorch.json"]) if extra["scorch.json"] else {}
+        if not isinstance(meta, dict) or (meta.get("kernels") and not isinstance(meta.get("bundle"), str)):
+            raise ValueError("expected an object with the kernel bundle's file name under 'bundle'")
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: its scorch.json (written by scorch_backend.compiler.jit.save) is damaged: {e}") \
+            from None
     if meta.get("kernels"):
         bundle = os.path.join(os.path.dirname(path), meta["bundle"])
         if not os.path.exists(bundle):

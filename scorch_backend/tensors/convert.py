@@ -34,6 +34,16 @@ def from_coordinates(indices: torch.Tensor, values: torch.Tensor, shape: Sequenc
     return SparseTensor(fmt, shape, buffers, vals, validate=False)
 
 
+def _index_buffer(t: torch.Tensor, index_dtype, what: str) -> torch.Tensor:
+    """`t` cast to the index dtype, refusing values the cast would wrap (int64 indices past 2^31 into int32)."""
+    if index_dtype == torch.int32 and t.dtype != torch.int32 and t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < -2**31 or hi >= 2**31:
+            raise ValueError(f"{what} holds {hi if hi >= 2**31 else lo}, which does not fit in int32; "
+                             "use index_dtype=torch.int64")
+    return t.to(index_dtype)
+
+
 def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
     _check_values_dtype(x.dtype)
     if x.layout != torch.sparse_coo and x.dim() == 2:
@@ -41,10 +51,13 @@ def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTenso
                   torch.sparse_csc: ("csc", x.ccol_indices, x.row_indices)}.get(x.layout)
         if direct is not None and fmt.name == direct[0]:
             pos, crd = direct[1](), direct[2]()
-            return SparseTensor(fmt, x.shape, [pos.to(index_dtype), crd.to(index_dtype)], x.values().detach())
+            return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "the pointer array"),
+                                               _index_buffer(crd, index_dtype, "the index array")],
+                                x.values().detach())
         if x.layout == torch.sparse_bsr and fmt.name == "bsr({},{})".format(*x.values().shape[1:3]):
             pos, crd = x.crow_indices(), x.col_indices()
-            return SparseTensor(fmt, x.shape, [pos.to(index_dtype), crd.to(index_dtype)],
+            return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "crow_indices"),
+                                               _index_buffer(crd, index_dtype, "col_indices")],
                                 x.values().detach().reshape(-1))
     if x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         x = x.to_sparse_coo()
@@ -60,8 +73,8 @@ def _from_scipy(x, fmt: Format, index_dtype) -> SparseTensor:
     _check_values_dtype(values.dtype)
     kind = x.format
     if kind in ("csr", "csc") and fmt.name == kind and x.has_canonical_format:
-        pos = torch.from_numpy(x.indptr.astype(np.int64)).to(index_dtype)
-        crd = torch.from_numpy(x.indices.astype(np.int64)).to(index_dtype)
+        pos = _index_buffer(torch.from_numpy(x.indptr.astype(np.int64)), index_dtype, "indptr")
+        crd = _index_buffer(torch.from_numpy(x.indices.astype(np.int64)), index_dtype, "indices")
         return SparseTensor(fmt, x.shape, [pos, crd], values.clone())
     coo = x.tocoo()
     indices = torch.from_numpy(np.stack([coo.row.astype(np.int64), coo.col.astype(np.int64)]))

@@ -51,11 +51,15 @@ def sizes_of(shape) -> tuple:
     """A shape as a tuple of ints; symbolic sizes (tracing with dynamic shapes) stay symbolic, since int()
     would specialize them. Anything that is not an integer (a float, a string) raises TypeError naming it,
     instead of being truncated."""
+    shape = tuple(shape)
     try:
-        return tuple(s if isinstance(s, torch.SymInt) else operator.index(s) for s in shape)
+        sizes = tuple(s if isinstance(s, torch.SymInt) else operator.index(s) for s in shape)
     except TypeError:
         bad = next((s for s in shape if not isinstance(s, torch.SymInt) and not hasattr(s, "__index__")), shape)
-        raise TypeError(f"sizes must be integers, got {bad!r} in shape {tuple(shape)!r}") from None
+        raise TypeError(f"sizes must be integers, got {bad!r} in shape {shape!r}") from None
+    if any(not isinstance(s, torch.SymInt) and not -2**63 <= s < 2**63 for s in sizes):
+        raise ValueError(f"sizes must fit in 64 bits, got shape {sizes}")
+    return sizes
 
 
 class SparseTensor(torch.Tensor):
@@ -92,6 +96,10 @@ class SparseTensor(torch.Tensor):
             if b.dtype not in INDEX_DTYPES:
                 raise TypeError(f"index buffer '{name}' must be int32 or int64, got {b.dtype}")
         if validate:
+            # Checked data must be CPU data: a meta tensor has no values to check, and reading it gives garbage.
+            for what, t in [("values", values), *((f"index buffer '{n}'", b) for n, b in zip(names, buffers))]:
+                if t.device.type != "cpu":
+                    raise ValueError(f"{what} is on the {t.device} device; Scorch's sparse tensors hold CPU tensors")
             ops.validate(buffers, values, list(shape), format.canonical)
         r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=values.dtype, device=values.device,
                                                 requires_grad=requires_grad)

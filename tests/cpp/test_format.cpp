@@ -94,9 +94,23 @@ TEST(Pack, DenseLevelsTooLargeForMemoryAreRefusedBeforeAllocating) {
   // 2^40 rows: the dense row level and the compressed pos would need terabytes; a dcsr needs neither.
   const int64_t shape[2] = {int64_t{1} << 40, 4};
   expect_error([&] { pack(Format::preset("csr", 2), shape, std::vector<int64_t>{5, 1}, 1); },
-               "GiB of index arrays");
+               "GiB for the index arrays of its leading dense levels");
   Packed p = pack(Format::preset("dcsr", 2), shape, std::vector<int64_t>{5, 1}, 1);
   EXPECT_EQ(p.value_count, 1);
+  // Dense blocks under a compressed level follow the stored blocks, not the whole extent: 16 blocks of 256x256
+  // in a 65536x65536 BSR (an estimate that counted every entry as a block would ask for terabytes here).
+  constexpr int64_t kBlocks = 16, kB = 256;
+  std::vector<int64_t> coords(2 * kBlocks * kB * kB);
+  const int64_t n = kBlocks * kB * kB;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t b = k / (kB * kB), r = (k / kB) % kB, c = k % kB;
+    coords[k] = b * 4096 + r;
+    coords[n + k] = b * 4096 + c;
+  }
+  const int64_t big[2] = {65536, 65536};
+  const int64_t block[2] = {kB, kB};
+  Packed q = pack(Format::preset("bsr", 2, block), big, coords, n);
+  EXPECT_EQ(q.value_count, n);
 }
 
 TEST(Pack, OutOfRangeAndShapeErrors) {

@@ -224,6 +224,7 @@ def test_spaces_in_an_equation_are_still_fine():
     A = sb.sparse(torch.eye(4), "csr")
     B = torch.rand(4, 3)
     assert torch.allclose(sb.einsum(" ij , jk -> i k ", A, B), B)
+    assert torch.allclose(sb.einsum("i\tj,jk->ik", A, B), B)
 
 
 def test_precompile_arguments():
@@ -251,3 +252,38 @@ def test_integer_like_sizes_are_accepted():
     idx = torch.tensor([[0, 1], [1, 2]])
     A = sb.from_coordinates(idx, torch.tensor([1.0, 2.0]), (np.int64(3), torch.tensor(4)), "csr")
     assert A.shape == (3, 4) and torch.equal(A.to_dense()[1], torch.tensor([0, 0, 2.0, 0]))
+
+
+def test_int64_indices_past_int32_are_refused_not_wrapped():
+    import numpy as np
+    import scipy.sparse as sp
+    cols = 2**32 + 3
+    x = torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([2**32 + 1]), torch.tensor([1.0]), (1, cols))
+    with pytest.raises(ValueError, match="4294967297.*does not fit in int32.*int64"):
+        sb.sparse(x, "csr")
+    A = sb.sparse(x, "csr", index_dtype=torch.int64)
+    assert A.coordinates().tolist() == [[0], [2**32 + 1]]
+    m = sp.csr_matrix((np.array([1.0]), np.array([2**31 + 1], dtype=np.int64), np.array([0, 1], dtype=np.int64)),
+                      shape=(1, 2**31 + 5))
+    with pytest.raises(ValueError, match="2147483649.*does not fit in int32"):
+        sb.sparse(m, "csr")
+    assert sb.sparse(m, "csr", index_dtype=torch.int64).coordinates().tolist() == [[0], [2**31 + 1]]
+
+
+@pytest.mark.parametrize("where", ["values", "buffer"])
+def test_tensors_on_the_meta_device_are_refused(where):
+    pos, crd, vals = torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2)
+    if where == "values":
+        vals = vals.to("meta")
+    else:
+        crd = crd.to("meta")
+    with pytest.raises(ValueError, match="meta device"):
+        sb.SparseTensor("csr", (2, 3), [pos, crd], vals)
+
+
+def test_sizes_past_64_bits_and_dense_levels_past_memory_are_named():
+    idx = torch.tensor([[0], [1]])
+    with pytest.raises(ValueError, match="fit in 64 bits"):
+        sb.from_coordinates(idx, torch.tensor([1.0]), (2**63, 2), "csr")
+    with pytest.raises(ValueError, match="GiB for the index arrays"):
+        sb.from_coordinates(idx, torch.tensor([1.0]), (2**62, 2**62), "csr", index_dtype=torch.int64)

@@ -8,6 +8,7 @@ with a clear error and releases the lock; processes racing on an empty cache bui
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -226,3 +227,32 @@ def test_processes_racing_on_an_empty_cache_build_once(tmp_path):
     assert len({key_of(r) for r in results}) == 1
     assert len(list(cache.glob("*.so"))) == len(entries(cache)) == 1
     assert leftovers(cache) == []
+
+
+def test_a_private_copy_left_by_an_earlier_process_with_our_pid_is_replaced(built):
+    # A process killed between creating KEY.load.PID.N.so and unlinking it leaves it behind; a later process
+    # with the same PID (containers reuse them) must not fail on it.
+    cache, first = built
+    plant = (f"import os\nfor n in range(4):\n    open({str(cache / key_of(first))!r} + f'.load.{{os.getpid()}}.{{n}}.so', "
+             "'wb').write(b'junk')\n")
+    proc = subprocess.run([sys.executable, "-c", plant + CHILD, "float32"], env=child_env(cache), capture_output=True,
+                          text=True, timeout=600)
+    again = finish(proc, proc.stdout, proc.stderr)
+    assert again["y"] == EXPECTED and not again["compiled"], again
+
+
+def test_a_lock_held_too_long_is_a_clear_error_not_a_hang(built):
+    # The entry is damaged, so the child must take KEY.lock to rebuild it; this process holds that lock (as a
+    # process stopped with Ctrl-Z mid-compile would). The wait ends after 2 x timeout + 10 s.
+    cache, first = built
+    pathlib.Path(first["library"]).write_bytes(b"")
+    with open(cache / (key_of(first) + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        start = time.monotonic()
+        failed = run_child(cache, SCORCH_COMPILE_TIMEOUT="1")
+        waited = time.monotonic() - start
+    assert failed.get("error") == "RuntimeError", failed
+    assert "held the kernel cache lock" in failed["message"] and "stopped or hung" in failed["message"]
+    assert 11 <= waited < 120, waited
+    again = run_child(cache)  # the lock is free again: the entry is rebuilt
+    assert again["y"] == EXPECTED and again["compiled"]

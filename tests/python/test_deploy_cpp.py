@@ -204,7 +204,7 @@ def test_rewritten_gcn_with_a_sparse_input_runs_in_cpp(scorch_deploy, tmp_path):
     torch._dynamo.reset()
     x, adj = zoo.make("gcn", "test", nodes=257, edges=2000, seed=5).inputs
     t = adj.to_torch(torch.sparse_csr)
-    info = jit.save(new, tmp_path / "model.pt", (case.inputs[0], t))
+    info = jit.save(new, tmp_path / "model.pt", (x, t))  # a consistent example: the module checks sizes
     graph = {"crow_indices": t.crow_indices().long(), "col_indices": t.col_indices().long(), "values": t.values(),
              "size": list(t.shape)}
     torch.save((x, graph), tmp_path / "inputs.pt")

@@ -275,6 +275,18 @@ def test_saved_model_runs_without_a_compiler(tmp_path):
     assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", "{\"kernels\": [\"x\"]}", "{not json", "{\"kernels\": [1], \"bundle\": 5}"])
+def test_a_damaged_scorch_json_is_named(tmp_path, text):
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    jit.save(new, tmp_path / "model.pt", (x,))
+    module = torch.jit.load(str(tmp_path / "model.pt"))
+    torch.jit.save(module, str(tmp_path / "edited.pt"), _extra_files={"scorch.json": text})
+    with pytest.raises(ValueError, match="scorch.json .* is damaged"):
+        jit.load(tmp_path / "edited.pt")
+
+
 def test_block_sparse_attention_rewrites_to_the_scorch_op(tmp_path):
     """The block-sparse attention's idiom becomes one scorch::masked_attention call (the mask stays a buffer);
     the module matches eager on new batch sizes, scripts, saves with a bundle holding attention's kernels,
@@ -395,6 +407,37 @@ def test_gcn_with_a_sparse_input_rewrites_and_takes_new_graphs(tmp_path):
                                     torch.zeros(0), (x.shape[0], x.shape[0]))
     with torch.no_grad():
         _close(loaded(x, empty), model(x, sb_sparse(torch.zeros(x.shape[0], x.shape[0]))))
+
+
+def test_a_sparse_input_of_the_wrong_size_is_refused_as_eager_refuses_it(tmp_path):
+    """The region reads rows from crow_indices and columns from the dense operand; the rewritten module checks
+    the input's declared size against both, scripted and after save/load, instead of returning a result of
+    another shape."""
+    class G(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 8)
+
+        def forward(self, adj, h):
+            return adj @ self.lin(h)
+
+    model = G().eval()
+    new, _ = _rewrite(model, (sb_sparse((torch.rand(10, 10) < 0.3).float()), torch.randn(10, 16)))
+    scripted = torch.jit.script(new)
+    torch.jit.save(scripted, str(tmp_path / "g.pt"))
+    loaded = torch.jit.load(str(tmp_path / "g.pt"))
+    good = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2, 3]), torch.tensor([0, 1, 2]), torch.ones(3), (4, 6))
+    h = torch.randn(6, 16)
+    for m in (new, loaded):
+        with torch.no_grad():
+            _close(m(good, h), good.to_dense() @ model.lin(h))
+    for cols in (3, 12):
+        bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2, 3]), torch.tensor([0, 1, 2]), torch.ones(3), (4, cols))
+        with pytest.raises(RuntimeError):
+            model(bad, h)  # eager refuses it
+        for m in (new, loaded):
+            with pytest.raises((RuntimeError, AssertionError, torch.jit.Error), match="columns"):
+                m(bad, h)
 
 
 def sb_sparse(dense):

@@ -8,6 +8,7 @@ sets the fuzz cases per target (default 150).
 """
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -123,6 +124,31 @@ def test_a_target_this_cpu_cannot_run_is_refused():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "refused:" in r.stdout and "avx512f" in r.stdout
+
+
+def test_a_target_with_instructions_outside_the_vector_list_is_refused():
+    """bdver2 (AMD Piledriver) code uses FMA4 and XOP: not vector-width features, but SIGILL on a CPU without
+    them. The full instruction-set list is checked on the CPU, as a kernel bundle's is."""
+    if NATIVE["arch"] != "x86_64":
+        pytest.skip("x86-64 only")
+    cpu_flags = pathlib.Path("/proc/cpuinfo").read_text().split() if pathlib.Path("/proc/cpuinfo").exists() else []
+    if "fma4" in cpu_flags:
+        pytest.skip("this CPU has FMA4")
+    try:
+        sb.target_info("bdver2")
+    except ValueError:
+        pytest.skip("the compiler does not know bdver2")
+    with pytest.raises(ValueError, match="fma4"):
+        sb.set_target("bdver2")
+    code = ("import torch, scorch_backend as sb\n"
+            "A = sb.sparse(torch.eye(4), 'csr')\n"
+            "try:\n    sb.einsum('ij,jk->ik', A, torch.ones(4, 3))\nexcept ValueError as e:\n"
+            "    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SCORCH_TARGET="bdver2",
+                                                              SCORCH_DISPATCH="sparse"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "fma4" in r.stdout
 
 
 def test_target_from_the_environment():
