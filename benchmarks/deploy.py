@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     torch.save(tuple(example), work / "inputs.pt")
     env = {"OMP_NUM_THREADS": str(args.threads), "SCORCH_JIT": "0", "CXX": "/nonexistent",
            "SCORCH_CACHE_DIR": str(work / "cache"), "PATH": os.environ.get("PATH", "")}
+    # The C++ program's libtorch runs the instruction set the Python side was held to (--baseline-isa).
+    env.update({k: os.environ[k] for k in sb.target.TORCH_ISA_VARIABLES if k in os.environ})
 
     def cpp() -> float:
         r = subprocess.run([str(binary), str(work / "model.pt"), info["bundle"] or "-", str(work / "inputs.pt"),

@@ -38,7 +38,10 @@ def target_info(name: str | None = None) -> dict:
 
 # The names torch's own libraries give an instruction set, by the widest vector a target has (x86 only):
 # (ATen's CPU capability, MKL's MKL_ENABLE_INSTRUCTIONS, oneDNN's ONEDNN_MAX_CPU_ISA).
+# SSE4.2/SSE4.1 are the lowest MKL and oneDNN take, so a plain x86-64 (SSE2) target is held to them.
 _TORCH_ISA_NAMES = {32: ("avx2", "AVX2", "AVX2"), 16: ("default", "SSE4_2", "SSE41")}
+TORCH_ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+                       "TORCHINDUCTOR_CPP_MARCH")
 
 
 def torch_isa_environment(name: str | None = None) -> dict[str, str]:

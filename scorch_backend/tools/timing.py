@@ -265,7 +265,7 @@ def hold_baseline_isa(target: str | None, how: str = "target", *, reexec: bool =
         raise ValueError(f"baseline ISA must be one of {BASELINE_ISA_CHOICES}, got {how!r}")
     want = _target.torch_isa_environment(target) if how == "target" else {}
     if not want:
-        held = {k: os.environ[k] for k in _target.torch_isa_environment("x86-64-v3") if k in os.environ}
+        held = {k: os.environ[k] for k in _target.TORCH_ISA_VARIABLES if k in os.environ}
         return ("torch baselines: this CPU's full instruction set"
                 + (f" (but the environment sets {held})" if held else ""))
     missing = {k: v for k, v in want.items() if os.environ.get(k) != v}
@@ -274,7 +274,8 @@ def hold_baseline_isa(target: str | None, how: str = "target", *, reexec: bool =
         os.environ[_REEXEC_MARK] = "1"
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+        # orig_argv keeps the interpreter's own options (-u, -X, -W) and `-m module` as they were given.
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     if missing:
         return f"torch baselines: NOT held to the target's instruction set (missing {missing})"
     held = ", ".join(f"{k}={v}" for k, v in want.items())

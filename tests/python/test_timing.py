@@ -68,7 +68,7 @@ def test_bad_arguments_raise():
 
 # --- the baselines' instruction set (hold_baseline_isa) ---------------------------------------------------------
 
-ISA_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "TORCHINDUCTOR_CPP_MARCH")
+ISA_VARS = sb.target.TORCH_ISA_VARIABLES
 wider_than_avx2 = pytest.mark.skipif(sb.target_info("native")["arch"] != "x86_64"
                                      or sb.target_info("native")["vector_bytes"] <= 32,
                                      reason="needs an x86 CPU with vectors wider than AVX2's")
@@ -105,9 +105,13 @@ def test_hold_reexecutes_once_with_torch_at_the_target_isa(tmp_path):
         "print('START', flush=True)\n"
         "line = hold_baseline_isa('x86-64-v3', 'target')\n"
         "print(line)\n"
-        "print('CAP', torch.backends.cpu.get_cpu_capability(), os.environ['MKL_ENABLE_INSTRUCTIONS'])\n")
+        "print('CAP', torch.backends.cpu.get_cpu_capability(), os.environ['MKL_ENABLE_INSTRUCTIONS'])\n"
+        "import sys; print('FLAGS', int(sys.flags.utf8_mode), int('-u' in sys.orig_argv))\n")
     env = {k: v for k, v in os.environ.items() if k not in ISA_VARS and k != "SCORCH_BENCH_BASELINE_ISA"}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    # -u and -X must survive the re-execution (sys.orig_argv), as a profiler's `-m cProfile` would.
+    out = subprocess.run([sys.executable, "-u", "-X", "utf8", str(script)], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("START") == 2          # the program ran again, once
     assert "CAP AVX2 AVX2" in out.stdout and "held to the target's instruction set" in out.stdout
+    assert "FLAGS 1 1" in out.stdout
