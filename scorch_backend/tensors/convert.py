@@ -35,8 +35,9 @@ def from_coordinates(indices: torch.Tensor, values: torch.Tensor, shape: Sequenc
 
 
 def _index_buffer(t: torch.Tensor, index_dtype, what: str) -> torch.Tensor:
-    """`t` cast to the index dtype, refusing values the cast would wrap (int64 indices past 2^31 into int32)."""
-    if index_dtype == torch.int32 and t.dtype != torch.int32 and t.numel():
+    """`t` cast to the index dtype, refusing values the cast would wrap (int64 indices past 2^31 into int32).
+    While tracing there are no values to read: the check is the eager call's."""
+    if index_dtype == torch.int32 and t.dtype != torch.int32 and t.numel() and not torch.compiler.is_compiling():
         lo, hi = int(t.min()), int(t.max())
         if lo < -2**31 or hi >= 2**31:
             raise ValueError(f"{what} holds {hi if hi >= 2**31 else lo}, which does not fit in int32; "
