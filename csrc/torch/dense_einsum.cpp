@@ -1,5 +1,6 @@
 #include "dense_einsum.h"
 
+#include <cctype>
 #include <limits>
 #include <map>
 
@@ -25,7 +26,11 @@ bool split_equation(const std::string& equation, size_t n, std::vector<std::stri
 
 }  // namespace
 
-at::Tensor dense_einsum(const std::string& equation, const std::vector<at::Tensor>& factors) {
+at::Tensor dense_einsum(const std::string& user_equation, const std::vector<at::Tensor>& factors) {
+  // Scorch's parser takes any whitespace between subscripts; torch.einsum takes spaces but not tabs or newlines.
+  std::string equation;
+  for (char c : user_equation)
+    if (!std::isspace(static_cast<unsigned char>(c))) equation += c;
   std::vector<std::string> ins;
   std::string out;
   if (factors.size() <= 2 || !split_equation(equation, factors.size(), ins, out)) return at::einsum(equation, factors);

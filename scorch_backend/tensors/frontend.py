@@ -415,6 +415,7 @@ def _run_dense(equation: str, ops_, plan: dict, dtype: torch.dtype):
     When the result carries an autograd graph, the SparseTensor's values are gathered from the dense result
     (so gradients reach every operand) at the positions the kernel could write: the structural support of
     the product, where no sparse factor is unstored. Entries there that happen to be 0 keep their gradient."""
+    equation = "".join(equation.split())  # torch.einsum takes spaces between subscripts, not tabs or newlines
     out = torch.einsum(equation, *[(o.tensor.to_dense() if o.sparse else o.tensor).to(dtype) for o in ops_])
     if plan["out_format"] == "strided":
         return out

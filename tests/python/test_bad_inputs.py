@@ -225,6 +225,8 @@ def test_spaces_in_an_equation_are_still_fine():
     B = torch.rand(4, 3)
     assert torch.allclose(sb.einsum(" ij , jk -> i k ", A, B), B)
     assert torch.allclose(sb.einsum("i\tj,jk->ik", A, B), B)
+    # The dense path too (torch.einsum itself refuses a tab), whatever the dispatch configuration.
+    assert torch.allclose(sb.einsum("i\tj,jk ->\nik", A.to_dense(), B), B)
 
 
 def test_precompile_arguments():

@@ -108,6 +108,19 @@ def test_bad_target_names_are_refused():
     assert sb.target_name() == os.environ.get("SCORCH_TARGET", "native")
 
 
+def refused_in_a_child(target: str, feature: str) -> None:
+    """A child process with SCORCH_TARGET=target runs a sparse product: a ValueError naming `feature`, not a
+    signal."""
+    code = ("import torch, scorch_backend as sb\n"
+            "A = sb.sparse(torch.eye(4), 'csr')\n"
+            "try:\n    sb.einsum('ij,jk->ik', A, torch.ones(4, 3))\nexcept ValueError as e:\n"
+            "    print('refused:', e)\n")
+    env = dict(os.environ, SCORCH_TARGET=target, SCORCH_DISPATCH="sparse")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and feature in r.stdout
+
+
 def test_a_target_this_cpu_cannot_run_is_refused():
     """Kernels for instruction sets the CPU lacks would die of SIGILL: the name is refused up front."""
     if "avx512f" in NATIVE["features"] or NATIVE["arch"] != "x86_64":
@@ -115,15 +128,7 @@ def test_a_target_this_cpu_cannot_run_is_refused():
     with pytest.raises(ValueError, match="does not have"):
         sb.set_target("x86-64-v4")
     # The same through the environment, in a child process: a clear error, not a signal.
-    code = ("import torch, scorch_backend as sb\n"
-            "A = sb.sparse(torch.eye(4), 'csr')\n"
-            "try:\n    sb.einsum('ij,jk->ik', A, torch.ones(4, 3))\nexcept ValueError as e:\n"
-            "    print('refused:', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SCORCH_TARGET="x86-64-v4",
-                                                              SCORCH_DISPATCH="sparse"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "avx512f" in r.stdout
+    refused_in_a_child("x86-64-v4", "avx512f")
 
 
 def test_a_target_with_instructions_outside_the_vector_list_is_refused():
@@ -140,15 +145,7 @@ def test_a_target_with_instructions_outside_the_vector_list_is_refused():
         pytest.skip("the compiler does not know bdver2")
     with pytest.raises(ValueError, match="fma4"):
         sb.set_target("bdver2")
-    code = ("import torch, scorch_backend as sb\n"
-            "A = sb.sparse(torch.eye(4), 'csr')\n"
-            "try:\n    sb.einsum('ij,jk->ik', A, torch.ones(4, 3))\nexcept ValueError as e:\n"
-            "    print('refused:', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SCORCH_TARGET="bdver2",
-                                                              SCORCH_DISPATCH="sparse"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "fma4" in r.stdout
+    refused_in_a_child("bdver2", "fma4")
 
 
 def test_target_from_the_environment():
