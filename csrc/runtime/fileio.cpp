@@ -40,10 +40,17 @@ void write_atomically(const std::string& path, const std::string& data) {
     ::unlink(tmp.c_str());
     throw_error(ErrorKind::runtime, fmt::format("cannot write {}", tmp));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw_error(ErrorKind::runtime, fmt::format("cannot rename {} to {}", tmp, path));
-  }
+  move_into_place(tmp, path);
+}
+
+void move_into_place(const std::string& tmp, const std::string& path) {
+  if (::rename(tmp.c_str(), path.c_str()) == 0) return;
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  struct stat sb;
+  const bool dir = ::lstat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
+  throw_error(ErrorKind::runtime, fmt::format("cannot move {} to {}: {}{}", tmp, path, std::strerror(err),
+                                              dir ? " (a directory is in the way: remove it)" : ""));
 }
 
 bool read_regular_file(const std::string& path, size_t limit, std::string& out, off_t expect_size,

@@ -16,6 +16,10 @@ bool write_all(int fd, const std::string& data);
 // Writes under a name of this process and renames into place, so readers see the old file or the new one.
 void write_atomically(const std::string& path, const std::string& data);
 
+// Moves `tmp` over `path` (rename); on failure removes `tmp` and throws, naming the reason and, when `path` is
+// in the way (a directory where a file belongs), what to remove.
+void move_into_place(const std::string& tmp, const std::string& path);
+
 // The whole of a regular file (never a FIFO or a device; never a symlink unless follow_symlinks), at most
 // `limit` bytes, and exactly `expect_size` bytes when that is >= 0. False (and `out` empty) otherwise. Read
 // with read(), never mapped: a file truncated under us gives a short read, not a SIGBUS.

@@ -39,6 +39,7 @@ namespace {
 using fileio::all_digits;
 using fileio::json_string;
 using fileio::make_dirs;
+using fileio::move_into_place;
 using fileio::read_regular_file;
 using fileio::write_atomically;
 
@@ -251,10 +252,7 @@ std::string compile_into_cache(const std::string& source, const std::vector<std:
     ::unlink(tmp_lib.c_str());
     throw_error(ErrorKind::runtime, fmt::format("scorch: the compiler reported success but {} is unreadable", tmp_lib));
   }
-  if (::rename(tmp_lib.c_str(), lib_path.c_str()) != 0) {
-    ::unlink(tmp_lib.c_str());
-    throw_error(ErrorKind::runtime, fmt::format("cannot move {} into the cache", tmp_lib));
-  }
+  move_into_place(tmp_lib, lib_path);
   write_atomically(manifest_path, m.text(library));
   return library;
 }

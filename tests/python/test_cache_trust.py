@@ -256,3 +256,15 @@ def test_a_lock_held_too_long_is_a_clear_error_not_a_hang(built):
     assert 11 <= waited < 120, waited
     again = run_child(cache)  # the lock is free again: the entry is rebuilt
     assert again["y"] == EXPECTED and again["compiled"]
+
+
+@pytest.mark.parametrize("ext", [".so", ".json"])
+def test_a_directory_where_an_entry_belongs_is_named(built, ext):
+    cache, first = built
+    for e in (".so", ".json"):
+        (cache / (key_of(first) + e)).unlink()
+    (cache / (key_of(first) + ext)).mkdir()
+    failed = run_child(cache)
+    assert failed.get("error") == "RuntimeError", failed
+    assert "a directory is in the way: remove it" in failed["message"], failed["message"]
+    assert leftovers(cache) == []
