@@ -28,7 +28,9 @@ class Format:
     def __init__(self, spec: str, ndim: int):
         if not isinstance(spec, str):
             raise TypeError(f"format text must be a str, got {type(spec).__name__}")
-        self.ndim = int(ndim)
+        if isinstance(ndim, bool) or not hasattr(ndim, "__index__") or not 0 <= ndim.__index__() <= 1024:
+            raise ValueError(f"a format's number of dimensions must be an int in [0, 1024], got {ndim!r}")
+        self.ndim = ndim.__index__()
         self._info = _info(spec, self.ndim)
 
     @property

@@ -289,3 +289,10 @@ def test_sizes_past_64_bits_and_dense_levels_past_memory_are_named():
         sb.from_coordinates(idx, torch.tensor([1.0]), (2**63, 2), "csr")
     with pytest.raises(ValueError, match="GiB for the index arrays"):
         sb.from_coordinates(idx, torch.tensor([1.0]), (2**62, 2**62), "csr", index_dtype=torch.int64)
+
+
+@pytest.mark.parametrize("ndim", [10**12, -1, 2.5, True, "2"])
+def test_a_format_for_an_impossible_number_of_dimensions(ndim):
+    from scorch_backend.tensors.format import Format
+    with pytest.raises(ValueError, match="number of dimensions must be an int"):
+        Format("csr", ndim)
