@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -109,17 +110,35 @@ std::string json_string(const std::string& s) {
 
 // The copy is created here (O_EXCL, a name never used twice in the process), loaded, then unlinked: what
 // dlopen maps is exactly what was hashed, whatever happens to the original file meanwhile (replaced,
-// truncated in place).
+// truncated in place). It goes next to the cache entry; when the cache cannot be written (a prebuilt cache on
+// a read-only file system), into TMPDIR (or /tmp) instead, so verified entries still load.
 void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
                         const std::string& what) {
   static std::atomic<uint64_t> counter{0};
-  const std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, stem, ::getpid(), counter++);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
-  if (fd < 0 && errno == EEXIST) {
-    // This process never used the name, so the file is a leftover of an earlier process with the same PID
-    // (killed between creating and unlinking its copy; containers reuse PIDs). Remove it and create afresh.
-    ::unlink(path.c_str());
-    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+  const uint64_t n = counter++;
+  auto create = [&](const std::string& path) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+    if (fd < 0 && errno == EEXIST) {
+      // This process never used the name, so the file is a leftover of an earlier process with the same PID
+      // (killed between creating and unlinking its copy; containers reuse PIDs). Remove it and create afresh.
+      ::unlink(path.c_str());
+      fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0700);
+    }
+    return fd;
+  };
+  std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, stem, ::getpid(), n);
+  int fd = create(path);
+  if (fd < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
+    const int first_err = errno;
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string fallback = fmt::format("{}/scorch-{}.load.{}.{}.so", tmp && *tmp ? tmp : "/tmp", stem,
+                                             ::getpid(), n);
+    fd = create(fallback);
+    if (fd >= 0) {
+      path = fallback;
+    } else {
+      errno = first_err;  // name the cache's problem, the one the user can act on
+    }
   }
   SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load {}: {}", path, what,
                     std::strerror(errno));

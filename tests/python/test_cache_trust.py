@@ -268,3 +268,18 @@ def test_a_directory_where_an_entry_belongs_is_named(built, ext):
     assert failed.get("error") == "RuntimeError", failed
     assert "a directory is in the way: remove it" in failed["message"], failed["message"]
     assert leftovers(cache) == []
+
+
+def test_a_read_only_cache_still_loads_its_verified_entries(built):
+    # A prebuilt cache shipped on a read-only file system: the private copy each load makes goes to TMPDIR.
+    cache, first = built
+    r = subprocess.run(["mount", "-o", "bind,ro", str(cache), str(cache)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot make a read-only bind mount here: {r.stderr.strip()[:200]}")
+    try:
+        with pytest.raises(OSError):
+            (cache / "probe").write_text("x")  # it really is read-only
+        again = run_child(cache)
+    finally:
+        subprocess.run(["umount", str(cache)], capture_output=True)
+    assert again.get("y") == EXPECTED and not again["compiled"], again
