@@ -278,15 +278,14 @@ def _route_sparse_inputs(gm, kinds, formats: dict, names, report: RewriteReport)
                 # The region reads the sparse input's rows from its pointer array and its columns from the dense
                 # operand: check that they agree with the sizes the input declares, as eager's product does.
                 g = gm.graph
+                pos = g.call_method("crow_indices", (node,))
                 g.call_function(torch._assert, (g.call_function(operator.eq, (
                     g.call_method("size", (node, 1)), g.call_method("size", (other, 0)))),
                     f"the sparse input {name} has a different number of columns than {other.name} has rows"))
                 g.call_function(torch._assert, (g.call_function(operator.eq, (
                     g.call_method("size", (node, 0)),
-                    g.call_function(operator.sub, (g.call_method("numel", (g.call_method("crow_indices", (node,)),)),
-                                                   1)))),
+                    g.call_function(operator.sub, (g.call_method("numel", (pos,)), 1)))),
                     f"the sparse input {name}'s crow_indices do not match its number of rows"))
-                pos = gm.graph.call_method("crow_indices", (node,))
                 crd = gm.graph.call_method("col_indices", (node,))
                 values = gm.graph.call_method("values", (node,))
                 region = gm.graph.call_function(torch.ops.scorch.region.default,

@@ -38,7 +38,7 @@ def _index_buffer(t: torch.Tensor, index_dtype, what: str) -> torch.Tensor:
     """`t` cast to the index dtype, refusing values the cast would wrap (int64 indices past 2^31 into int32).
     While tracing there are no values to read: the check is the eager call's."""
     if index_dtype == torch.int32 and t.dtype != torch.int32 and t.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(t.min()), int(t.max())
+        lo, hi = (int(v) for v in torch.aminmax(t))  # one pass over the indices
         if lo < -2**31 or hi >= 2**31:
             raise ValueError(f"{what} holds {hi if hi >= 2**31 else lo}, which does not fit in int32; "
                              "use index_dtype=torch.int64")

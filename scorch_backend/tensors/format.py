@@ -6,6 +6,7 @@ is one ("csr"). Formats come from preset names, canonical text, or a list of lev
 
 from __future__ import annotations
 
+import operator
 from functools import lru_cache
 from typing import Sequence, Union
 
@@ -28,9 +29,10 @@ class Format:
     def __init__(self, spec: str, ndim: int):
         if not isinstance(spec, str):
             raise TypeError(f"format text must be a str, got {type(spec).__name__}")
-        if isinstance(ndim, bool) or not hasattr(ndim, "__index__") or not 0 <= ndim.__index__() <= 1024:
+        n = None if isinstance(ndim, bool) or not hasattr(ndim, "__index__") else operator.index(ndim)
+        if n is None or not 0 <= n <= 1024:
             raise ValueError(f"a format's number of dimensions must be an int in [0, 1024], got {ndim!r}")
-        self.ndim = ndim.__index__()
+        self.ndim = n
         self._info = _info(spec, self.ndim)
 
     @property
