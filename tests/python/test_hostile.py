@@ -248,11 +248,13 @@ n = 2**40
 sb.from_coordinates(torch.tensor([[5], [1]]), torch.tensor([2.0]), (n, 2**20), "csr")
 """, ValueError, r"needs about \d+ GiB for the index arrays of its leading dense levels.*dcsr, coo"),
     "kernel_op_asks_for_100000_threads": case("""
+torch.manual_seed(0)
 A = sb.sparse(torch.randn(300, 300).relu(), "csr")
 B = torch.randn(300, 16)
 p = sb.plan_einsum("ij,jk->ik", A, B)
 out, _ = torch.ops.scorch.kernel(p["spec"], [*A.level_buffers.values(), A.stored_values, B], p["var_sizes"], 100000)
-torch.testing.assert_close(out, A.to_dense() @ B)
+# 150 float32 products a row, summed in another order than MKL's: float32 rounding, not 1e-5 absolute
+torch.testing.assert_close(out, A.to_dense() @ B, rtol=1e-4, atol=1e-4)
 """),
     "calibration_file_is_a_fifo": case("""
 import pathlib, tempfile
