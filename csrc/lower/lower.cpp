@@ -407,7 +407,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
           out.push_back(loops::eval(loops::call("coords_in_range", {crd_buf(id), K(id), KE(id), size_expr(v), V("bad")})));
         // No simd pragma by default: on short rows the gathers and the vector head and tail cost more than they save.
         const std::string p_var = "p" + tag(id);
-        if (current_sink_ == Sink::vtile && !cursor(id)) {
+        // Prefetches only in the innermost loop of a tile (the one whose entries each feed the multiply-adds).
+        if (current_sink_ == Sink::vtile && d == n - 2 && !cursor(id)) {
           auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), K(id), KE(id));
           if (!pf.empty()) {
             // Two loops, with and without the prefetches, chosen once per pass: testing pf_on in the loop

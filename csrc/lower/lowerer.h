@@ -79,6 +79,13 @@ class Lowerer {
     for (const auto& [id, a] : access_)
       if (std::count(a.lvars.begin(), a.lvars.end(), j)) return;  // j walks a level: not a plain dense loop
     tile_depth_ = n - 2;
+    // Further out across every reduction loop right above it (MTTKRP's k over l): the tile of output columns
+    // then stays in registers across the whole reduction, and is added to the output once per output row
+    // instead of once per fiber of the loop above the innermost. Each pass over the reduction then walks
+    // those outer fibers once per tile, a few index loads against a load and a store of the tile per fiber.
+    // Never to depth 0: the outermost loop is the one threads split, and a split reduction would race.
+    while (tile_depth_ > 1 && !std::count(st_.out_vars.begin(), st_.out_vars.end(), sched_.order[tile_depth_ - 1]))
+      --tile_depth_;
     tile_var_ = j;
     // Vector registers when the target has them and every access along j has it as its last, contiguous index.
     vector_tile_ = machine_.vector_bytes > 0 && machine_.tile_vectors > 0;

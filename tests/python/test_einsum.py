@@ -95,6 +95,24 @@ def test_ttv_ttm_mttkrp(fmt):
     check(sb.einsum("ikl,kj,lj->ij", S, Bm, Cm), torch.einsum("ikl,kj,lj->ij", T, Bm, Cm), sparse=False)
 
 
+# The register tile of output columns sits above every reduction loop over T's fibers (k, then l), so each
+# output row's tile is written once: widths that take full tiles, each remainder pass and the scalar rest on
+# any target; a dense first level (rows written by store, no zero-fill) and a compressed one (added); a row of
+# T with no entries, and a fiber (i, k) with none under it.
+@pytest.mark.parametrize("fmt", ["csf", "dense(0),compressed(1),compressed(2)", "dense(0),dense(1),compressed(2)"])
+@pytest.mark.parametrize("width", [1, 7, 16, 33, 100, 131])
+def test_mttkrp_tile_over_two_reductions(fmt, width):
+    Td = random_dense((9, 8, 7), 0.25, dtype=torch.float32, seed=width)
+    Td[3] = 0
+    Td[5, 2] = 0
+    g = torch.Generator().manual_seed(width)
+    Bm = torch.randn(8, width, generator=g)
+    Cm = torch.randn(7, width, generator=g)
+    out = sb.einsum("ikl,kj,lj->ij", sb.sparse(Td, fmt), Bm, Cm)
+    check(out, torch.einsum("ikl,kj,lj->ij", Td, Bm, Cm), sparse=False, rtol=1e-4, atol=1e-4)
+    assert not dense(out)[3].any()
+
+
 def test_batched_sparse_attention():
     mask = random_dense((2, 3, 9, 9), 0.3, dtype=torch.float32, seed=6)
     S = sb.sparse(mask, "csr")  # dense batch, head and row levels, compressed columns

@@ -53,15 +53,14 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
         const int64_t k0l0 = p0l0;
         const int64_t i0 = t0_crd0[k0l0];
-        int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        coords_in_range(t0_crd1, k0l1, ke0l1, N2, bad);
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i2 = t0_crd1[k0l1];
-          for (int64_t jt = 0; jt < (N1 - 0 + 15) / 16; ++jt) {
-            const int64_t jo = 0 + jt * 16;
-            const int64_t jn = std::min<int64_t>(16, N1 - jo);
-            val_t tacc[16] = {};
+        for (int64_t jt = 0; jt < (N1 - 0 + 15) / 16; ++jt) {
+          const int64_t jo = 0 + jt * 16;
+          const int64_t jn = std::min<int64_t>(16, N1 - jo);
+          val_t tacc[16] = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
               const int64_t k0l2 = p0l2;
@@ -79,9 +78,9 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 }
               }
             }
-            for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
-            }
+          }
+          for (int64_t jj = 0; jj < jn; ++jj) {
+            o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
           }
         }
       }

@@ -53,15 +53,14 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
         const int64_t k0l0 = p0l0;
         const int64_t i0 = t0_crd0[k0l0];
-        int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
-        coords_in_range(t0_crd1, k0l1, ke0l1, N2, bad);
-        for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-          const int64_t k0l1 = p0l1;
-          const int64_t i2 = t0_crd1[k0l1];
-          for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
-            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
+        for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
+          const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+          const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
+          vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
             if (pf_on) {
@@ -100,46 +99,51 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 va7 += ((t0_vals[k0l2] * vload(&t1_jo[i2 * t1_st0] + 56)) * vload(&t2_jo[i3 * t2_st0] + 56));
               }
             }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 32 + l) * os1] += va4[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 40 + l) * os1] += va5[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 48 + l) * os1] += va6[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 56 + l) * os1] += va7[l];
-            }
           }
-          int64_t jdone = (N1 / 64) * 64;
-          if (jdone + 32 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 32;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
-            vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 32 + l) * os1] += va4[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 40 + l) * os1] += va5[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 48 + l) * os1] += va6[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 56 + l) * os1] += va7[l];
+          }
+        }
+        int64_t jdone = (N1 / 64) * 64;
+        if (jdone + 32 <= N1) {
+          const int64_t jo = jdone;
+          jdone += 32;
+          const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+          const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
+          vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
             if (pf_on) {
@@ -168,29 +172,34 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 va3 += ((t0_vals[k0l2] * vload(&t1_jo[i2 * t1_st0] + 24)) * vload(&t2_jo[i3 * t2_st0] + 24));
               }
             }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
-            }
           }
-          if (jdone + 16 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 16;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
-            vec_t va0 = {}, va1 = {};
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 16 + l) * os1] += va2[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 24 + l) * os1] += va3[l];
+          }
+        }
+        if (jdone + 16 <= N1) {
+          const int64_t jo = jdone;
+          jdone += 16;
+          const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+          const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
+          vec_t va0 = {}, va1 = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
             if (pf_on) {
@@ -214,21 +223,26 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 va1 += ((t0_vals[k0l2] * vload(&t1_jo[i2 * t1_st0] + 8)) * vload(&t2_jo[i3 * t2_st0] + 8));
               }
             }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
-            }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
-            }
           }
-          if (jdone + 8 <= N1) {
-            const int64_t jo = jdone;
-            jdone += 8;
-            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
-            const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
-            vec_t va0 = {};
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+          }
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 8 + l) * os1] += va1[l];
+          }
+        }
+        if (jdone + 8 <= N1) {
+          const int64_t jo = jdone;
+          jdone += 8;
+          const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+          const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
+          vec_t va0 = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
             if (pf_on) {
@@ -250,15 +264,20 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 va0 += ((t0_vals[k0l2] * vload(&t1_jo[i2 * t1_st0])) * vload(&t2_jo[i3 * t2_st0]));
               }
             }
-            #pragma omp simd
-            for (int64_t l = 0; l < 8; ++l) {
-              o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
-            }
           }
-          for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
-            const int64_t jo = (N1 / 8) * 8 + jt * 64;
-            const int64_t jn = std::min<int64_t>(64, N1 - jo);
-            val_t tacc[64] = {};
+          #pragma omp simd
+          for (int64_t l = 0; l < 8; ++l) {
+            o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
+          }
+        }
+        for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
+          const int64_t jo = (N1 / 8) * 8 + jt * 64;
+          const int64_t jn = std::min<int64_t>(64, N1 - jo);
+          val_t tacc[64] = {};
+          int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
+          for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+            const int64_t k0l1 = p0l1;
+            const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
             for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
               const int64_t k0l2 = p0l2;
@@ -276,9 +295,9 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 }
               }
             }
-            for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
-            }
+          }
+          for (int64_t jj = 0; jj < jn; ++jj) {
+            o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
           }
         }
       }
