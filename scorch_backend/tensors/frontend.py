@@ -304,6 +304,10 @@ def _output_rank(equation: str, ops_) -> int:
     return len(p["out_shape"])
 
 
+_is_compiling = torch.compiler.is_compiling  # (Dynamo knows the function itself, under any name)
+_get_num_threads = torch.get_num_threads
+
+
 def einsum(equation: str, *operands, out_format=None):
     """Einstein summation over SparseTensors and dense tensors, compiled to a sparse kernel.
 
@@ -311,6 +315,17 @@ def einsum(equation: str, *operands, out_format=None):
     dimensions). The result is a SparseTensor when the computation is sparse (a product with a sparse factor,
     a sum of sparse terms), else a dense tensor; `out_format` ("dense", a preset or format text) overrides it.
     """
+    if type(equation) is str and out_format is None and operands and not _is_compiling():
+        # The common call goes straight to the executor: every Python step on this path is paid on every call,
+        # and after a long kernel each is paid again in cache misses (docs/seam.md, "After a kernel").
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        result, why, plan = _C.einsum(equation, operands, "", _get_num_threads(), False, True)
+        if result is not None:
+            if why:  # SCORCH_DEBUG >= 1
+                _explain(equation, why, plan if why.startswith("sparse") else None)
+            return result
+        return _einsum_python(equation, operands, None, True)
     if not isinstance(equation, str):
         raise TypeError(f"einsum: the equation must be a str such as 'ij,jk->ik', got {type(equation).__name__}")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
