@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <numeric>
+#include <optional>
+#include <string>
 
 #include <fmt/ranges.h>
 
@@ -36,6 +39,18 @@ std::vector<std::vector<int64_t>> level_coords(const Format& f, std::span<const 
   return lc;
 }
 
+// The first number in a cgroup control file ("max", absent or unreadable: none).
+std::optional<long double> cgroup_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word == "max") return std::nullopt;
+  try {
+    return std::stold(word);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 // The leading dense levels of a format have parent count x extent positions whatever the data, and the
 // level below them builds an array of that many entries + 1 (a CSR's pos), in int64, which the torch layer
 // copies once more. A dense extent of billions (a (2^31, 2^31) CSR) would need tens of GiB: refuse it up front
@@ -49,13 +64,12 @@ void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::spa
     positions *= static_cast<long double>(sizes[l]);
   // The last dense level's positions (int64), then the next level's parent array: int64, its copy, the index dtype.
   const long double need = positions * 8 + (l < levels.size() ? (positions + 1) * 24 : 0);
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;
-  const long double have = static_cast<long double>(pages) * static_cast<long double>(page);
+  static const long double have = memory_limit_bytes();  // read once: a process's limit rarely moves
+  if (have <= 0) return;
   constexpr long double GiB = 1024.0L * 1024.0L * 1024.0L;
   SCORCH_CHECK(need <= have,
                "packing a tensor of shape ({}) in format {} needs about {:.0f} GiB for the index arrays of its "
-               "leading dense levels ({:.3g} positions), more than this machine's {:.0f} GiB of memory; a format "
+               "leading dense levels ({:.3g} positions), more than the {:.0f} GiB of memory this process may use; a format "
                "whose first levels are compressed (dcsr, coo) stores only the nonempty ones",
                fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
                static_cast<double>(positions), static_cast<double>(have / GiB));
@@ -105,6 +119,26 @@ std::vector<std::span<const IndexSpan>> split_buffers(const Format& f, std::span
 }
 
 }  // namespace
+
+long double memory_limit_bytes(const std::string& proc_cgroup, const std::string& root) {
+  long double have = 0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) have = static_cast<long double>(pages) * static_cast<long double>(page);
+  // The process's own group, as /proc/self/cgroup names it (v2: "0::/path"; v1: "N:memory:/path"), then the
+  // mount's root, which is where a container sees its own group.
+  std::vector<std::string> files;
+  std::ifstream groups(proc_cgroup);
+  for (std::string line; std::getline(groups, line);) {
+    if (line.rfind("0::", 0) == 0) files.push_back(root + line.substr(3) + "/memory.max");
+    const auto at = line.find(":memory:");
+    if (at != std::string::npos) files.push_back(root + "/memory" + line.substr(at + 8) + "/memory.limit_in_bytes");
+  }
+  files.push_back(root + "/memory.max");
+  files.push_back(root + "/memory/memory.limit_in_bytes");
+  for (const auto& file : files)
+    if (const auto limit = cgroup_limit(file); limit && *limit > 0 && (have <= 0 || *limit < have)) have = *limit;
+  return have;
+}
 
 std::string level_name(const Format& f, size_t k) {
   return fmt::format("level {} ({} of dimension {})", k, f.levels()[k].kind->name(), f.levels()[k].expr.str());

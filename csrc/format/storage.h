@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "format/format.h"
@@ -22,6 +23,12 @@ struct Packed {
 // any order and repeat; repeats map to the same value position. Raises IndexError for a coordinate out of
 // range.
 Packed pack(const Format& format, std::span<const int64_t> shape, std::span<const int64_t> coords, int64_t nnz);
+
+// Bytes of memory this process may use: physical memory, or its cgroup's limit when lower (v2 memory.max,
+// v1 memory.limit_in_bytes; a container's limit). pack() refuses up front formats whose leading dense levels
+// alone would exceed it. The paths are parameters for tests; 0 when nothing can be read.
+long double memory_limit_bytes(const std::string& proc_cgroup = "/proc/self/cgroup",
+                               const std::string& root = "/sys/fs/cgroup");
 
 // Check buffers (flattened over levels) against the format and shape: lengths, pos monotonic, coordinates in
 // range, sorted/unique where promised, and `value_count` equal to the number of stored positions.

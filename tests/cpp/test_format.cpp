@@ -2,10 +2,17 @@
 // kind defined only here to show that storage.cpp relies on the LevelKind interface alone.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
+
+#include <fmt/format.h>
+
 
 #include "common/error.h"
 #include "format/format.h"
@@ -429,3 +436,34 @@ TEST(LevelInterface, ToyLevelKindWorksThroughTheGenericMachinery) {
 
 }  // namespace
 }  // namespace scorch
+
+// A container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) lowers what pack() may plan
+// for; "max" and a limit above physical memory leave physical memory.
+TEST(Pack, MemoryLimitReadsTheProcessCgroup) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / fmt::format("scorch-cgroup-test-{}", ::getpid());
+  fs::remove_all(root);
+  auto write = [&](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  };
+  using scorch::memory_limit_bytes;
+  const long double physical = memory_limit_bytes(root / "none", root / "nothing");
+  ASSERT_GT(physical, 0);
+  write(root / "proc-v2", "0::/box/one\n");
+  write(root / "sys/box/one/memory.max", "1073741824\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v2", root / "sys"), 1073741824.0L);
+  write(root / "sys/box/one/memory.max", "max\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v2", root / "sys"), physical);
+  write(root / "proc-v1", "9:cpu:/\n4:memory:/box/two\n");
+  write(root / "sys/memory/box/two/memory.limit_in_bytes", "2147483648\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), 2147483648.0L);
+  write(root / "sys/memory/box/two/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), physical);
+  // A container sees its own group at the mount's root.
+  write(root / "sys/memory.max", "536870912\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), 536870912.0L);
+  write(root / "sys/memory.max", "garbage\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), physical);
+  fs::remove_all(root);
+}
