@@ -65,6 +65,7 @@ class BitmapLevel final : public LevelKind {
   std::string cursor_done(const std::string& c) const override { return c + " == INT64_MAX"; }
 
   static int64_t words(int64_t size) { return mask_words(size, 1); }
+  int64_t fixed_entries_per_parent(int64_t size) const override { return words(size); }
   static uint32_t word(const IndexSpan& s, int64_t k) { return static_cast<uint32_t>(s[k]); }
 
   std::vector<int64_t> pack(std::span<const int64_t> parents, std::span<const int64_t> coords, int64_t size,

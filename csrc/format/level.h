@@ -93,6 +93,14 @@ class LevelKind {
   virtual void for_each_child(std::span<const IndexSpan> buffers, int64_t size, int64_t parent,
                               const std::function<void(int64_t, int64_t)>& f) const = 0;
 
+  // Entries pack() builds for each parent position whatever the data (a bitmap's mask words; an n:m level's
+  // mask words and its n of every m positions), for the memory check before packing (storage.cpp). Levels
+  // whose buffers follow the stored entries build none; a dense level's positions are counted by its walk.
+  virtual int64_t fixed_entries_per_parent(int64_t size) const {
+    (void)size;
+    return 0;
+  }
+
   // Lowering capabilities (see LevelWalk). The expressions are C++ text over the level's buffer names.
   virtual LevelWalk walk() const { return LevelWalk::none; }
   // iterate: the positions [begin, end) under the parent positions [pb, pe) (contiguous parents).

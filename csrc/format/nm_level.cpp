@@ -35,6 +35,7 @@ class NmLevel final : public LevelKind {
   int64_t per_parent(int64_t size) const { return n_ * (size / m_) + std::min<int64_t>(n_, size % m_); }
   int64_t groups(int64_t size) const { return (size + m_ - 1) / m_; }
   int64_t words(int64_t size) const { return mask_words(groups(size), m_); }
+  int64_t fixed_entries_per_parent(int64_t size) const override { return words(size) + per_parent(size); }
   uint32_t field(std::span<const IndexSpan> b, int64_t parent, int64_t g, int64_t size) const {
     const int64_t per = 32 / m_;
     const uint32_t w = static_cast<uint32_t>(b[0][parent * words(size) + g / per]);

@@ -62,17 +62,22 @@ void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::spa
   size_t l = 0;
   for (; l < levels.size() && levels[l].kind->walk() == LevelWalk::locate; ++l)
     positions *= static_cast<long double>(sizes[l]);
-  // The last dense level's positions (int64), then the next level's parent array: int64, its copy, the index dtype.
-  const long double need = positions * 8 + (l < levels.size() ? (positions + 1) * 24 : 0);
+  // The last dense level's positions (int64), then the next level's parent array and what it builds for every
+  // parent whatever the data (a bitmap's or n:m's mask, n:m's positions): int64, its copy, the index dtype.
+  const long double fixed =
+      l < levels.size() ? static_cast<long double>(levels[l].kind->fixed_entries_per_parent(sizes[l])) : 0;
+  const long double need = positions * 8 + (l < levels.size() ? (positions * (1 + fixed) + 1) * 24 : 0);
   static const long double have = memory_limit_bytes();  // read once: a process's limit rarely moves
   if (have <= 0) return;
   constexpr long double GiB = 1024.0L * 1024.0L * 1024.0L;
   SCORCH_CHECK(need <= have,
                "packing a tensor of shape ({}) in format {} needs about {:.0f} GiB for the index arrays of its "
-               "leading dense levels ({:.3g} positions), more than the {:.0f} GiB of memory this process may use; a format "
+               "leading dense levels ({:.3g} positions{}), more than the {:.0f} GiB of memory this process may use; a format "
                "whose first levels are compressed (dcsr, coo) stores only the nonempty ones",
                fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
-               static_cast<double>(positions), static_cast<double>(have / GiB));
+               static_cast<double>(positions),
+               fixed > 0 ? fmt::format(" and the {:.0f} entries the next level stores under each", static_cast<double>(fixed)) : "",
+               static_cast<double>(have / GiB));
 }
 
 // Sort order of the tuples by level coordinates (lexicographic, storage order).

@@ -434,8 +434,17 @@ TEST(LevelInterface, ToyLevelKindWorksThroughTheGenericMachinery) {
   EXPECT_EQ(unpack(g, shape, spans(q.buffers), q.value_count), (std::vector<int64_t>{0, 2, 0, /*cols*/ 0, 1, 3}));
 }
 
-}  // namespace
-}  // namespace scorch
+// A bitmap's mask and an n:m level's mask and positions are built for every parent whatever the data: under
+// a dense level of 2^20 rows, 2^34 columns need 2^29 mask words a row (a bitmap) or 2^33 positions (2:4).
+TEST(Pack, FixedStorageUnderDenseLevelsCountsInTheMemoryCheck) {
+  const int64_t shape[2] = {int64_t{1} << 20, int64_t{1} << 34};
+  for (const char* text : {"dense(0),bitmap(1)", "dense(0),nm[2:4](1)"})
+    expect_error([&] { pack(Format::parse(text, 2), shape, std::vector<int64_t>{5, 1}, 1); },
+                 "entries the next level stores under each");
+  // The same columns under a compressed row level: nothing fixed per row, packed.
+  const int64_t small[2] = {4, int64_t{1} << 34};
+  EXPECT_EQ(pack(Format::parse("compressed(0),compressed(1)", 2), small, std::vector<int64_t>{1, 7}, 1).value_count, 1);
+}
 
 // A container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) lowers what pack() may plan
 // for; "max" and a limit above physical memory leave physical memory.
@@ -447,7 +456,6 @@ TEST(Pack, MemoryLimitReadsTheProcessCgroup) {
     fs::create_directories(p.parent_path());
     std::ofstream(p) << text;
   };
-  using scorch::memory_limit_bytes;
   const long double physical = memory_limit_bytes(root / "none", root / "nothing");
   ASSERT_GT(physical, 0);
   write(root / "proc-v2", "0::/box/one\n");
@@ -467,3 +475,6 @@ TEST(Pack, MemoryLimitReadsTheProcessCgroup) {
   EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), physical);
   fs::remove_all(root);
 }
+
+}  // namespace
+}  // namespace scorch
