@@ -18,8 +18,8 @@ Default matrix: 400k x 400k, 16 nonzeros in every row (one at a random column of
 columns; 6.4M in all), float32 values, int32 indices, as in the measurement that motivated the hoisted
 checks. --compare-lib times another build of the same kernel in the same alternation (e.g. one compiled from
 an older commit's generated source, found in the kernel cache as KEY.cpp) so both see the same machine noise.
-(SpMM is left out: its register tiles keep a check per load, and its cost shows on benchmarks/spmm_yardstick.py,
-where the reference loop has no checks.)
+(SpMM is left out: its register tiles over a CSR-like operand are checked by chunks of rows as SpMV is, and
+what the checks cost it shows on benchmarks/spmm_yardstick.py, where the reference loop has none.)
 """
 
 from __future__ import annotations

@@ -53,7 +53,6 @@ import torch.nn.functional as F
 
 import scorch_backend as sb
 from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
-from scorch_backend.tools import datasets
 from scorch_backend.tools import zoo
 from scorch_backend.tools.timing import contention_probe, measure_interleaved
 from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
@@ -479,8 +478,8 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=None,
                    help="seconds after which a measurement stops early, once 3 calls were timed "
                         "(default 10, quick 1)")
-    p.add_argument("--data", default=str(datasets.DEFAULT_DATA),
-                   help="data folder with planetoid/ (default ../shared/data; a generated graph when absent)")
+    p.add_argument("--data", default=None,
+                   help="data folder with planetoid/ (default $SCORCH_DATA, else ../shared/data; a generated graph when absent)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: the zoo's test sizes (GCN: Cora), fewer repeats; the targets do not "
                         "apply")

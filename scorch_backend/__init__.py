@@ -15,7 +15,7 @@
 # The package in stages, each importing only from those above it in this list (docs/package.md):
 #   config, log, target, _native, cost_model   settings, logging, the machine, the native libraries, the model
 #   tensors/      SparseTensor, formats, conversions, the eager einsum and its op table, torch.sparse interop
-#   custom_ops/   the Python faces of the C++ ops scorch::kernel, scorch::region, scorch::masked_attention
+#   custom_ops/   the Python faces of the C++ ops scorch::kernel, scorch::region, scorch::chain, scorch::masked_attention
 #   compiler/     the torch.compile backend, its passes, TorchScript rewriting
 #   tools/        explain, plots, pruning, data sets, the timing harness and model zoo
 from ._native import ops, ops_library_path

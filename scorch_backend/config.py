@@ -14,7 +14,9 @@ the default.
                             every kernel a region uses, written under SCORCH_DUMP_DIR. The C++ runtime reads it
                             too (it prints each kernel it compiles at 1 and more).
     SCORCH_DUMP_DIR         the folder SCORCH_DEBUG=2 writes its dumps to (created if missing); default
-                            ./scorch_dump/<date-time>-<pid>/, one per process
+                            ./scorch_dump/<date-time>-<pid>/, one per process. The C++ runtime reads it too: the
+                            loop IR after each lowering pass goes to $SCORCH_DUMP_DIR/loop_ir (unset: the kernel
+                            cache's dumps/loop_ir; docs/loop_ir.md)
     SCORCH_DISPATCH         auto (default) | sparse | dense: the cost model's choice, or one side forced
     SCORCH_DENSE_CROSSOVER  a number in (0, 1]: overrides the calibrated crossover density
     SCORCH_DATA             a folder of real matrices (default ../shared/data beside the checkout)
@@ -31,7 +33,21 @@ Read by the C++ runtime (csrc/runtime), which checks its own:
     SCORCH_MEASURE          1 (default) | 0: under SCORCH_DISPATCH=auto, a region's first call at each size
                             times its kernel path against the dense one and keeps the faster (logged at INFO);
                             so does an eager einsum's first call whose density is near the crossover
+    SCORCH_JIT              1 (default) | 0: with 0 no kernel is compiled or read from the disk cache, only
+                            kernels of loaded bundles run (deployment; docs/deploy.md)
+    SCORCH_KERNEL_BUNDLES   kernel bundle files separated by ':', loaded at the first kernel no loaded bundle
+                            holds (for programs that never call load_kernels; docs/deploy.md)
     CXX                     the C++ compiler kernels are built with (default c++)
+
+Read by the benchmarks and tests only (not by the library):
+
+    SCORCH_FUZZ_AUTO_CASES, SCORCH_FUZZ_ISOLATE, SCORCH_TARGET_FUZZ_CASES, SCORCH_TEST_BACKEND
+                            test knobs, each described in the test file that reads it (tests/python)
+    SCORCH_SANITIZE_CACHE_DIR
+                            the kernel cache scripts/sanitize.sh uses
+    SCORCH_BENCH_BASELINE_ISA
+                            set by a benchmark when it re-executes itself with torch held to the target's
+                            instruction set (scorch_backend/tools/timing.py); not for users
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ Options:
                     (inputs cloned, RNG state restored)
   measure_inputs    True (default): measure the model's data inputs too (bags of words, sparse features);
                     each new input is measured again at run time and runs dense if it is not sparse
+  chains            "direct" (default) | "inference" | "always" | "never": where products joined by elementwise
+                    ops and sharing a sparse factor run as one chain region (docs/backend.md, "Chains")
+  sequences         True (default): where chains are on, a product left dense joins the region that reads its
+                    ReLU output compressed (linear -> ReLU -> linear as one chain)
 """
 
 from __future__ import annotations
