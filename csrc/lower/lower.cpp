@@ -409,14 +409,15 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         const std::string p_var = "p" + tag(id);
         // Prefetches only in the innermost loop of a tile (the one whose entries each feed the multiply-adds).
         if (current_sink_ == Sink::vtile && d == n - 2 && !cursor(id)) {
-          auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), K(id), KE(id));
+          const std::string flag = "pf_" + tag(id);
+          auto [before, pf] = vtile_prefetch(e, v, buf(parts.at(id).tensor, parts.at(id).level, "crd"), K(id), KE(id), flag);
           if (!pf.empty()) {
-            // Two loops, with and without the prefetches, chosen once per pass: testing pf_on in the loop
-            // cost small operands (whose rows stay cached, so pf_on is false) 1-5% on Zen 3.
+            // Two loops, with and without the prefetches, chosen once per pass: testing the flag in the loop
+            // cost small operands (whose rows stay cached, so the flag is false) 1-5% on Zen 3.
             Stmts with_pf = fbody;
             with_pf.insert(with_pf.begin() + 1, pf.begin(), pf.end());
             out.insert(out.end(), before.begin(), before.end());
-            out.push_back(loops::if_chain({V("pf_on"), nullptr}, {{loops::for_range(p_var, K(id), KE(id), with_pf)},
+            out.push_back(loops::if_chain({V(flag), nullptr}, {{loops::for_range(p_var, K(id), KE(id), with_pf)},
                                                                   {loops::for_range(p_var, K(id), KE(id), fbody)}}));
             continue;
           }

@@ -519,9 +519,11 @@ class Lowerer {
   // than this CPU's L2 (read at run time): below that the rows stay cached and prefetching costs more than
   // it saves (register_tile.cpp). Prefetches never fault, and the coordinate is range-checked anyway, so a bad index
   // buffer cannot make this read anything.
-  // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
+  // Returns the statement declaring `flag`, whether to prefetch (before the loop), and the prefetches (in its
+  // body). The flag is named after the loop's iterator: the leftover loops after a union's merge each declare
+  // theirs in the same scope.
   std::pair<Stmts, Stmts> vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const LExpr& k,
-                                         const LExpr& ke) const;
+                                         const LExpr& ke, const std::string& flag) const;
 
   // No level-format access of `e` has a level left at v (so the loop at v only reads strided operands).
   bool all_dense_here(const ExprPtr& e, const States& states, int v) const {

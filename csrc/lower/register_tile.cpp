@@ -14,7 +14,7 @@ namespace scorch::lowering {
 // buffer cannot make this read anything.
 // Returns the statement deciding whether to prefetch (before the loop) and the prefetches (in its body).
 std::pair<Stmts, Stmts> Lowerer::vtile_prefetch(const ExprPtr& e, int v, const std::string& crd_buf, const LExpr& k,
-                                                const LExpr& ke) const {
+                                                const LExpr& ke, const std::string& flag) const {
   std::vector<const Expr*> acc;
   ir::collect_accesses(e, acc);
   const int elem = spec_.f64 ? 8 : 4;
@@ -47,11 +47,11 @@ std::pair<Stmts, Stmts> Lowerer::vtile_prefetch(const ExprPtr& e, int v, const s
   constexpr int kMaxPrefetchTiles = 4;
   if (2 * machine_.tile_vectors >= machine_.registers())
     pf_on = loops::land(pf_on, loops::le(size_expr(tile_var_), I(static_cast<int64_t>(kMaxPrefetchTiles) * tile_columns())));
-  Stmts before{loops::decl("const bool", "pf_on", pf_on)};
+  Stmts before{loops::decl("const bool", flag, pf_on)};
   // The entry `distance` positions ahead (or the last), and its row when its coordinate is in range.
   const LExpr ahead = loops::add(k, I(distance));
   Stmts out{loops::if_then(
-      V("pf_on"),
+      V(flag),
       {loops::on_one_line({loops::decl("const int64_t", "pfp", loops::select(loops::lt(ahead, ke), ahead, loops::sub(ke, I(1)))),
                            loops::decl("const int64_t", "pfc", loops::load(V(crd_buf), V("pfp")))}),
        loops::if_then(loops::lt(loops::cast("uint64_t", V("pfc")), loops::cast("uint64_t", size_expr(v))), prefetches)})};

@@ -320,6 +320,8 @@ def einsum(equation: str, *operands, out_format=None):
         # and after a long kernel each is paid again in cache misses (docs/seam.md, "After a kernel").
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = tuple(operands[0])
+            if not operands:
+                raise ValueError("einsum needs at least one operand")
         result, why, plan = _C.einsum(equation, operands, "", _get_num_threads(), False, True)
         if result is not None:
             if why:  # SCORCH_DEBUG >= 1

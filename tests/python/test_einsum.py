@@ -113,6 +113,34 @@ def test_mttkrp_tile_over_two_reductions(fmt, width):
     assert not dense(out)[3].any()
 
 
+# A union of sparse terms inside a register tile: after the merge, each term's leftover loop decides on its
+# own prefetches, with a flag of its own (two flags of one name in one scope failed to compile).
+@pytest.mark.parametrize("width", [5, 64, 200])
+def test_union_of_sparse_terms_times_dense(width):
+    g = torch.Generator().manual_seed(width)
+    T1 = random_dense((64, 48), 0.1, dtype=torch.float32, seed=11)
+    T2 = random_dense((64, 48), 0.1, dtype=torch.float32, seed=12)
+    Bm = torch.randn(48, width, generator=g)
+    out = sb.compute("C(i,j) = (A(i,k) + A2(i,k)) * B(k,j)", A=sb.sparse(T1, "csr"), A2=sb.sparse(T2, "csr"), B=Bm)
+    check(out, (T1 + T2) @ Bm, sparse=False, rtol=1e-4, atol=1e-4)
+    out = sb.compute("C(i,j) = A(i,k) * B(k,j) - A2(i,k) * B(k,j)", A=sb.sparse(T1, "csr"), A2=sb.sparse(T2, "csr"),
+                     B=Bm)
+    check(out, (T1 - T2) @ Bm, sparse=False, rtol=1e-4, atol=1e-4)
+    U1 = random_dense((9, 8, 7), 0.3, dtype=torch.float32, seed=13)
+    U2 = random_dense((9, 8, 7), 0.3, dtype=torch.float32, seed=14)
+    Bk = torch.randn(8, width, generator=g)
+    Cl = torch.randn(7, width, generator=g)
+    out = sb.compute("M(i,j) = A(i,k,l) * B(k,j) * D(l,j) + A2(i,k,l) * B(k,j) * D(l,j)",
+                     A=sb.sparse(U1, "csf"), A2=sb.sparse(U2, "csf"), B=Bk, D=Cl)
+    check(out, torch.einsum("ikl,kj,lj->ij", U1 + U2, Bk, Cl), sparse=False, rtol=1e-4, atol=1e-4)
+
+
+def test_einsum_with_an_empty_operand_list_names_the_problem():
+    for call in (lambda: sb.einsum("ij->", []), lambda: sb.einsum("->", ()), lambda: sb.einsum("ij->")):
+        with pytest.raises(ValueError, match="einsum needs at least one operand"):
+            call()
+
+
 def test_batched_sparse_attention():
     mask = random_dense((2, 3, 9, 9), 0.3, dtype=torch.float32, seed=6)
     S = sb.sparse(mask, "csr")  # dense batch, head and row levels, compressed columns

@@ -62,11 +62,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const int64_t k0l1 = p0l1;
             const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t2_data[pfc * t2_st0 + jo * t2_st1] + 0);
@@ -145,11 +145,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const int64_t k0l1 = p0l1;
             const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t2_data[pfc * t2_st0 + jo * t2_st1] + 0);
@@ -201,11 +201,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const int64_t k0l1 = p0l1;
             const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t2_data[pfc * t2_st0 + jo * t2_st1] + 0);
@@ -244,11 +244,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const int64_t k0l1 = p0l1;
             const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t2_data[pfc * t2_st0 + jo * t2_st1] + 0);

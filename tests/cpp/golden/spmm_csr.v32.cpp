@@ -44,11 +44,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-              if (pf_on) {
+              const bool pf_0l1 = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+              if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  if (pf_on) {
+                  if (pf_0l1) {
                     const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
                     if ((uint64_t)pfc < (uint64_t)N2) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -121,11 +121,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-              if (pf_on) {
+              const bool pf_0l1 = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+              if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  if (pf_on) {
+                  if (pf_0l1) {
                     const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
                     if ((uint64_t)pfc < (uint64_t)N2) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -171,11 +171,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-              if (pf_on) {
+              const bool pf_0l1 = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+              if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  if (pf_on) {
+                  if (pf_0l1) {
                     const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
                     if ((uint64_t)pfc < (uint64_t)N2) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -208,11 +208,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              const bool pf_on = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
-              if (pf_on) {
+              const bool pf_0l1 = (N2 * t1_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+              if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  if (pf_on) {
+                  if (pf_0l1) {
                     const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
                     if ((uint64_t)pfc < (uint64_t)N2) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);

@@ -57,11 +57,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -134,11 +134,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -184,11 +184,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {}, va1 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
@@ -221,11 +221,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
             vec_t va0 = {};
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            const bool pf_on = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
-            if (pf_on) {
+            const bool pf_0l2 = (N3 * t1_st0) * 4 > l2_cache_bytes() && N2 <= 256;
+            if (pf_0l2) {
               for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
                 const int64_t k0l2 = p0l2;
-                if (pf_on) {
+                if (pf_0l2) {
                   const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
                   if ((uint64_t)pfc < (uint64_t)N3) {
                     __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
