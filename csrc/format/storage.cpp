@@ -173,13 +173,41 @@ Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int
 
   Packed out;
   std::vector<int64_t> parts{0, nt};  // the root owns all tuples
-  std::vector<int64_t> col(static_cast<size_t>(nt));
-  for (size_t l = 0; l < f.levels().size(); ++l) {
-    const auto& kind = *f.levels()[l].kind;
-    for (int64_t t = 0; t < nt; ++t) col[t] = lc[l][first[t]];
-    std::vector<std::vector<int64_t>> bufs(kind.buffer_names().size());
-    parts = kind.pack(parts, col, sizes[l], bufs);
-    for (auto& b : bufs) out.buffers.push_back(std::move(b));
+  const size_t nl = f.levels().size();
+  for (size_t l = 0; l < nl;) {
+    // A run of non-unique levels l..u-1 ending at a unique level u stores one position per distinct prefix of
+    // coordinates through u (COO's rows: a compressed[nonunique] level, singletons, the last one unique). When
+    // levels follow u, several tuples share such a prefix (compressed[nonunique](0),singleton(1),compressed(2)
+    // stores one (i, k) with its l's under it), so levels l..u are packed over those groups of tuples, not
+    // over the tuples: else the prefix would be stored once per tuple, repeated under a level that promises
+    // it unique. Sorted tuples keep each group contiguous, and every partition from above falls on group
+    // boundaries.
+    size_t u = l;
+    while (u < nl && !f.levels()[u].kind->properties().unique) ++u;
+    const bool grouped = u > l && u + 1 < nl;
+    const size_t last = grouped ? u : l;
+    std::vector<int64_t> start;  // first tuple of each group; start[groups] = nt
+    std::vector<int64_t> group_of(static_cast<size_t>(nt) + 1);
+    for (int64_t t = 0; t < nt; ++t) {
+      bool same = t > 0 && grouped;
+      for (size_t m = 0; same && m <= last; ++m) same = lc[m][first[t]] == lc[m][first[t - 1]];
+      if (!same) start.push_back(t);
+      group_of[t] = static_cast<int64_t>(start.size()) - 1;
+    }
+    group_of[nt] = static_cast<int64_t>(start.size());
+    start.push_back(nt);
+    std::vector<int64_t> gparts(parts.size());
+    for (size_t q = 0; q < parts.size(); ++q) gparts[q] = group_of[parts[q]];
+    std::vector<int64_t> col(start.size() - 1);
+    for (; l <= last; ++l) {
+      const auto& kind = *f.levels()[l].kind;
+      for (size_t g = 0; g + 1 < start.size(); ++g) col[g] = lc[l][first[start[g]]];
+      std::vector<std::vector<int64_t>> bufs(kind.buffer_names().size());
+      gparts = kind.pack(gparts, col, sizes[l], bufs);
+      for (auto& b : bufs) out.buffers.push_back(std::move(b));
+    }
+    parts.resize(gparts.size());
+    for (size_t q = 0; q < gparts.size(); ++q) parts[q] = start[gparts[q]];
   }
   out.value_count = static_cast<int64_t>(parts.size()) - 1;
   // Each leaf position owns at most one tuple; record where each tuple went.
@@ -277,6 +305,29 @@ void validate(const Format& f, std::span<const int64_t> shape, std::span<const I
   // Whole tuples must be in lexicographic order, and strictly so when the format is unique.
   const Walk w = walk(f, sizes, per_level, counts);
   const size_t nl = f.levels().size();
+  // And each unique level's prefixes (its positions' coordinates through it) strictly so: a unique level
+  // under non-unique ones (a COO's last row level above more levels) must not repeat a prefix, which the
+  // whole tuples' order does not see when the levels below differ.
+  // (Under unique levels only, each parent position is a distinct prefix already, and the level's own
+  // validate checks its coordinates unique within a parent.)
+  bool under_nonunique = false;
+  for (size_t l = 0; l + 1 < nl; ++l) {
+    const bool unique_level = f.levels()[l].kind->properties().unique;
+    const bool check = unique_level && under_nonunique;
+    under_nonunique = under_nonunique || !unique_level;
+    if (!check) continue;
+    std::vector<int64_t> a(l + 1), b(l + 1);
+    for (int64_t q = 1; q < counts[l]; ++q) {
+      for (int64_t m = static_cast<int64_t>(l), x = q, y = q - 1; m >= 0; --m) {
+        a[m] = w.coord[m][x];
+        b[m] = w.coord[m][y];
+        x = w.parent[m][x];
+        y = w.parent[m][y];
+      }
+      SCORCH_CHECK(b != a, "{} stores the coordinates ({}) twice, at positions {} and {}, but promises them unique",
+                   level_name(f, l), fmt::join(a, ", "), q - 1, q);
+    }
+  }
   std::vector<int64_t> prev(nl), cur(nl);
   const bool unique = f.unique();
   for (int64_t q = 0; q < value_count; ++q) {

@@ -446,6 +446,27 @@ TEST(Pack, FixedStorageUnderDenseLevelsCountsInTheMemoryCheck) {
   EXPECT_EQ(pack(Format::parse("compressed(0),compressed(1)", 2), small, std::vector<int64_t>{1, 7}, 1).value_count, 1);
 }
 
+// A unique level under a non-unique one, with levels below it: one position per distinct prefix through
+// it, the deeper levels' entries grouped under it (not the prefix repeated once per tuple).
+TEST(Pack, UniqueLevelUnderNonUniqueGroupsTheTuplesBelowIt) {
+  const Format f = Format::parse("compressed[nonunique](0),singleton(1),compressed(2)", 3);
+  const int64_t shape[3] = {3, 4, 5};
+  // (0,1,2), (0,1,4), (2,0,1), (0,1,3), (2,3,0): (0,1) holds three entries, (2,0) and (2,3) one each.
+  const std::vector<int64_t> coords{0, 0, 2, 0, 2, /*k*/ 1, 1, 0, 1, 3, /*l*/ 2, 4, 1, 3, 0};
+  const Packed p = pack(f, shape, coords, 5);
+  EXPECT_EQ(p.buffers[0], (std::vector<int64_t>{0, 3}));           // pos0: three (i, k) prefixes
+  EXPECT_EQ(p.buffers[1], (std::vector<int64_t>{0, 2, 2}));        // crd0
+  EXPECT_EQ(p.buffers[2], (std::vector<int64_t>{1, 0, 3}));        // crd1
+  EXPECT_EQ(p.buffers[3], (std::vector<int64_t>{0, 3, 4, 5}));     // pos2
+  EXPECT_EQ(p.buffers[4], (std::vector<int64_t>{2, 3, 4, 1, 0}));  // crd2
+  EXPECT_EQ(p.value_count, 5);
+  EXPECT_EQ(p.value_pos, (std::vector<int64_t>{0, 2, 3, 1, 4}));
+  validate(f, shape, spans(p.buffers), p.value_count);
+  // The layout that repeats (0, 1) under the unique singleton is refused.
+  const std::vector<std::vector<int64_t>> repeated{{0, 2}, {0, 0}, {1, 1}, {0, 1, 2}, {2, 4}};  // (0,1,2), (0,1,4)
+  expect_error([&] { validate(f, shape, spans(repeated), 2); }, "stores the coordinates (0, 1) twice");
+}
+
 // A container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) lowers what pack() may plan
 // for; "max" and a limit above physical memory leave physical memory.
 TEST(Pack, MemoryLimitReadsTheProcessCgroup) {

@@ -141,6 +141,27 @@ def test_einsum_with_an_empty_operand_list_names_the_problem():
             call()
 
 
+# A unique level under a non-unique one with levels below (COO rows over a compressed or dense level): one
+# position per distinct (i, k), the entries below grouped under it. Stored once per entry, products of two
+# such operands missed each other's entries (all zeros where 4 was due).
+@pytest.mark.parametrize("fmt", ["compressed[nonunique](0),singleton(1),compressed(2)",
+                                 "compressed[nonunique](0),singleton(1),dense(2)"])
+def test_unique_level_under_nonunique_prefix(fmt):
+    A = torch.zeros(1, 1, 2)
+    A[0, 0, 0], A[0, 0, 1] = 1, 2
+    B = torch.zeros(1, 1, 2)
+    B[0, 0, 1] = 2
+    check(sb.einsum("ikl,ikl->ikl", sb.sparse(A, fmt), sb.sparse(B, fmt)), A * B)
+    T1 = random_dense((6, 5, 7), 0.3, dtype=torch.float32, seed=21)
+    T2 = random_dense((6, 5, 7), 0.3, dtype=torch.float32, seed=22)
+    S1, S2 = sb.sparse(T1, fmt), sb.sparse(T2, fmt)
+    assert S1.level_buffers["crd1"].numel() == int((T1 != 0).any(2).sum())  # one position per (i, k)
+    check(S1, T1)
+    check(sb.einsum("ikl,ikl->ikl", S1, S2), T1 * T2)
+    Bm, Cm = torch.randn(5, 9), torch.randn(7, 9)
+    check(sb.einsum("ikl,kj,lj->ij", S1, Bm, Cm), torch.einsum("ikl,kj,lj->ij", T1, Bm, Cm), rtol=1e-4, atol=1e-4)
+
+
 def test_batched_sparse_attention():
     mask = random_dense((2, 3, 9, 9), 0.3, dtype=torch.float32, seed=6)
     S = sb.sparse(mask, "csr")  # dense batch, head and row levels, compressed columns
