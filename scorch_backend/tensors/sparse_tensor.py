@@ -74,7 +74,12 @@ class SparseTensor(torch.Tensor):
     _buffer_names: tuple[str, ...]
     _values: torch.Tensor
 
+    # Dynamo does not trace the construction (torch._dynamo.disable: a graph break, the constructor run as
+    # Python). Traced, it broke the graph at the C++ checks inside and resumed halfway, on an object without
+    # its buffers (an internal error under torch.compile(fullgraph=False) for sb.sparse or any sparse result).
+    # The wrapper costs about 0.2 us a construction outside torch.compile.
     @staticmethod
+    @torch._dynamo.disable
     def __new__(cls, format: Format, shape: Sequence[int], buffers: Sequence[torch.Tensor], values: torch.Tensor,
                 *, validate: bool = True, requires_grad: bool = False):
         shape = shape if isinstance(shape, torch.Size) else sizes_of(shape)

@@ -352,3 +352,21 @@ def test_converted_model_saves_and_loads(tmp_path):
     torch.save(bad, tmp_path / "bad.pt")
     with pytest.raises(ValueError):
         torch.load(tmp_path / "bad.pt")
+
+
+# Building a SparseTensor where torch.compile(fullgraph=False) traces: the construction is a graph break, run
+# as Python (Dynamo used to resume halfway through it and fail with an internal error on the unfinished
+# object): sb.sparse, a sparse einsum result and a sum of SparseTensors.
+def test_sparse_tensors_built_inside_compiled_functions():
+    eye = torch.eye(5)
+    made = torch.compile(lambda t: sb.sparse(t, "csr"), backend="eager")(eye)
+    assert isinstance(made, sb.SparseTensor)
+    torch.testing.assert_close(made.to_dense(), eye)
+    torch._dynamo.reset()
+    S = sb.sparse(eye * 3, "csr")
+    prod = torch.compile(lambda a: sb.einsum("ij,ij->ij", a, a), backend="eager")(S)
+    torch.testing.assert_close(prod.to_dense(), eye * 9)
+    torch._dynamo.reset()
+    total = torch.compile(lambda a, b: a + b, backend="eager")(S, sb.sparse(eye, "csr"))
+    torch.testing.assert_close(total.to_dense(), eye * 4)
+    torch._dynamo.reset()
