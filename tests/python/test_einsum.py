@@ -162,6 +162,42 @@ def test_unique_level_under_nonunique_prefix(fmt):
     check(sb.einsum("ikl,kj,lj->ij", S1, Bm, Cm), torch.einsum("ikl,kj,lj->ij", T1, Bm, Cm), rtol=1e-4, atol=1e-4)
 
 
+# A summed index no sparse operand holds (l in ik,kl,lj->ij with A sparse) is contracted first among the dense
+# factors (dense ATen), then the product runs led by the sparse operand: as one loop nest it walked l for
+# every stored entry. Same values and gradients; MTTKRP, whose summed indices are all the tensor's, stays one
+# kernel.
+def test_dense_factors_are_contracted_first():
+    from scorch_backend import _C
+    A = random_dense((50, 40), 0.05, dtype=torch.float64, seed=31)
+    g = torch.Generator().manual_seed(31)
+    B = torch.randn(40, 30, dtype=torch.float64, generator=g, requires_grad=True)
+    C = torch.randn(30, 200, dtype=torch.float64, generator=g, requires_grad=True)
+    S = sb.sparse(A, "csr")
+    v = S.stored_values.detach().clone().requires_grad_()
+    out = sb.einsum("ik,kl,lj->ij", S.with_values(v), B, C)
+    check(out, A @ B.detach() @ C.detach(), sparse=False)
+    out.sum().backward()
+    Bd, Cd = B.detach().clone().requires_grad_(), C.detach().clone().requires_grad_()
+    Ad = A.clone().requires_grad_()
+    (Ad @ Bd @ Cd).sum().backward()
+    torch.testing.assert_close(B.grad, Bd.grad)
+    torch.testing.assert_close(C.grad, Cd.grad)
+    torch.testing.assert_close(S.with_values(v.grad).to_dense(), Ad.grad * (A != 0))
+    why = _C.einsum("ik,kl,lj->ij", (S, B.detach(), C.detach()), "", 1, True, True)[1]
+    assert "dense factors contracted first (kl,lj->" in why, why
+    # four factors, two summed indices outside the sparse one; a bfloat16 result stays bfloat16
+    D = torch.randn(200, 7, dtype=torch.float64, generator=g)
+    check(sb.einsum("ik,kl,lj,jm->im", S, B.detach(), C.detach(), D), A @ B.detach() @ C.detach() @ D, sparse=False)
+    Sb = sb.sparse(A.to(torch.bfloat16), "csr")
+    got = sb.einsum("ik,kl,lj->ij", Sb, B.detach().bfloat16(), C.detach().bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), (A @ B.detach() @ C.detach()).float(), rtol=5e-2, atol=5e-1)
+    T = sb.sparse(random_dense((6, 5, 7), 0.3, dtype=torch.float64, seed=32), "csf")
+    why = _C.einsum("ikl,kj,lj->ij", (T, torch.randn(5, 9, dtype=torch.float64), torch.randn(7, 9, dtype=torch.float64)),
+                    "", 1, True, True)[1]
+    assert "contracted first" not in why, why
+
+
 def test_batched_sparse_attention():
     mask = random_dense((2, 3, 9, 9), 0.3, dtype=torch.float32, seed=6)
     S = sb.sparse(mask, "csr")  # dense batch, head and row levels, compressed columns
