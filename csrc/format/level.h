@@ -100,6 +100,9 @@ class LevelKind {
     (void)size;
     return 0;
   }
+  // Exactly one position under each parent position (a singleton level): pack() groups the entries under a
+  // non-unique level by the coordinates through such levels (storage.cpp).
+  virtual bool one_child_per_parent() const { return false; }
 
   // Lowering capabilities (see LevelWalk). The expressions are C++ text over the level's buffer names.
   virtual LevelWalk walk() const { return LevelWalk::none; }

@@ -13,6 +13,7 @@ class SingletonLevel final : public LevelKind {
   std::vector<std::string> buffer_names() const override { return {"crd"}; }
   bool supports(LevelProperties) const override { return true; }
   // One child per parent, at the parent's own position.
+  bool one_child_per_parent() const override { return true; }
   LevelWalk walk() const override { return properties().ordered ? LevelWalk::iterate : LevelWalk::none; }
   bool range_from_buffers() const override { return false; }
 

@@ -175,17 +175,23 @@ Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int
   std::vector<int64_t> parts{0, nt};  // the root owns all tuples
   const size_t nl = f.levels().size();
   for (size_t l = 0; l < nl;) {
-    // A run of non-unique levels l..u-1 ending at a unique level u stores one position per distinct prefix of
-    // coordinates through u (COO's rows: a compressed[nonunique] level, singletons, the last one unique). When
-    // levels follow u, several tuples share such a prefix (compressed[nonunique](0),singleton(1),compressed(2)
-    // stores one (i, k) with its l's under it), so levels l..u are packed over those groups of tuples, not
-    // over the tuples: else the prefix would be stored once per tuple, repeated under a level that promises
-    // it unique. Sorted tuples keep each group contiguous, and every partition from above falls on group
-    // boundaries.
-    size_t u = l;
-    while (u < nl && !f.levels()[u].kind->properties().unique) ++u;
-    const bool grouped = u > l && u + 1 < nl;
-    const size_t last = grouped ? u : l;
+    // A non-unique level l stores one position per distinct prefix of coordinates through it and the levels
+    // with one child per parent right below it, up to the first unique one of those: COO's rows
+    // (compressed[nonunique], singletons, the last one unique) are whole tuples. When levels with more
+    // children follow (compressed[nonunique](0),singleton(1),compressed(2): one (i, k), its l's under it;
+    // compressed[nonunique](0),dense(1),...: one i, a dense row under it), several tuples share such a
+    // prefix, so levels l..last are packed over those groups of tuples, not over the tuples: else the prefix
+    // would be stored once per tuple, repeated under a level that promises it unique. Sorted tuples keep each
+    // group contiguous, and every partition from above falls on group boundaries.
+    size_t last = l;
+    const bool nonunique = !f.levels()[l].kind->properties().unique;
+    if (nonunique) {
+      while (last + 1 < nl && f.levels()[last + 1].kind->one_child_per_parent()) {
+        ++last;
+        if (f.levels()[last].kind->properties().unique) break;
+      }
+    }
+    const bool grouped = nonunique && last + 1 < nl;
     std::vector<int64_t> start;  // first tuple of each group; start[groups] = nt
     std::vector<int64_t> group_of(static_cast<size_t>(nt) + 1);
     for (int64_t t = 0; t < nt; ++t) {
@@ -305,9 +311,10 @@ void validate(const Format& f, std::span<const int64_t> shape, std::span<const I
   // Whole tuples must be in lexicographic order, and strictly so when the format is unique.
   const Walk w = walk(f, sizes, per_level, counts);
   const size_t nl = f.levels().size();
-  // And each unique level's prefixes (its positions' coordinates through it) strictly so: a unique level
-  // under non-unique ones (a COO's last row level above more levels) must not repeat a prefix, which the
-  // whole tuples' order does not see when the levels below differ.
+  // And each unique level's prefixes (its positions' coordinates through it) strictly increasing: a unique
+  // level under non-unique ones (a COO's last row level above more levels) must not repeat a prefix, nor
+  // store one after a greater one (between them, a position with an empty segment below hides either from
+  // the whole tuples' order).
   // (Under unique levels only, each parent position is a distinct prefix already, and the level's own
   // validate checks its coordinates unique within a parent.)
   bool under_nonunique = false;
@@ -324,8 +331,9 @@ void validate(const Format& f, std::span<const int64_t> shape, std::span<const I
         x = w.parent[m][x];
         y = w.parent[m][y];
       }
-      SCORCH_CHECK(b != a, "{} stores the coordinates ({}) twice, at positions {} and {}, but promises them unique",
-                   level_name(f, l), fmt::join(a, ", "), q - 1, q);
+      SCORCH_CHECK(std::lexicographical_compare(b.begin(), b.end(), a.begin(), a.end()),
+                   "{} stores the coordinates ({}) {} ({}) at positions {} and {}, but promises them unique and sorted",
+                   level_name(f, l), fmt::join(b, ", "), b == a ? "twice:" : "before", fmt::join(a, ", "), q - 1, q);
     }
   }
   std::vector<int64_t> prev(nl), cur(nl);

@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <functional>
 #include <map>
@@ -557,7 +558,10 @@ std::optional<DenseFirst> plan_dense_first(const std::string& equation, const st
   // The equations run over letters of their own (an ellipsis's indices have none); `why` uses the user's names.
   auto subscripts = [&](const std::vector<int>& vars, bool named) {
     std::string s;
-    for (int v : vars) s += named ? st.var_names[v] : std::string(1, letter(v));
+    for (int v : vars) {
+      const std::string& n = st.var_names[v];  // an ellipsis's indices are named by number: shown in brackets
+      s += !named ? std::string(1, letter(v)) : n.size() == 1 && std::isalpha(static_cast<unsigned char>(n[0])) ? n : "[" + n + "]";
+    }
     return s;
   };
   std::vector<int> kept;  // the contraction's result: the group's indices not summed away
@@ -596,7 +600,7 @@ std::shared_ptr<const std::optional<DenseFirst>> cached_dense_first(const std::s
 }  // namespace
 
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
-                   int64_t threads, bool explain, bool decide) {
+                   int64_t threads, bool explain, bool decide, bool dense_first) {
   const at::ScalarType result = result_dtype(ops);
   const at::ScalarType idx = index_dtype(ops);
   const bool f64 = compute_dtype(result) == at::kDouble;
@@ -609,16 +613,22 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   key += f64 ? "|d" : "|f";
   key += idx == at::kLong ? 'L' : 'I';
   append_descs(key, ops);
-  if (ops.size() >= 3) {
+  if (dense_first && ops.size() >= 3) {
     if (const auto df = cached_dense_first(key, equation, ops); df->has_value()) {
       const DenseFirst& d = **df;
+      // The contraction stays in the compute dtype (float32 for half types: an intermediate of a float16
+      // product may exceed float16's range where the result does not, as the one loop nest never stores it);
+      // the result is given the operands' result dtype again.
       std::vector<at::Tensor> factors;
       for (int t : d.group) factors.push_back(ops[t].values.to(compute_dtype(result)));
-      at::Tensor contracted = dense_einsum(d.dense_eq, factors).to(result);
+      at::Tensor contracted = dense_einsum(d.dense_eq, factors);
       std::vector<Operand> next;
       for (int t : d.rest) next.push_back(ops[t]);
       next.push_back(Operand{nullptr, contracted.sizes().vec(), {}, contracted});
       Outcome o = run_einsum(d.rest_eq, next, out_format, threads, explain, decide);
+      if (o.result.values.defined() && o.result.values.scalar_type() != result)
+        o.result.values = o.result.values.to(result);
+      o.plan = nullptr;  // the rest's plan is over another statement; `why` says what ran
       if (explain) o.why = d.why + "; then " + o.why;
       return o;
     }

@@ -77,8 +77,11 @@ struct Outcome {
 
 // einsum("ij,jk->ik", ...). `out_format`: "" infer, "strided" dense, else a format's text.
 // `decide` false skips the cost model: the sparse kernel runs (the caller decided).
+// `dense_first`: dense factors holding a summed index no sparse operand holds may be contracted first (ATen),
+// the rest then runs as a smaller product (executor.cpp, plan_dense_first). Only for the user's eager calls:
+// regions and attention run the kernels they planned (and bundled) ahead.
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
-                   int64_t threads, bool explain, bool decide = true);
+                   int64_t threads, bool explain, bool decide = true, bool dense_first = false);
 
 // How many einsum calls went each way since the process started (for tests and tools).
 struct RouteCounts {

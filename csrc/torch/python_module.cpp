@@ -336,7 +336,7 @@ py::tuple einsum_call(const std::string& equation, const py::sequence& operands,
   std::vector<glue::Operand> ops;
   if (!operands_from_py(operands, ops)) return py::make_tuple(py::none(), "python", py::none());
   explain = explain || scorch::debug_level() >= 1;
-  glue::Outcome o = glue::run_einsum(equation, ops, out_format, threads, explain, decide);
+  glue::Outcome o = glue::run_einsum(equation, ops, out_format, threads, explain, decide, /*dense_first=*/true);
   py::object plan = py::none();
   if (explain && o.plan) {  // the statement as the user's equation reads, operands named by position
     std::vector<int> ndims;

@@ -464,7 +464,20 @@ TEST(Pack, UniqueLevelUnderNonUniqueGroupsTheTuplesBelowIt) {
   validate(f, shape, spans(p.buffers), p.value_count);
   // The layout that repeats (0, 1) under the unique singleton is refused.
   const std::vector<std::vector<int64_t>> repeated{{0, 2}, {0, 0}, {1, 1}, {0, 1, 2}, {2, 4}};  // (0,1,2), (0,1,4)
-  expect_error([&] { validate(f, shape, spans(repeated), 2); }, "stores the coordinates (0, 1) twice");
+  expect_error([&] { validate(f, shape, spans(repeated), 2); }, "stores the coordinates (0, 1) twice: (0, 1)");
+  // A repeat with a position of an empty segment between the two is refused as well (out of order).
+  const int64_t small[3] = {1, 2, 2};
+  const std::vector<std::vector<int64_t>> apart{{0, 3}, {0, 0, 0}, {0, 1, 0}, {0, 1, 1, 2}, {0, 1}};
+  expect_error([&] { validate(f, small, spans(apart), 2); }, "stores the coordinates (0, 1) before (0, 0)");
+  // A dense level under a non-unique one: one position per distinct i, a dense row of j under it.
+  const Format g = Format::parse("compressed[nonunique](0),dense(1),compressed(2)", 3);
+  const int64_t gshape[3] = {1, 3, 2};
+  const Packed q = pack(g, gshape, std::vector<int64_t>{0, 0, /*j*/ 0, 2, /*k*/ 1, 0}, 2);
+  EXPECT_EQ(q.buffers[0], (std::vector<int64_t>{0, 1}));     // pos0
+  EXPECT_EQ(q.buffers[1], (std::vector<int64_t>{0}));        // crd0
+  EXPECT_EQ(q.buffers[2], (std::vector<int64_t>{0, 1, 1, 2}));  // pos2
+  EXPECT_EQ(q.buffers[3], (std::vector<int64_t>{1, 0}));     // crd2
+  validate(g, gshape, spans(q.buffers), q.value_count);
 }
 
 // A container's memory limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) lowers what pack() may plan

@@ -145,7 +145,10 @@ def test_einsum_with_an_empty_operand_list_names_the_problem():
 # position per distinct (i, k), the entries below grouped under it. Stored once per entry, products of two
 # such operands missed each other's entries (all zeros where 4 was due).
 @pytest.mark.parametrize("fmt", ["compressed[nonunique](0),singleton(1),compressed(2)",
-                                 "compressed[nonunique](0),singleton(1),dense(2)"])
+                                 "compressed[nonunique](0),singleton(1),dense(2)",
+                                 "compressed[nonunique](0),dense(1),compressed(2)",
+                                 "compressed[nonunique](0),dense(1),dense(2)",
+                                 "compressed[nonunique](0),compressed(1),compressed(2)"])
 def test_unique_level_under_nonunique_prefix(fmt):
     A = torch.zeros(1, 1, 2)
     A[0, 0, 0], A[0, 0, 1] = 1, 2
@@ -155,7 +158,9 @@ def test_unique_level_under_nonunique_prefix(fmt):
     T1 = random_dense((6, 5, 7), 0.3, dtype=torch.float32, seed=21)
     T2 = random_dense((6, 5, 7), 0.3, dtype=torch.float32, seed=22)
     S1, S2 = sb.sparse(T1, fmt), sb.sparse(T2, fmt)
-    assert S1.level_buffers["crd1"].numel() == int((T1 != 0).any(2).sum())  # one position per (i, k)
+    # one position per distinct prefix: (i, k) under a singleton, i under a dense or compressed level
+    groups = (T1 != 0).any(2).sum() if "singleton" in fmt else (T1 != 0).flatten(1).any(1).sum()
+    assert S1.level_buffers["crd0"].numel() == int(groups)
     check(S1, T1)
     check(sb.einsum("ikl,ikl->ikl", S1, S2), T1 * T2)
     Bm, Cm = torch.randn(5, 9), torch.randn(7, 9)
@@ -188,6 +193,13 @@ def test_dense_factors_are_contracted_first():
     # four factors, two summed indices outside the sparse one; a bfloat16 result stays bfloat16
     D = torch.randn(200, 7, dtype=torch.float64, generator=g)
     check(sb.einsum("ik,kl,lj,jm->im", S, B.detach(), C.detach(), D), A @ B.detach() @ C.detach() @ D, sparse=False)
+    # float16: the dense factors' product (2e6 here) is kept in float32, only the result is float16
+    Ah = torch.zeros(40, 30)
+    Ah[:, :10] = 1e-3
+    Bh, Ch = torch.full((30, 20), 100.0), torch.full((20, 30), 100.0)
+    got = sb.einsum("ik,kl,lj->ij", sb.sparse(Ah.half(), "csr"), Bh.half(), Ch.half())
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), Ah.half().float() @ Bh @ Ch, rtol=2e-3, atol=1.0)
     Sb = sb.sparse(A.to(torch.bfloat16), "csr")
     got = sb.einsum("ik,kl,lj->ij", Sb, B.detach().bfloat16(), C.detach().bfloat16())
     assert got.dtype == torch.bfloat16
