@@ -129,14 +129,25 @@ long double memory_limit_bytes(const std::string& proc_cgroup, const std::string
   long double have = 0;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) have = static_cast<long double>(pages) * static_cast<long double>(page);
-  // The process's own group, as /proc/self/cgroup names it (v2: "0::/path"; v1: "N:memory:/path"), then the
-  // mount's root, which is where a container sees its own group.
+  // The process's own group, as /proc/self/cgroup names it (v2: "0::/path"; v1: "N:controllers:/path" with
+  // memory among the comma-separated controllers), and every group above it (a limit set on a parent holds
+  // for its children), up to the mount's root, which is also where a container sees its own group.
   std::vector<std::string> files;
+  auto up_the_tree = [&](const std::string& base, std::string path, const char* file) {
+    for (;;) {
+      files.push_back(base + path + "/" + file);
+      const auto slash = path.find_last_of('/');
+      if (slash == std::string::npos || path.empty()) break;
+      path.resize(slash);
+    }
+  };
   std::ifstream groups(proc_cgroup);
   for (std::string line; std::getline(groups, line);) {
-    if (line.rfind("0::", 0) == 0) files.push_back(root + line.substr(3) + "/memory.max");
-    const auto at = line.find(":memory:");
-    if (at != std::string::npos) files.push_back(root + "/memory" + line.substr(at + 8) + "/memory.limit_in_bytes");
+    const auto a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",", path = line.substr(b + 1);
+    if (controllers == ",," && line.rfind("0:", 0) == 0) up_the_tree(root, path, "memory.max");
+    else if (controllers.find(",memory,") != std::string::npos) up_the_tree(root + "/memory", path, "memory.limit_in_bytes");
   }
   files.push_back(root + "/memory.max");
   files.push_back(root + "/memory/memory.limit_in_bytes");

@@ -507,6 +507,14 @@ TEST(Pack, MemoryLimitReadsTheProcessCgroup) {
   EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), 536870912.0L);
   write(root / "sys/memory.max", "garbage\n");
   EXPECT_EQ(memory_limit_bytes(root / "proc-v1", root / "sys"), physical);
+  // A limit on a parent group holds for its children; v1 lines may name several controllers.
+  write(root / "proc-v2-deep", "0::/box/one/two\n");
+  write(root / "sys/box/one/two/memory.max", "max\n");
+  write(root / "sys/box/one/memory.max", "1073741824\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v2-deep", root / "sys"), 1073741824.0L);
+  write(root / "proc-v1-multi", "7:cpu,memory:/box/three\n");
+  write(root / "sys/memory/box/three/memory.limit_in_bytes", "3221225472\n");
+  EXPECT_EQ(memory_limit_bytes(root / "proc-v1-multi", root / "sys"), 3221225472.0L);
   fs::remove_all(root);
 }
 
