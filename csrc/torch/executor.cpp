@@ -1,5 +1,6 @@
 #include "executor.h"
 #include "dense_einsum.h"
+#include "dense_first.h"
 #include "measured_choice.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -494,111 +495,6 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
 
 }  // namespace
 
-namespace {
-
-// Dense factors first. An index summed over that no sparse operand holds (ik,kl,lj->ij with A sparse: l) is
-// walked for every stored entry when the product runs as one loop nest: nnz x L x R multiply-adds. Contracted
-// first among the dense factors that hold it (dense ATen, K x L x R), the rest is a product led by the sparse
-// operands (nnz x R). Taken when the estimate at least halves; MTTKRP-like products, whose every summed index
-// is a sparse operand's, never split.
-struct DenseFirst {
-  std::string dense_eq;    // the dense factors' contraction
-  std::vector<int> group;  // the operands it takes
-  std::string rest_eq;     // the remaining product: the other operands in order, then the contraction's result
-  std::vector<int> rest;   // the other operands
-  std::string why;
-};
-
-std::optional<DenseFirst> plan_dense_first(const std::string& equation, const std::vector<Operand>& ops) {
-  bool any_sparse = false;
-  for (const auto& o : ops) any_sparse = any_sparse || o.sparse();
-  if (!any_sparse || ops.size() < 3) return std::nullopt;
-  std::vector<int> ndims;
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& o : ops) {
-    ndims.push_back(static_cast<int>(o.shape.size()));
-    shapes.push_back(o.shape);
-  }
-  const ir::Statement st = ir::parse_einsum(equation, ndims);
-  const std::vector<int64_t> sizes = ir::infer_var_sizes(st, shapes);
-  std::vector<const ir::Expr*> acc;
-  ir::collect_accesses(st.rhs, acc);
-  const int nv = st.num_vars();
-  if (acc.size() != ops.size() || nv > 52) return std::nullopt;
-  std::vector<const ir::Expr*> of(ops.size(), nullptr);
-  for (const ir::Expr* a : acc) of.at(a->tensor) = a;
-  std::vector<bool> in_sparse(nv), in_out(nv), reduced(nv), in_group(nv);
-  for (int v : st.out_vars) in_out[v] = true;
-  for (const ir::Expr* a : acc)
-    if (ops[a->tensor].sparse())
-      for (int v : a->vars) in_sparse[v] = true;
-  bool any = false;
-  for (int v = 0; v < nv; ++v) any = any || (reduced[v] = !in_out[v] && !in_sparse[v]);
-  if (!any) return std::nullopt;
-  DenseFirst d;
-  for (size_t t = 0; t < ops.size(); ++t) {
-    bool g = false;
-    for (int v : of[t]->vars) g = g || reduced[v];
-    (g ? d.group : d.rest).push_back(static_cast<int>(t));
-    if (g)
-      for (int v : of[t]->vars) in_group[v] = true;
-  }
-  double nnz = 0, outside = 1, dense = 1, after = 1;
-  for (const auto& o : ops)
-    if (o.sparse()) nnz += static_cast<double>(o.nnz());
-  for (int v = 0; v < nv; ++v) {
-    const double n = static_cast<double>(std::max<int64_t>(sizes[v], 1));
-    if (!in_sparse[v]) outside *= n;
-    if (in_group[v]) dense *= n;
-    if (!in_sparse[v] && !reduced[v]) after *= n;
-  }
-  const double fused = nnz * outside, split = dense + nnz * after;
-  if (!(2 * split < fused)) return std::nullopt;
-  auto letter = [](int v) { return static_cast<char>(v < 26 ? 'a' + v : 'A' + (v - 26)); };
-  // The equations run over letters of their own (an ellipsis's indices have none); `why` uses the user's names.
-  auto subscripts = [&](const std::vector<int>& vars, bool named) {
-    std::string s;
-    for (int v : vars) {
-      const std::string& n = st.var_names[v];  // an ellipsis's indices are named by number: shown in brackets
-      s += !named ? std::string(1, letter(v)) : n.size() == 1 && std::isalpha(static_cast<unsigned char>(n[0])) ? n : "[" + n + "]";
-    }
-    return s;
-  };
-  std::vector<int> kept;  // the contraction's result: the group's indices not summed away
-  for (int v = 0; v < nv; ++v)
-    if (in_group[v] && !reduced[v]) kept.push_back(v);
-  std::string shown_dense, shown_rest;
-  for (bool named : {false, true}) {
-    std::string& de = named ? shown_dense : d.dense_eq;
-    std::string& re = named ? shown_rest : d.rest_eq;
-    for (size_t k = 0; k < d.group.size(); ++k) de += (k ? "," : "") + subscripts(of[d.group[k]]->vars, named);
-    de += "->" + subscripts(kept, named);
-    for (int t : d.rest) re += subscripts(of[t]->vars, named) + ",";
-    re += subscripts(kept, named) + "->" + subscripts(st.out_vars, named);
-  }
-  d.why = fmt::format("dense factors contracted first ({}: about {:.3g} multiply-adds with the rest {}, against "
-                      "{:.3g} as one loop nest)", shown_dense, split, shown_rest, fused);
-  return d;
-}
-
-// The decision for a plan key (it depends on nothing the key does not hold).
-std::shared_ptr<const std::optional<DenseFirst>> cached_dense_first(const std::string& key, const std::string& equation,
-                                                                   const std::vector<Operand>& ops) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<const std::optional<DenseFirst>>> cache;
-  {
-    std::lock_guard lock(mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  auto d = std::make_shared<const std::optional<DenseFirst>>(plan_dense_first(equation, ops));
-  std::lock_guard lock(mu);
-  if (cache.size() >= kMaxCachedPlans) cache.clear();
-  return cache.emplace(key, std::move(d)).first->second;
-}
-
-}  // namespace
-
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
                    int64_t threads, bool explain, bool decide, bool dense_first) {
   const at::ScalarType result = result_dtype(ops);
@@ -614,7 +510,7 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   key += idx == at::kLong ? 'L' : 'I';
   append_descs(key, ops);
   if (dense_first && ops.size() >= 3) {
-    if (const auto df = cached_dense_first(key, equation, ops); df->has_value()) {
+    if (const auto df = dense_first_for(key, equation, ops); df->has_value()) {
       const DenseFirst& d = **df;
       // The contraction stays in the compute dtype (float32 for half types: an intermediate of a float16
       // product may exceed float16's range where the result does not, as the one loop nest never stores it);
