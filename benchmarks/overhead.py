@@ -24,6 +24,10 @@ the time it spent in its kernel (`_C.last_kernel_seconds`, read after the call);
 Every absolute time is the median of --repeats samples, each the mean of a batch of calls sized to take ~4 ms (at
 least 10 calls), after a warm-up; the contenders' batches alternate (rounds in a rotating order), so load from
 another process falls on all of them alike, and the kernel alone is timed by the same statistic (the mean of a batch, timed in C++).
+Every batch opens with --batch-warmup untimed calls of its own contender (6): the batch before it streams up to
+64 MB, and at 4096 the cost around the kernel takes several calls, not one, to come back down (BATCH_WARMUP's
+comment has the measurement). The first of those calls is timed too and printed on its own ("first call of a
+batch"): the cost around the kernel in the state another workload leaves.
 "Cold calls" times the smallest case again with a buffer twice the last-level cache written before every call:
 at 4096 a call follows a kernel that streamed megabytes (and ran long enough for other processes to evict the
 caches), so the interpreter's, the dispatcher's and Scorch's own code and data come back from memory; that
@@ -58,17 +62,27 @@ from scorch_backend.tools import timing  # noqa: E402
 
 
 MIN_CALLS = 10
+# Untimed calls that open every batch. The contender before streams up to 64 MB (the dense mm), and the cost
+# around a 4096 SpMM kernel comes back down only over several calls after that, not after one: measured call by
+# call in a batch (2 threads, Zen 5), 79, 46, 32, 20, 14, 11, 9.4, 8.6, 8.0, 7.7 us after three dense mms,
+# 55, 28, 16, 12, 9.7, 8.2, 8.0, 7.6 us after a 64 MB buffer was written, against 6.3 us for every call of a
+# batch that follows the same call. The first call after another contender is reported on its own.
+BATCH_WARMUP = 6
 
 
-def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, dict]:
-    """({name: median seconds per call}, {name: median seconds per call outside the kernel}) for `fns`.
+def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004, warmup: int = BATCH_WARMUP
+             ) -> tuple[dict, dict, dict]:
+    """({name: median seconds per call}, {name: median seconds per call outside the kernel}, {name: the same for
+    the first call of a batch}) for `fns`.
 
     A fn that takes an int times that many calls itself and returns their mean (the kernel alone, timed in
-    C++). Each sample is the mean of a batch of calls sized to take about `batch_s`; the contenders' batches
-    alternate, `repeats` rounds in a rotating order, so load from another process falls on all of them alike
-    and every contender is timed by the same statistic (the median of batch means). For a fn marked `split`
-    (it runs one Scorch kernel per call), every call's time minus the time that same call spent in its kernel
-    (`_C.last_kernel_seconds`) is a sample of the cost around the kernel: the kernel's own noise cancels."""
+    C++). Each sample is the mean of a batch of calls sized to take about `batch_s`, after `warmup` untimed calls
+    of the same fn; the contenders' batches alternate, `repeats` rounds in a rotating order, so load from another
+    process falls on all of them alike and every contender is timed by the same statistic (the median of batch
+    means). For a fn marked `split` (it runs one Scorch kernel per call), every timed call's time minus the time
+    that same call spent in its kernel (`_C.last_kernel_seconds`) is a sample of the cost around the kernel: the
+    kernel's own noise cancels. The first warm-up call of each batch, which follows another contender's batch,
+    gives the third dict: the cost around the kernel in the state another workload leaves."""
     names = list(fns)
     batch = {}
     for name, fn in fns.items():
@@ -85,14 +99,23 @@ def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, 
         batch[name] = max(MIN_CALLS, min(20000, int(batch_s / one)))
     samples: dict = {n: [] for n in names}
     around: dict = {n: [] for n in names if getattr(fns[n], "split", False)}
+    first: dict = {n: [] for n in around}
     clock = time.perf_counter
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn, b = fns[name], batch[name]
             if getattr(fn, "self_timed", False):
+                if warmup:
+                    fn(warmup)
                 samples[name].append(fn(b))
                 continue
             split = around.get(name)
+            for w in range(warmup):
+                t = clock()
+                fn()
+                d = clock() - t
+                if w == 0 and split is not None:
+                    first[name].append(d - _C.last_kernel_seconds())
             total = 0.0
             for _ in range(b):
                 t = clock()
@@ -103,7 +126,8 @@ def per_call(fns: dict, repeats: int, *, batch_s: float = 0.004) -> tuple[dict, 
                     split.append(d - _C.last_kernel_seconds())
             samples[name].append(total / b)
     return ({n: statistics.median(v) for n, v in samples.items()},
-            {n: statistics.median(v) for n, v in around.items()})
+            {n: statistics.median(v) for n, v in around.items()},
+            {n: statistics.median(v) for n, v in first.items() if v})
 
 
 def _split(fn):
@@ -138,7 +162,7 @@ def kernel_alone(n: int, kind: str, density: float, threads: int):
 
 
 def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: bool = False,
-        after_kernel=None) -> dict:
+        after_kernel=None, warmup: int = BATCH_WARMUP) -> dict:
     # Every case compiles _Product.forward twice (Scorch, Inductor): without a reset Dynamo's recompile limit
     # for that one code object is reached after four cases and the later ones would run uncompiled.
     torch._dynamo.reset()
@@ -168,7 +192,7 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: boo
 
     kernel.self_timed = True
     row = {"n": n, "kind": kind, "nnz": A.nnz}
-    times, around = per_call({
+    times, around, first = per_call({
         "kernel": kernel,
         "op": _split(lambda: torch.ops.scorch.kernel(plan["spec"], inputs, plan["var_sizes"], threads)),
         "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
@@ -177,9 +201,10 @@ def run(n: int, kind: str, density: float, threads: int, repeats: int, cold: boo
         "torch_csr": lambda: At @ rhs,
         "dense": lambda: dense @ rhs,
         "inductor": lambda: inductor(rhs),
-    }, repeats)
+    }, repeats, warmup=warmup)
     row.update(times)
     row["around_kernel"] = around
+    row["first_call_around_kernel"] = first
     small = {
         "einsum": _split(lambda: sb.einsum(eq, A, rhs)),
         "region": _split(lambda: torch.ops.scorch.region(text, operands)),
@@ -239,6 +264,8 @@ def main(argv=None) -> int:
     p.add_argument("--density", type=float, default=0.05)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=41)
+    p.add_argument("--batch-warmup", type=int, default=BATCH_WARMUP,
+                   help="untimed calls opening every batch (the first one is reported on its own)")
     p.add_argument("--target", default=None, help="kernel target (default: SCORCH_TARGET or native)")
     p.add_argument("--out", default=None, help="JSON file for the results (default benchmarks/results/)")
     add_baseline_isa_argument(p)
@@ -250,10 +277,12 @@ def main(argv=None) -> int:
         sb.set_target(args.target)
     print(sb.describe_machine(args.threads))
     print(baseline_isa)
-    print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches")
+    print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches, "
+          f"each after {args.batch_warmup} untimed calls")
     print(f"{'case':<14}{'nnz':>9}{'kernel':>10}{'op':>10}{'einsum':>10}{'region':>10}{'compiled':>10}"
           f"{'torch CSR':>11}{'CSR/einsum':>12} | around the kernel: {'op':>7}{'einsum':>9}{'region':>9}"
-          f"{'compiled':>10} | torch.compile wrapper (inductor - dense)")
+          f"{'compiled':>10} | first call of a batch: {'einsum':>7}{'region':>9} | torch.compile wrapper "
+          f"(inductor - dense)")
     rows = []
     sizes = [int(s) for s in args.sizes.split(",")]
     # The largest SpMM case's kernel, run alone before calls of the smallest case ("after a kernel" below).
@@ -261,14 +290,18 @@ def main(argv=None) -> int:
     for n in sizes:
         for kind in ("spmv", "spmm"):
             r = run(n, kind, args.density, args.threads, args.repeats, cold=n == min(sizes),
-                    after_kernel=big if n == min(sizes) else None)
+                    after_kernel=big if n == min(sizes) else None, warmup=args.batch_warmup)
             rows.append(r)
             us = {k: r[k] * 1e6 for k in ("kernel", "op", "einsum", "region", "compiled", "torch_csr")}
             a = {k: v * 1e6 for k, v in r["around_kernel"].items()}
+
+            def first(k, f=r["first_call_around_kernel"]):
+                return f"{f[k] * 1e6:.1f}u" if k in f else "-"
             print(f"{kind + ' ' + str(n):<14}{r['nnz']:>9}{us['kernel']:>9.1f}u{us['op']:>9.1f}u{us['einsum']:>9.1f}u"
                   f"{us['region']:>9.1f}u{us['compiled']:>9.1f}u{us['torch_csr']:>10.1f}u"
                   f"{r['torch_csr'] / r['einsum']:>11.2f}x | {'':>19}{a['op']:>6.1f}u{a['einsum']:>8.1f}u"
-                  f"{a['region']:>8.1f}u{a['compiled']:>9.1f}u | {(r['inductor'] - r['dense']) * 1e6:>8.1f}u")
+                  f"{a['region']:>8.1f}u{a['compiled']:>9.1f}u | {'':>22}{first('einsum'):>7}{first('region'):>9} | "
+                  f"{(r['inductor'] - r['dense']) * 1e6:>8.1f}u")
             sys.stdout.flush()
     mb = 2 * last_level_cache_bytes() / 2**20
     print(f"\nCold calls: before each call a {mb:.0f} MB buffer (twice the last-level cache) is written, the state "
