@@ -26,6 +26,10 @@ Read by the C++ runtime (csrc/runtime), which checks its own:
     SCORCH_CACHE_DIR        the kernel and calibration disk cache (default $XDG_CACHE_HOME/scorch, else
                             ~/.cache/scorch)
     SCORCH_TARGET           the CPU kernels are compiled for: native (default), x86-64-v3, scalar, ...
+    SCORCH_GATHERS          auto (default) | hardware | soft: how vector loops read elements through an index
+                            (x[crd[p]] in a long row's sum): the gather instruction, or vectors built from
+                            scalar loads; auto measures both once per process and takes scalar loads where they
+                            are 10% faster (runtime/gather_probe.h)
     SCORCH_COMPILE_TIMEOUT  seconds one kernel compile may take (default 300; 0 = no limit)
     SCORCH_SANITIZE         0 (default) | 1: compile kernels with -fsanitize=address,undefined
     SCORCH_THREAD_GRAIN     elements a kernel call must touch per thread it starts (default 2048): small

@@ -223,6 +223,9 @@ struct If : Stmt {
 // `simd` asks the C++ compiler to vectorize; `reduction` names a scalar summed across iterations.
 // `unit_stride` (not printed): every load indexed by var reads consecutive elements as var steps, and
 // nothing else in the body depends on var; the vectorisation pass may then load vectors along it.
+// `gather_sum` (not printed): a row's sum over stored positions (its body: constant declarations, then
+// `reduction += value`), which reads some operands through coordinates; under soft gathers the vectorisation
+// pass builds its vectors itself.
 struct For : Stmt {
   std::string var;
   ExprPtr begin, cond;
@@ -230,11 +233,12 @@ struct For : Stmt {
   bool simd = false;
   std::string reduction;
   bool unit_stride = false;
+  bool gather_sum = false;
   Stmts body;
   For() : Stmt(StmtKind::For) {}
   template <class S, class F> static void fields(S& s, F&& f) {
     f("var", s.var); f("begin", s.begin); f("cond", s.cond); f("step", s.step); f("simd", s.simd);
-    f("reduction", s.reduction); f("unit_stride", s.unit_stride); f("body", s.body);
+    f("reduction", s.reduction); f("unit_stride", s.unit_stride); f("gather_sum", s.gather_sum); f("body", s.body);
   }
 };
 struct While : Stmt {

@@ -464,7 +464,10 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
           for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
           continue;
         }
-        out.push_back(loops::for_range(p_var, K(id), KE(id), fbody, false, vector_sum ? red : ""));
+        auto sum_loop = std::make_shared<loops::For>(
+            static_cast<const loops::For&>(*loops::for_range(p_var, K(id), KE(id), fbody, false, vector_sum ? red : "")));
+        sum_loop->gather_sum = vector_sum;
+        out.push_back(sum_loop);
         for (auto& c : cursor_finished(parts.at(id).tensor, parts.at(id).level, k(id))) out.push_back(c);
         continue;
       }

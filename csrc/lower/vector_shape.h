@@ -12,6 +12,9 @@ struct VectorShape {
   // 0: not given; kernels that size their tiles by it then assume twice tile_vectors (the rule
   // Target::tile_vectors follows).
   int vector_registers = 0;
+  // A row's vector sum reads its indexed operands (x[crd[p]]) into vectors with scalar loads rather than
+  // leaving the loop to the C++ compiler, which uses the gather instruction (pass_vectorize.cpp).
+  bool soft_gathers = false;
 
   int registers() const { return vector_registers > 0 ? vector_registers : 2 * tile_vectors; }
 };

@@ -35,7 +35,7 @@ namespace {
 
 constexpr const char* kMagic = "SCORCH-KERNEL-BUNDLE";
 constexpr int kFormatVersion = 1;
-constexpr const char* kManifestFormat = "scorch-kernel-bundle-2";
+constexpr const char* kManifestFormat = "scorch-kernel-bundle-3";  // 3: the gathers line
 constexpr size_t kMaxBundleBytes = size_t(1) << 30;
 constexpr size_t kMaxHeaderBytes = 160;
 
@@ -53,9 +53,10 @@ struct IndexEntry {
 
 std::string render_manifest(const BundleInfo& b) {
   std::string m = fmt::format("format {}\narch {}\ntarget {}\ntarget_flags {}\nvector_bytes {}\ntile_vectors {}\nvector_registers {}\n"
-                              "isa {}\ncompiler {}\ncommand {}\nkernels {}\n",
+                              "gathers {}\nisa {}\ncompiler {}\ncommand {}\nkernels {}\n",
                               kManifestFormat, b.arch, b.target, b.target_flags, b.vector_bytes, b.tile_vectors, b.vector_registers,
-                              fmt::join(b.isa, " "), b.compiler, b.command, b.kernels.size());
+                              b.soft_gathers ? "soft" : "hardware", fmt::join(b.isa, " "), b.compiler, b.command,
+                              b.kernels.size());
   for (size_t i = 0; i < b.kernels.size(); ++i)
     m += fmt::format("kernel {} {} {}\n", i, b.kernels[i].source_hash, b.kernels[i].spec);
   return m;
@@ -135,6 +136,11 @@ BundleInfo parse_kernel_bundle(const std::string& bytes, const std::string& path
   b.vector_bytes = r.number("vector_bytes", 1 << 12);
   b.tile_vectors = r.number("tile_vectors", 64);
   b.vector_registers = r.number("vector_registers", 256);
+  {
+    const std::string g = r.take("gathers");
+    if (g != "soft" && g != "hardware") refuse(path, fmt::format("its manifest has gathers '{}' (soft or hardware)", g.substr(0, 20)));
+    b.soft_gathers = g == "soft";
+  }
   b.isa = split_words(r.take("isa"));
   b.compiler = r.take("compiler");
   b.command = r.take("command");
@@ -187,7 +193,7 @@ BundleInfo check_bundle(const std::string& bytes, const std::string& path, std::
     const auto& k = b.kernels[i];
     Lowered l;
     try {
-      l = lower_spec(k.spec, VectorShape{b.vector_bytes, b.tile_vectors, b.vector_registers});
+      l = lower_spec(k.spec, VectorShape{b.vector_bytes, b.tile_vectors, b.vector_registers, b.soft_gathers});
     } catch (const Error& e) {
       refuse(path, fmt::format("this Scorch does not take the spec of its kernel {} ('{}'): {}", i, k.spec, e.what()));
     }
@@ -324,6 +330,7 @@ BundleInfo build_kernel_bundle(const std::vector<std::string>& specs_in, const s
   b.vector_bytes = target.vector_bytes;
   b.tile_vectors = target.tile_vectors();
   b.vector_registers = target.vector_registers;
+  b.soft_gathers = target.soft_gathers;
   b.isa = target.isa;
   b.compiler = compiler_version();
   std::vector<std::string> flags = kernel_compile_flags(target);

@@ -34,6 +34,7 @@ struct BundleInfo {
   std::string path;
   std::string arch, target, target_flags, compiler, command;
   int vector_bytes = 0, tile_vectors = 0, vector_registers = 0;
+  bool soft_gathers = false;     // its kernels build indexed vectors from scalar loads (Target::soft_gathers)
   std::vector<std::string> isa;  // instruction-set features the code needs (runtime/cpu_features.h)
   std::vector<BundleKernel> kernels;
   size_t file_bytes = 0, library_bytes = 0;

@@ -445,9 +445,10 @@ std::shared_ptr<const CompiledKernel> get_kernel(const std::string& spec) {
     throw_error(e.kind(), fmt::format("{}\n(needed for kernel spec '{}', which is not in any loaded kernel bundle: "
                                       "{})", e.what(), spec, bundle_summary()));
   }
-  // A new target or sanitizer setting in this process: new kernels. The disk entry is verified once per
+  // A new target, gather form or sanitizer setting in this process: new kernels. The disk entry is verified once per
   // process and key; later calls are answered from here.
-  const std::string key = target->fingerprint + (settings.sanitize ? "\nsanitize\n" : "\n") + spec;
+  const std::string key = target->fingerprint + (settings.sanitize ? "\nsanitize" : "") +
+                          (target->soft_gathers ? "\nsoft gathers\n" : "\n") + spec;
   {
     std::lock_guard lock(mu);
     auto it = cache.find(key);

@@ -144,6 +144,15 @@ bool sanitize_kernels() {
   });
 }
 
+GatherMode gather_mode() {
+  return cached<GatherMode>("SCORCH_GATHERS", [](const std::string& v) {
+    if (v.empty() || v == "auto") return GatherMode::automatic;
+    if (v == "hardware") return GatherMode::hardware;
+    if (v == "soft") return GatherMode::soft;
+    throw_error(ErrorKind::value, fmt::format("SCORCH_GATHERS='{}': expected one of auto, hardware, soft", v));
+  });
+}
+
 std::string target_setting() {
   const std::string v = raw("SCORCH_TARGET");
   return v.empty() ? "native" : v;

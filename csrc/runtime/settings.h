@@ -45,6 +45,13 @@ double compile_timeout_seconds();
 // SCORCH_SANITIZE: 1 compiles kernels with -fsanitize=address,undefined; 0 (default) does not.
 bool sanitize_kernels();
 
+// SCORCH_GATHERS: how vector code reads elements through an index (x[crd[p]] in a row's sum): auto (default:
+// vectors built from scalar loads where that measured faster than the CPU's gather instruction when the target
+// was resolved, runtime/gather_probe.h) | hardware (the compiler's gather instructions) | soft (vectors built
+// from scalar loads). Anything else is a ValueError naming the variable.
+enum class GatherMode { automatic, hardware, soft };
+GatherMode gather_mode();
+
 // SCORCH_TARGET: the kernel target's name as set ("native" when unset); target.cpp checks it.
 std::string target_setting();
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,7 @@
 #include "common/error.h"
 #include "common/hash.h"
 #include "runtime/cpu_features.h"
+#include "runtime/gather_probe.h"
 #include "runtime/process.h"
 #include "runtime/settings.h"
 
@@ -110,6 +112,14 @@ Target resolve_uncached(const std::string& name) {
   } else {
     t.vector_bytes = 0;
   }
+  // Gathers from scalar loads: where forced, or where the target's gather instruction (AVX2, AVX-512) runs on
+  // this CPU and measured slower.
+  const GatherMode gathers = gather_mode();
+  const bool has_gather = t.arch == "x86_64" && std::string(host_arch()) == "x86_64" &&
+                          (t.vector_bytes == 64 ? has("__AVX512F__") : t.vector_bytes == 32 && has("__AVX2__"));
+  t.soft_gathers = t.vector_bytes > 0 && (gathers == GatherMode::soft ||
+                                          (gathers == GatherMode::automatic && has_gather &&
+                                           soft_gathers_faster(t.vector_bytes)));
   if (t.arch == "x86_64") t.vector_registers = has("__AVX512F__") ? 32 : 16;
   else if (t.arch == "aarch64" || t.arch == "ppc64") t.vector_registers = 32;
   else t.vector_registers = t.vector_bytes ? 16 : 0;
@@ -150,7 +160,8 @@ int Target::tile_vectors() const {
 
 std::string Target::summary() const {
   return fmt::format("{}: {} {}; {}", name, arch, fmt::join(features, " "),
-                     vector_bytes ? fmt::format("{}-byte vectors x {} registers", vector_bytes, vector_registers)
+                     vector_bytes ? fmt::format("{}-byte vectors x {} registers{}", vector_bytes, vector_registers,
+                                                soft_gathers ? ", gathers from scalar loads" : "")
                                   : std::string("scalar code"));
 }
 
@@ -163,9 +174,9 @@ std::string target_name() {
 
 const Target& current_target() {
   static std::mutex cache_mu;
-  static std::map<std::pair<std::string, std::vector<std::string>>, std::unique_ptr<Target>> cache;
+  static std::map<std::tuple<std::string, std::vector<std::string>, GatherMode>, std::unique_ptr<Target>> cache;
   const std::string name = target_name();
-  const auto key = std::make_pair(name, compiler_command());
+  const auto key = std::make_tuple(name, compiler_command(), gather_mode());
   std::lock_guard lock(cache_mu);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;

@@ -25,6 +25,10 @@ struct Target {
                                       // what a CPU must have to run its code; recorded in kernel bundles
   int vector_bytes = 0;               // width of the vectors generated code uses; 0: scalar code only
   int vector_registers = 0;           // architectural vector registers of that width
+  // Indexed reads in vector loops build their vectors from scalar loads instead of the gather instruction
+  // (SCORCH_GATHERS; by default where that measured faster on this CPU, runtime/gather_probe.h). It changes
+  // the generated source, so the kernel cache key (a hash of the source) tells the two apart.
+  bool soft_gathers = false;
   std::string fingerprint;            // hash of every macro the compiler predefines + its version
 
   // Lanes of a vector of elements of `elem_bytes` bytes (1 for scalar targets).
@@ -32,7 +36,7 @@ struct Target {
   // Vector accumulators a register tile keeps live (leaves room for operands and addresses).
   int tile_vectors() const;
   // The shape lowering sizes vectors and register tiles by (width, tile accumulators, registers).
-  VectorShape vector_shape() const { return VectorShape{vector_bytes, tile_vectors(), vector_registers}; }
+  VectorShape vector_shape() const { return VectorShape{vector_bytes, tile_vectors(), vector_registers, soft_gathers}; }
   // "x86-64-v3: x86_64 avx avx2 fma ...; 32-byte vectors x 16 registers"
   std::string summary() const;
 };

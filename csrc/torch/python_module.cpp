@@ -234,6 +234,7 @@ py::dict target_dict(const scorch::Target& t) {
   d["features"] = t.features;
   d["vector_bytes"] = t.vector_bytes;
   d["vector_registers"] = t.vector_registers;
+  d["soft_gathers"] = t.soft_gathers;
   d["tile_vectors"] = t.tile_vectors();
   d["fingerprint"] = t.fingerprint;
   d["summary"] = t.summary();
@@ -452,6 +453,7 @@ py::dict bundle_dict(const scorch::BundleInfo& b) {
   d["vector_bytes"] = b.vector_bytes;
   d["tile_vectors"] = b.tile_vectors;
   d["vector_registers"] = b.vector_registers;
+  d["soft_gathers"] = b.soft_gathers;
   d["isa"] = b.isa;
   d["compiler"] = b.compiler;
   d["command"] = b.command;

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import scorch_backend as sb
+from scorch_backend import _C
 from conftest import random_dense
 
 NATIVE = sb.target_info("native")
@@ -85,6 +86,48 @@ def test_fuzz_under_target(target):
         rtol, atol = fz.tolerance(dtype)
         torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol,
                                    msg=lambda m: f"case {k} {eq} {formats} under {target['name']}: {m}")
+
+
+def long_rows(lengths, cols: int, dtype, seed: int) -> torch.Tensor:
+    """A dense matrix whose row r has lengths[r % len(lengths)] stored entries at random columns."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for r in range(2 * len(lengths)):
+        row = torch.zeros(cols, dtype=dtype)
+        at = torch.randperm(cols, generator=g)[: lengths[r % len(lengths)]]
+        row[at] = torch.randn(len(at), generator=g, dtype=dtype)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+GATHER_TARGETS = [pytest.param(t, marks=pytest.mark.skipif(runnable(t) is not None, reason=str(runnable(t))))
+                  for t in ("native", "x86-64-v3", "x86-64-v2")]
+
+
+@pytest.mark.parametrize("gathers", ["hardware", "soft"])
+@pytest.mark.parametrize("name", GATHER_TARGETS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_long_row_sums_under_both_gathers(monkeypatch, gathers, name, dtype):
+    """Rows long enough for the vector sum (its tier starts at 4 vectors a row on average), of every remainder
+    after pairs of vectors: the gather instruction's loop and the one built from scalar loads agree with torch."""
+    monkeypatch.setenv("SCORCH_GATHERS", gathers)
+    lengths = [64, 65, 79, 80, 95, 96, 97, 100, 127, 128, 129, 200, 33, 150]
+    A = long_rows(lengths, 300, dtype, seed=len(lengths))
+    x, y = torch.randn(300, dtype=dtype), torch.randn(300, dtype=dtype)
+    S = sb.sparse(A, "csr")
+    with sb.using_target(name) as info:
+        assert info["soft_gathers"] == (gathers == "soft" and info["vector_bytes"] > 0)
+        torch.testing.assert_close(sb.einsum("ij,j->i", S, x), A @ x)
+        torch.testing.assert_close(sb.einsum("ij,j,j->i", S, x, y), A @ (x * y))  # two gathered operands
+        spec = sb.plan_einsum("ij,j->i", S, x)["spec"]
+        source = _C.kernel_source(spec)
+        assert ("const vec_t g0_0 = {" in source) == info["soft_gathers"]
+
+
+def test_bad_gathers_setting_is_refused(monkeypatch):
+    monkeypatch.setenv("SCORCH_GATHERS", "fast")
+    with pytest.raises(ValueError, match="SCORCH_GATHERS='fast'"):
+        sb.target_info("native")
 
 
 def test_two_targets_two_cache_entries():
