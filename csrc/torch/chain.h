@@ -55,7 +55,8 @@ struct ChainProgram {
 // Parsed and checked once per text (ValueError naming the problem for a malformed or ungroupable chain).
 const ChainProgram& chain_program(const std::string& text);
 
-// The chain of one step: a region program run through the grouped runner (its grouped path). Interned.
+// The chain of one step: a region program run through the grouped runner (its grouped path). Interned. The
+// program's ReLUs are the caller's to apply to the operands first (region.cpp run_path does).
 const ChainProgram& grouped_region_chain(const std::string& region_text);
 
 // How a program groups: nullopt unless it has no addends, exactly one compressed factor, 2-D, and some operand

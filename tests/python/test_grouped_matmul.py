@@ -93,3 +93,21 @@ def test_gradient_runs_grouped_products_not_one_einsum_per_group():
 def test_zoo_moe_chain_trains_like_eager(name):
     case = zoo.make(name)
     check_model(case, options={"chains": "always"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grouped_path_of_a_region_that_applies_a_relu(monkeypatch, dtype):
+    """A region whose dense operand is relu(x) (the op applies the ReLU) and whose rule takes the grouped
+    path: the path applies the ReLU itself and runs the product grouped. The grouped runner refused the
+    program's ReLU flag (ValueError from scorch::chain on the first call)."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    monkeypatch.setenv("SCORCH_MEASURE", "0")
+    g = torch.Generator().manual_seed(3)
+    b, n, d, h = 512, 16, 32, 24
+    s = F.one_hot(torch.randint(0, n, (b,), generator=g), n).to(dtype)
+    x = torch.randn(b, d, dtype=dtype, generator=g)
+    w = torch.randn(n, d, h, dtype=dtype, generator=g)
+    text = P((O("pq", "sparse"), O("pd", relu=True), O("qdh")), "pqh", name="grouped_relu").text()
+    assert R.choose_path(text, [s, x, w]) == "grouped"
+    got = torch.ops.scorch.region(text, [s, x, w])
+    torch.testing.assert_close(got, torch.einsum("pq,pd,qdh->pqh", s, torch.relu(x), w))

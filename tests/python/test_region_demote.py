@@ -122,3 +122,42 @@ def test_column_major_operand_compressed_by_rows(monkeypatch):
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fake = torch.ops.scorch.region(text, [mode.from_tensor(x), mode.from_tensor(w)])
     assert out.stride() == fake.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [(3, 7), (2, 32), (8, 16)])
+def test_pruned_ffn_on_3d_input_compiled(dtype, batch):
+    """A transformer FFN with pruned weights on (batch, sequence, features), without gradients: its second
+    product reads a ReLU output (half zeros) against a pruned weight, and the activation is demoted to dense.
+    The default dispatch took the grouped path there, whose runner refused the program's ReLU flag (ValueError
+    from scorch::chain on the first call; the path now applies the ReLU first, test_grouped_matmul.py), and
+    grouping a linear by output feature runs one matrix-vector product per feature (60x slower than the
+    kernel): such a product is not grouped any more."""
+    import scorch_backend  # noqa: F401  (registers the backend)
+
+    torch.manual_seed(0)
+    d, h = 512, 1024
+
+    class FFN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+            with torch.no_grad():
+                for lin in (self.fc1, self.fc2):
+                    lin.weight.mul_((torch.rand_like(lin.weight) < 0.1).to(lin.weight.dtype))
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    model = FFN().to(dtype).eval()
+    x = torch.randn(*batch, d, dtype=dtype)
+    torch._dynamo.reset()
+    grouped = _C.region_stats()["grouped_runs"]
+    with torch.no_grad():
+        ref = model(x)
+        got = torch.compile(model, backend="scorch")(x)
+        again = torch.compile(model, backend="scorch")(x)
+    assert _C.region_stats()["grouped_runs"] == grouped
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(again, ref, rtol=tol, atol=tol)
