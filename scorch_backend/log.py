@@ -85,6 +85,13 @@ def sync() -> int:
     Called where a compile starts (the backend), so a change of the variable between compiles is seen.
     SCORCH_DEBUG >= 1 sets the level; unset or 0 sets WARNING unless the program chose a
     level of its own. Adds the stderr handler unless a handler of the program's is on `scorch`."""
+    debug = _configure()
+    drain()
+    return debug
+
+
+def _configure() -> int:
+    """sync() without handing over the runtime's queued messages."""
     global _applied_level, _dumping
     debug = config.debug_level()
     _dumping = debug >= 2
@@ -107,7 +114,6 @@ def sync() -> int:
             h = _StderrHandler()
             h.setFormatter(_Format())
             root.addHandler(h)
-    drain()
     return debug
 
 
@@ -120,8 +126,13 @@ _C.queue_log_messages(True)
 
 
 def drain() -> None:
-    """Log the runtime's queued messages (oldest first) under scorch.<name>."""
-    for level, name, text in _C.take_log_messages():
+    """Log the runtime's queued messages (oldest first) under scorch.<name>. A process that never compiled a
+    graph or made an eager call (one that only loads bundles and calls ops) has not configured `scorch` yet:
+    it is configured here first, so SCORCH_DEBUG=1 shows those messages too."""
+    messages = _C.take_log_messages()
+    if messages and _applied_level is None:
+        _configure()
+    for level, name, text in messages:
         get(name).log(level, text)
 
 

@@ -110,8 +110,9 @@ class CompressedLevel final : public LevelKind {
   int64_t check_lengths(std::span<const IndexSpan> b, int64_t parent_count, int64_t,
                         const std::string& where) const override {
     SCORCH_CHECK(b[0].size == parent_count + 1, "{}: pos has {} entries, expected {}", where, b[0].size, parent_count + 1);
-    SCORCH_CHECK(b[0][0] == 0 && b[1].size == b[0][parent_count], "{}: crd has {} entries but pos[-1] is {}", where,
-                 b[1].size, b[0][parent_count]);
+    SCORCH_CHECK(b[0][0] == 0, "{}: pos[0] must be 0, got {}", where, b[0][0]);
+    SCORCH_CHECK(b[1].size == b[0][parent_count], "{}: crd has {} entries but pos[-1] is {}", where, b[1].size,
+                 b[0][parent_count]);
     return b[0][parent_count];
   }
 

@@ -64,6 +64,20 @@ std::string render_manifest(const BundleInfo& b) {
 
 bool one_line(const std::string& s) { return s.find_first_of("\n\r") == std::string::npos; }
 
+// Text from a file, for a message: control characters shown as escapes ("format x\r" from a file whose line
+// endings were changed to CRLF would otherwise read as the very value expected), at most `max` characters.
+std::string shown(const std::string& s, size_t max = 60) {
+  std::string out;
+  for (char c : s.substr(0, max)) {
+    if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    else out += c;
+  }
+  return out;
+}
+
 std::vector<std::string> split_words(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream in(s);
@@ -81,7 +95,7 @@ struct ManifestReader {
     const std::string& l = lines[at++];
     if (l.compare(0, key.size() + 1, key + " ") != 0 && l != key)
       refuse(path, fmt::format("its manifest has '{}' where '{}' belongs (another Scorch version, or damaged)",
-                               l.substr(0, 60), key));
+                               shown(l), key));
     return l.size() > key.size() ? l.substr(key.size() + 1) : "";
   }
   int number(const std::string& key, int max) {
@@ -129,7 +143,7 @@ BundleInfo parse_kernel_bundle(const std::string& bytes, const std::string& path
     for (std::string l; std::getline(in, l);) r.lines.push_back(l);
   }
   if (const std::string f = r.take("format"); f != kManifestFormat)
-    refuse(path, fmt::format("its manifest has format '{}', this Scorch reads '{}'", f, kManifestFormat));
+    refuse(path, fmt::format("its manifest has format '{}', this Scorch reads '{}'", shown(f), kManifestFormat));
   b.arch = r.take("arch");
   b.target = r.take("target");
   b.target_flags = r.take("target_flags");
@@ -138,7 +152,8 @@ BundleInfo parse_kernel_bundle(const std::string& bytes, const std::string& path
   b.vector_registers = r.number("vector_registers", 256);
   {
     const std::string g = r.take("gathers");
-    if (g != "soft" && g != "hardware") refuse(path, fmt::format("its manifest has gathers '{}' (soft or hardware)", g.substr(0, 20)));
+    if (g != "soft" && g != "hardware")
+      refuse(path, fmt::format("its manifest has gathers '{}' (soft or hardware)", shown(g, 20)));
     b.soft_gathers = g == "soft";
   }
   b.isa = split_words(r.take("isa"));
@@ -229,11 +244,17 @@ void* load_library_bytes(const std::string& library, const std::string& path, st
     }
     ::close(fd);
   }
-  const std::string dir = kernel_cache_dir();
-  fileio::make_dirs(dir);
-  how = "private copy in " + dir + " (memfd: " + memfd_error + ")";
-  return fileio::load_private_copy(dir, "bundle-" + content_hash(library).substr(0, 16), library,
-                                   "kernel bundle " + path);
+  // A memfd that cannot be mapped executable (a noexec policy): a private file copy instead. When that fails
+  // too, the library itself does not load (both reasons are given): the bundle is refused, as any other.
+  try {
+    const std::string dir = kernel_cache_dir();
+    fileio::make_dirs(dir);
+    how = "private copy in " + dir + " (memfd: " + memfd_error + ")";
+    return fileio::load_private_copy(dir, "bundle-" + content_hash(library).substr(0, 16), library,
+                                     "kernel bundle " + path);
+  } catch (const Error& e) {
+    refuse(path, fmt::format("its library does not load: {} (from a memfd: {})", e.what(), memfd_error));
+  }
 }
 
 struct Registry {

@@ -81,16 +81,17 @@ bool read_regular_file(const std::string& path, size_t limit, std::string& out, 
 }
 
 void make_dirs(const std::string& path) {
-  std::string at;
+  std::string at, why;  // why: the first part that could not be made, and the reason
   for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!at.empty()) ::mkdir(at.c_str(), 0755);
-    }
+    if ((i == path.size() || path[i] == '/') && !at.empty() && ::mkdir(at.c_str(), 0755) != 0 && errno != EEXIST &&
+        why.empty())
+      why = fmt::format("{}: {}", at, std::strerror(errno));
     if (i < path.size()) at += path[i];
   }
   struct stat sb;
-  SCORCH_CHECK(::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode), "cannot create the kernel cache directory {}",
-               path);
+  if (::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) return;
+  if (::stat(path.c_str(), &sb) == 0) why = "it exists and is not a directory";
+  SCORCH_CHECK(false, "cannot create the kernel cache directory {} ({})", path, why.empty() ? "reason unknown" : why);
 }
 
 std::string json_string(const std::string& s) {

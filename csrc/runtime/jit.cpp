@@ -318,6 +318,31 @@ static std::string loop_ir_dump_dir() {  // SCORCH_DUMP_DIR, else dumps/ in the 
   return kernel_cache_dir() + "/dumps/loop_ir";
 }
 
+// Under SCORCH_DEBUG=2, where the IR after each pass goes. A folder that cannot be made or a file that cannot
+// be written is a warning (once a process), never an error: debugging output must not stop a working run.
+static PassDump loop_ir_dump(const std::string& text, const VectorShape& machine) {
+  static std::atomic<bool> warned{false};
+  auto warn = [](const std::string& why) {
+    if (!warned.exchange(true)) log_message(30, "kernel", fmt::format("loop IR dumps are not written: {}", why));
+  };
+  PassDump dump;
+  try {
+    dump = dump_to_folder(loop_ir_dump_dir(),
+                          content_hash(fmt::format("{}\n{} {} {} {}", text, machine.vector_bytes, machine.tile_vectors,
+                                                   machine.vector_registers, machine.soft_gathers)).substr(0, 16), text);
+  } catch (const Error& e) {
+    warn(e.what());
+    return nullptr;
+  }
+  return [dump, warn](int number, const std::string& pass, const std::string& ir) {
+    try {
+      dump(number, pass, ir);
+    } catch (const Error& e) {
+      warn(e.what());
+    }
+  };
+}
+
 Lowered lower_spec(const std::string& text, const VectorShape& machine) {
   if (is_grouped_product_spec(text)) {  // a fixed kernel outside the pipeline (codegen/emit_grouped.h)
     Lowered l;
@@ -330,9 +355,7 @@ Lowered lower_spec(const std::string& text, const VectorShape& machine) {
   // SCORCH_DEBUG=2 the IR after each pass goes to <dump dir>/<hash of spec and vector shape>.<NN>-<pass>.txt.
   l.schedule = make_schedule(l.spec);
   PassDump dump;
-  if (debug_level() >= 2)
-    dump = dump_to_folder(loop_ir_dump_dir(),
-                          content_hash(fmt::format("{}\n{} {} {}", text, machine.vector_bytes, machine.tile_vectors, machine.vector_registers)).substr(0, 16), text);
+  if (debug_level() >= 2) dump = loop_ir_dump(text, machine);
   l.kernel = run_pipeline(l.spec, l.schedule, machine, dump).facts;
   l.source = emit_cpp(l.spec, l.kernel, machine.vector_bytes);
   return l;

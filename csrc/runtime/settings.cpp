@@ -164,7 +164,8 @@ std::string path_setting(const char* name) {
   for (const char* k : kPaths) known = known || std::string(k) == name;
   SCORCH_ASSERT(known, "path_setting: {} is not one of Scorch's path variables", name);
   const char* v = std::getenv(name);
-  return v ? v : "";
+  if (raw(name).empty()) return "";  // blanks only: unset, as for the other variables (not a folder named " ")
+  return v;
 }
 
 namespace {

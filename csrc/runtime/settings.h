@@ -55,7 +55,7 @@ GatherMode gather_mode();
 // SCORCH_TARGET: the kernel target's name as set ("native" when unset); target.cpp checks it.
 std::string target_setting();
 
-// A path variable as set (not trimmed: a path may hold blanks), "" when unset: SCORCH_CACHE_DIR (the kernel
+// A path variable as set (not trimmed: a path may hold blanks), "" when unset or blanks only: SCORCH_CACHE_DIR (the kernel
 // cache), SCORCH_DUMP_DIR (where SCORCH_DEBUG=2 writes), SCORCH_KERNEL_BUNDLES (bundles to load, ':'-separated).
 std::string path_setting(const char* name);
 

@@ -207,6 +207,7 @@ namespace {
 // a busy machine).
 
 int64_t threads_for(const std::vector<Operand>& ops, const std::vector<int64_t>& out_shape, int64_t threads) {
+  const int64_t grain = thread_grain();  // read (and checked) on every call, one thread or many
   if (threads <= 1) return threads;
   int64_t work = 1;
   for (auto s : out_shape) work *= s;
@@ -215,7 +216,7 @@ int64_t threads_for(const std::vector<Operand>& ops, const std::vector<int64_t>&
     if (!n) return threads;  // symbolic (tracing): the kernel is not run here
     work += *n;
   }
-  return std::clamp<int64_t>(work / thread_grain(), 1, threads);
+  return std::clamp<int64_t>(work / grain, 1, threads);
 }
 
 Operand run_kernel(const PlanEntry& e, const std::vector<Operand>& ops, int64_t threads, at::ScalarType result) {

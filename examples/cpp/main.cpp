@@ -94,8 +94,14 @@ int main(int argc, char** argv) {
   bool ok = argc >= 5;
   for (int i = 5; ok && i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--repeat" && i + 1 < argc) repeat = std::atoi(argv[++i]);
-    else if (a == "--no-freeze") freeze = false;
+    if (a == "--repeat" && i + 1 < argc) {
+      // A count of 1 to a million, digits only (atoi took "abc" and "-5" as 0 and wrapped 99999999999999).
+      const std::string n = argv[++i];
+      ok = !n.empty() && n.size() <= 7 && n.find_first_not_of("0123456789") == std::string::npos;
+      repeat = ok ? std::stoi(n) : 0;
+      ok = ok && repeat >= 1 && repeat <= 1000000;
+      if (!ok) std::cerr << "--repeat takes a count from 1 to 1000000, got '" << n << "'\n";
+    } else if (a == "--no-freeze") freeze = false;
     else ok = false;
   }
   if (!ok) {
@@ -110,9 +116,11 @@ int main(int argc, char** argv) {
     if (bundle == "@") {
       std::string& bytes = extra[kBundleExtraFile];
       if (bytes.empty()) throw std::runtime_error(model_path + " holds no kernel bundle (extra file scorch/kernels)");
-      std::cout << "kernels loaded: " << load_kernel_bytes(bytes, model_path + ":" + kBundleExtraFile) << "\n";
+      const int64_t n = load_kernel_bytes(bytes, model_path + ":" + kBundleExtraFile);  // printed once loaded
+      std::cout << "kernels loaded: " << n << "\n";
     } else if (bundle != "-") {
-      std::cout << "kernels loaded: " << load_kernels(bundle) << "\n";
+      const int64_t n = load_kernels(bundle);
+      std::cout << "kernels loaded: " << n << "\n";
     }
     model.eval();
     // Freezing folds the attributes into the graph as constants and lets TorchScript's passes simplify it (an

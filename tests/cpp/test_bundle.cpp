@@ -216,6 +216,25 @@ TEST_F(Bundle, DamagedOrForeignBundlesAreRefused) {
   e = error_of([&] { load_kernel_bundle(path_); });
   EXPECT_NE(e.find("cannot check"), std::string::npos) << e;
   EXPECT_NE(e.find("quantum-mmx"), std::string::npos) << e;
+  // A manifest whose line endings became CRLF: the carriage return is shown, not left invisible.
+  write_all(path_, rehashed(good, "scorch-kernel-bundle-3\n", "scorch-kernel-bundle-3\r\n"));
+  e = error_of([&] { load_kernel_bundle(path_); });
+  EXPECT_NE(e.find("has format 'scorch-kernel-bundle-3\\r'"), std::string::npos) << e;
+  // A library that is not one, its hash made consistent: refused (a ValueError), with the loader's reason.
+  {
+    const auto nl = good.find('\n');
+    std::istringstream head(good.substr(0, nl));
+    std::string magic, version, mbytes, lbytes, hash;
+    head >> magic >> version >> mbytes >> lbytes >> hash;
+    const std::string body = good.substr(nl + 1, std::stoul(mbytes)) + std::string(4096, 'x');
+    write_all(path_, fmt::format("{} {} {} {} {}\n", magic, version, mbytes, 4096, content_hash(body)) + body);
+    e = error_of([&] { load_kernel_bundle(path_); });
+    EXPECT_NE(e.find("refused: its library does not load"), std::string::npos) << e;
+  }
+  // The gather form must be one of the two.
+  write_all(path_, rehashed(good, "\ngathers ", "\ngathers sometimes-"));
+  e = error_of([&] { load_kernel_bundle(path_); });
+  EXPECT_NE(e.find("gathers 'sometimes-"), std::string::npos) << e;
   EXPECT_TRUE(bundled_kernels().empty());
   EXPECT_NE(error_of([&] { load_kernel_bundle(dir_ + "/no-such-bundle"); }).find("cannot read"), std::string::npos);
 }

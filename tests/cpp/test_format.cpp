@@ -142,6 +142,7 @@ TEST(Validate, CatchesBrokenBuffers) {
   expect_error([&] { validate(f, shape, spans(V{{0, 2, 2}, {1, 1}}), 2); }, "repeats");
   expect_error([&] { validate(f, shape, spans(V{{0, 1, 2}, {0, 3}}), 2); }, "out of range");
   expect_error([&] { validate(f, shape, spans(V{{0, 1, 2}, {0}}), 1); }, "crd has 1 entries but pos[-1] is 2");
+  expect_error([&] { validate(f, shape, spans(V{{-1, 1, 2}, {0, 1}}), 2); }, "pos[0] must be 0, got -1");
   expect_error([&] { validate(f, shape, spans(V{{0, 1}, {0}}), 1); }, "pos has 2 entries, expected 3");
   expect_error([&] { validate(f, shape, spans(V{{0, 1, 2}, {0, 1}}), 5); }, "values has 5 entries");
   expect_error([&] { validate(f, shape, spans(V{{0, 1, 2}}), 2); }, "stores 2 index buffers, got 1");

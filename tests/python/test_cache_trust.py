@@ -117,8 +117,16 @@ def test_foreign_library_under_a_key_is_rebuilt(built):
     mine.write_bytes(theirs.read_bytes())
     again = run_child(cache, SCORCH_DEBUG="1")
     assert again["y"] == EXPECTED and again["compiled"]
-    assert "content hash differs" in again["stderr"]
-    # The same with the other kernel's manifest copied along.
+    # (the size check catches it first when the two libraries' sizes differ, the content hash otherwise)
+    assert "content hash differs" in again["stderr"] or "the manifest records" in again["stderr"], again["stderr"]
+    # A library of the right size with one byte changed: only the content hash can tell.
+    data = bytearray(mine.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    mine.write_bytes(bytes(data))
+    again = run_child(cache, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"]
+    assert "content hash differs" in again["stderr"], again["stderr"]
+    # The other kernel's library with its manifest copied along.
     mine.write_bytes(theirs.read_bytes())
     (cache / f"{key_of(first)}.json").write_bytes((cache / f"{key_of(other)}.json").read_bytes())
     again = run_child(cache, SCORCH_DEBUG="1")
@@ -203,6 +211,27 @@ def test_bad_environment_is_a_clear_error(tmp_path, name, value):
     failed = run_child(tmp_path / "cache", **{name: value})
     assert failed["error"] == "ValueError", failed
     assert f"{name}='{value}'" in failed["message"]
+
+
+def test_a_cache_that_cannot_be_a_directory_says_why(tmp_path):
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("")
+    failed = run_child(in_the_way)
+    assert failed["error"] == "ValueError", failed
+    assert "it exists and is not a directory" in failed["message"], failed
+    below = run_child(in_the_way / "cache")
+    assert below["error"] == "ValueError" and "Not a directory" in below["message"], below
+
+
+def test_a_blank_cache_variable_is_unset(tmp_path):
+    """SCORCH_CACHE_DIR=" " means the default cache (as blanks mean unset for every variable), not a folder
+    named " " in the working directory."""
+    env = child_env(tmp_path / "unused", SCORCH_CACHE_DIR=" ", XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    proc = subprocess.run([sys.executable, "-c", CHILD, "float32"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    result = finish(proc, proc.stdout, proc.stderr)
+    assert result["y"] == EXPECTED
+    assert not (tmp_path / " ").exists() and (tmp_path / "xdg" / "scorch").is_dir()
 
 
 def test_sanitized_kernels_in_a_plain_process_are_an_error_not_an_abort(tmp_path):

@@ -126,6 +126,14 @@ def test_cpp_program_refuses_a_damaged_bundle(scorch_deploy, example, tmp_path):
             deploy_env(tmp_path / "cache"))
     assert r.returncode == 1 and "refused" in r.stderr and "damaged" in r.stderr, r.stderr
     assert not (tmp_path / "outputs.pt").exists()
+    assert "kernels loaded" not in r.stdout, r.stdout  # (said only for a bundle that loaded)
+
+
+@pytest.mark.parametrize("count", ["abc", "-5", "0", "99999999999999", ""])
+def test_cpp_program_refuses_a_bad_repeat_count(scorch_deploy, example, tmp_path, count):
+    r = run(scorch_deploy, [example / "model.pt", example / "model.kernels", example / "inputs.pt",
+                            tmp_path / "outputs.pt", "--repeat", count], deploy_env(tmp_path / "cache"))
+    assert r.returncode == 2 and f"--repeat takes a count from 1 to 1000000, got '{count}'" in r.stderr, r.stderr
 
 
 def runs_from_bundle_alone(binary, tmp_path, bundle, expected) -> None:

@@ -311,3 +311,44 @@ def test_runtime_messages_reach_the_kernel_logger(monkeypatch, caplog):
     lines = [r for r in caplog.records if r.name == "scorch.kernel" and "index notation:" in r.getMessage()]
     assert lines, [r.getMessage()[:80] for r in caplog.records]
     assert "loop IR:" in lines[0].getMessage() and lines[0].levelno == logging.INFO
+
+
+_OP_ONLY = """
+import torch, scorch_backend
+from scorch_backend import _C
+spec = "out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f64; i64"
+pos, crd = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+vals, x = torch.tensor([2.0, 3.0], dtype=torch.float64), torch.tensor([1.0, 4.0], dtype=torch.float64)
+out = torch.ops.scorch.kernel(spec, [pos, crd, vals, x], [2, 2], 1)[0]
+assert out.tolist() == [8.0, 3.0], out
+print("ok")
+"""
+
+
+def _run_op_only(tmp_path, **env):
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if k not in ("SCORCH_DUMP_DIR", "SCORCH_DEBUG")}
+    full.update(SCORCH_CACHE_DIR=str(tmp_path / "cache"), **env)
+    return subprocess.run([sys.executable, "-c", _OP_ONLY], env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_debug_1_speaks_in_a_process_that_only_calls_ops(tmp_path):
+    """A deployment-style process (no compiled graph, no eager einsum: ops and bundles only) still has its
+    runtime's messages shown under SCORCH_DEBUG=1: the queue configures `scorch` the first time it hands any over."""
+    r = _run_op_only(tmp_path, SCORCH_DEBUG="1")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert "[scorch]" in r.stderr and "index notation:" in r.stderr, r.stderr[-2000:]
+    quiet = _run_op_only(tmp_path / "again", SCORCH_DEBUG="0")
+    assert quiet.returncode == 0 and "[scorch]" not in quiet.stderr, quiet.stderr[-2000:]
+
+
+def test_debug_2_with_an_unwritable_dump_folder_warns_and_runs(tmp_path):
+    """Debugging output must not stop a working run: the loop IR dump folder cannot be made (a file is in its
+    way), so the kernel still compiles and runs and one warning says why."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    r = _run_op_only(tmp_path, SCORCH_DEBUG="2", SCORCH_DUMP_DIR=str(blocker / "dumps"))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    assert r.stderr.count("loop IR dumps are not written") == 1, r.stderr[-2000:]
