@@ -304,8 +304,12 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
         // loop's head and tail than its partial sums save. Measured on Zen 4 (2 threads, SpMV, rows of a
         // fixed length, gathered vector loop over four interleaved scalar sums): 16-lane vectors 0.97-1.10x
         // at 32 entries, 1.34-1.46x at 64; 8-lane vectors 1.09-1.17x at 16, 1.6-2.5x at 32. Sixteen vectors
-        // (the earlier rule) left rows of 64-255 entries on the scalar loop at up to half the speed.
-        const int min_mean = 4 * vector_width();
+        // (the earlier rule) left rows of 64-255 entries on the scalar loop at up to half the speed. Vectors
+        // built from scalar loads (machine_.soft_gathers) pay from 2 vectors: on Zen 5 (2 threads, SpMV, kernel
+        // alone) DLMC's 90%-pruned layers (51 entries a row) ran 1.46-1.66x faster than as four scalar sums,
+        // rows of 32 and 48 entries 1.8-2.0x, native and x86-64-v3 alike; rows of 16 and 24 under 8 lanes
+        // were even (7.2/7.6, 10.4/10.2 us).
+        const int min_mean = (machine_.soft_gathers ? 2 : 4) * vector_width();
         tier_conds.push_back(mean_at_least("long_rows", min_mean));
         reasons_.push_back(fmt::format("reductions over rows of >= {} entries on average run as vector loops", min_mean));
       }

@@ -108,10 +108,10 @@ GATHER_TARGETS = [pytest.param(t, marks=pytest.mark.skipif(runnable(t) is not No
 @pytest.mark.parametrize("name", GATHER_TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_long_row_sums_under_both_gathers(monkeypatch, gathers, name, dtype):
-    """Rows long enough for the vector sum (its tier starts at 4 vectors a row on average), of every remainder
+    """Rows long enough for the vector sum (its tier starts at 2 or 4 vectors a row on average), of every remainder
     after pairs of vectors: the gather instruction's loop and the one built from scalar loads agree with torch."""
     monkeypatch.setenv("SCORCH_GATHERS", gathers)
-    lengths = [64, 65, 79, 80, 95, 96, 97, 100, 127, 128, 129, 200, 33, 150]
+    lengths = [64, 65, 79, 80, 95, 96, 97, 100, 127, 128, 129, 200, 33, 150, 0, 1, 5, 17]
     A = long_rows(lengths, 300, dtype, seed=len(lengths))
     x, y = torch.randn(300, dtype=dtype), torch.randn(300, dtype=dtype)
     S = sb.sparse(A, "csr")

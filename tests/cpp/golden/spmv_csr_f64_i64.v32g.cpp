@@ -35,7 +35,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
         if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
-        const bool long_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)16 * (hi0 - lo0);
+        const bool long_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)8 * (hi0 - lo0);
         const bool medium_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)12 * (hi0 - lo0);
         if (long_rows) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
