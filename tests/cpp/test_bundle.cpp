@@ -21,6 +21,7 @@
 #include "runtime/cpu_features.h"
 #include "runtime/jit.h"
 #include "runtime/settings.h"
+#include "test_util.h"
 
 namespace scorch {
 namespace {
@@ -28,15 +29,7 @@ namespace {
 const std::string kSpmv = "out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f64; i32";
 const std::string kAdd = "out(i0) = t0(i0) + t1(i0); t0=compressed(0); t1=compressed(0); out=compressed(0); f32; i64";
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
