@@ -270,6 +270,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON file for the results (default benchmarks/results/)")
     add_baseline_isa_argument(p)
     args = p.parse_args(argv)
+    if args.batch_warmup < 0:
+        p.error(f"--batch-warmup takes a count of 0 or more, got {args.batch_warmup}")
     baseline_isa = hold_baseline_isa(args.target, args.baseline_isa, reexec=argv is None)
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
     torch.set_num_threads(args.threads)

@@ -9,6 +9,8 @@
 // where value' loads a vector at each load along i (vload(&x[... (rb) ...] + q*w)) and keeps the other
 // loads as scalars, which broadcast. The vector width comes from the target (VectorShape); without vector
 // registers nothing changes (the loop keeps its simd reduction pragma for the C++ compiler).
+// Under VectorShape::soft_gathers, a row's sum over stored positions (For::gather_sum) is rewritten too, its
+// loads through coordinates built from scalar loads (soft_gather_sum below).
 #include <map>
 
 #include <fmt/format.h>

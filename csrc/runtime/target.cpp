@@ -1,6 +1,7 @@
 #include "runtime/target.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -23,6 +24,7 @@ namespace {
 
 std::mutex g_mu;
 std::string g_chosen;  // set_target(); empty: the environment decides
+std::atomic<uint64_t> g_epoch{1};  // kernel_config_epoch()
 
 bool valid_name(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -185,11 +187,31 @@ const Target& current_target() {
   return *cache.emplace(key, std::move(t)).first->second;
 }
 
+uint64_t kernel_config_epoch() {
+  static constexpr const char* kVars[] = {"SCORCH_TARGET", "SCORCH_GATHERS", "SCORCH_SANITIZE", "CXX"};
+  static std::mutex mu;
+  static std::string seen[4];
+  static bool set[4] = {};
+  const char* now[4];
+  for (int i = 0; i < 4; ++i) now[i] = std::getenv(kVars[i]);
+  std::lock_guard lock(mu);
+  bool changed = false;
+  for (int i = 0; i < 4; ++i) {
+    if ((now[i] != nullptr) == set[i] && (!set[i] || seen[i] == now[i])) continue;
+    changed = true;
+    set[i] = now[i] != nullptr;
+    seen[i] = set[i] ? now[i] : "";
+  }
+  if (changed) g_epoch.fetch_add(1);
+  return g_epoch.load();
+}
+
 void set_target(const std::string& name) {
   if (!name.empty() && name != "native") check_runnable(resolve_uncached(name), resolve_uncached("native"));
   {
     std::lock_guard lock(g_mu);
     g_chosen = name;
+    g_epoch.fetch_add(1);
   }
   if (!name.empty()) (void)current_target();
 }

@@ -9,6 +9,7 @@
 // of those macros, so two CPUs sharing one cache each get their own kernels.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,12 @@ std::string target_name();
 // name the compiler does not know fails now, not at the next kernel; so does a target whose instruction-set
 // features this CPU lacks (its kernels would die of SIGILL): targets can go down from native, not up.
 void set_target(const std::string& name);
+
+// A number that changes whenever the kernel get_kernel() would give for a spec may change: a set_target()
+// call, or a new value of SCORCH_TARGET, SCORCH_GATHERS, SCORCH_SANITIZE or CXX. A table that keeps kernels by
+// spec (the kernel op's) compares it on each call and asks get_kernel() again when it moved: four getenv()
+// and string compares, about 50 ns.
+uint64_t kernel_config_epoch();
 
 // Resolve a target by name without making it current (for tests and tools).
 Target resolve_target(const std::string& name);

@@ -22,6 +22,7 @@
 #include "format/storage.h"
 #include "lower/kernel_spec.h"
 #include "runtime/jit.h"
+#include "runtime/target.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -41,6 +42,7 @@ thread_local double last_kernel_s = 0.0;
 struct Entry {
   KernelSpec spec;
   std::shared_ptr<const CompiledKernel> kernel;
+  uint64_t epoch = 0;  // kernel_config_epoch() when the kernel was obtained
   std::string profile_name;
   std::vector<const ir::Expr*> accesses;              // of spec.stmt, in order
   std::vector<std::vector<std::string>> buffer_names;  // per operand
@@ -53,23 +55,34 @@ struct TextHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
+// An entry made under another target, gather form, sanitizer setting or compiler (kernel_config_epoch moved)
+// is made again: its kernel would be the old configuration's. The old entry is kept (a caller on another
+// thread may hold it), so the references handed out stay valid.
 const Entry& lookup(c10::string_view text_view) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::unique_ptr<Entry>, TextHash, std::equal_to<>> entries;
+  static std::vector<std::unique_ptr<Entry>> replaced;
   const std::string_view text(text_view.data(), text_view.size());
+  const uint64_t epoch = kernel_config_epoch();
   {
     std::lock_guard lock(mu);
     auto it = entries.find(text);
-    if (it != entries.end()) return *it->second;
+    if (it != entries.end() && it->second->epoch == epoch) return *it->second;
   }
   auto e = std::make_unique<Entry>();
   e->spec = KernelSpec::parse(std::string(text));
   e->kernel = get_kernel(std::string(text));
+  e->epoch = epoch;
   e->profile_name = "scorch::kernel " + e->kernel->statement;
   ir::collect_accesses(e->spec.stmt.rhs, e->accesses);
   for (const auto& s : e->spec.operands) e->buffer_names.push_back(s.strided() ? std::vector<std::string>{} : s.format->buffer_names());
   std::lock_guard lock(mu);
-  return *entries.emplace(std::string(text), std::move(e)).first->second;
+  auto it = entries.find(text);
+  if (it == entries.end()) return *entries.emplace(std::string(text), std::move(e)).first->second;
+  if (it->second->epoch == epoch) return *it->second;  // another thread made it meanwhile
+  replaced.push_back(std::move(it->second));
+  it->second = std::move(e);
+  return *it->second;
 }
 
 // Sorted, repeat-free coordinates into a format of dense levels then one compressed level (CSR, batched CSR,

@@ -17,6 +17,7 @@ from typing import Iterable
 
 import torch
 
+from .. import log as _log
 from .._native import _C
 
 
@@ -44,14 +45,18 @@ def load_bundle(path: str | os.PathLike) -> int:
     lacks, or made by a Scorch that generates different code for its specs is refused with a ValueError that
     says why; nothing of it is run.
     """
-    return int(torch.ops.scorch.load_kernels(os.fspath(path)))
+    n = int(torch.ops.scorch.load_kernels(os.fspath(path)))
+    _log.drain()  # the runtime's line for the bundle (SCORCH_DEBUG=1), now rather than at exit
+    return n
 
 
 def load_bundle_bytes(data: bytes, name: str = "<memory>") -> int:
     """`load_bundle` for a bundle held in memory (`torch.ops.scorch.load_kernel_bytes`); `name` stands for its
     path in messages."""
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    return int(torch.ops.scorch.load_kernel_bytes(t, name))
+    n = int(torch.ops.scorch.load_kernel_bytes(t, name))
+    _log.drain()
+    return n
 
 
 # The name of the bundle inside a TorchScript archive (an extra file); scorch_deploy reads it too.

@@ -335,8 +335,9 @@ def _run_op_only(tmp_path, **env):
 
 
 def test_debug_1_speaks_in_a_process_that_only_calls_ops(tmp_path):
-    """A deployment-style process (no compiled graph, no eager einsum: ops and bundles only) still has its
-    runtime's messages shown under SCORCH_DEBUG=1: the queue configures `scorch` the first time it hands any over."""
+    """A deployment-style process (no compiled graph, no eager einsum: ops only) still has its runtime's
+    messages shown under SCORCH_DEBUG=1, at exit at the latest: the queue configures `scorch` the first time
+    it hands any over."""
     r = _run_op_only(tmp_path, SCORCH_DEBUG="1")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
     assert "[scorch]" in r.stderr and "index notation:" in r.stderr, r.stderr[-2000:]

@@ -216,3 +216,37 @@ def test_spmm_with_a_dense_operand_larger_than_l2(name):
         torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), A @ B, rtol=1e-4, atol=1e-4)
         src = sb.kernel_info(sb.plan_einsum("ij,jk->ik", S, B)["spec"])
         assert "__builtin_prefetch" in open(src["source_path"]).read() or sb.target_info()["vector_bytes"] == 0
+
+
+_SWITCH = r"""
+import os, sys, torch, scorch_backend as sb
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(5)
+A = torch.randn(40, 500, generator=g) * (torch.rand(40, 500, generator=g) < 0.4)
+x = torch.randn(500, generator=g)
+S = sb.sparse(A, "csr")
+out = []
+for mode in sys.argv[1].split(","):
+    os.environ["SCORCH_GATHERS"] = mode
+    out.append(sb.einsum("ij,j->i", S, x))
+torch.save(out, sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(not NATIVE["vector_bytes"], reason="no vector target")
+def test_a_new_gather_setting_reaches_kernels_already_in_use(tmp_path):
+    """The kernel op keeps its kernels by spec; a changed SCORCH_GATHERS (or target) must reach a spec it has run
+    before. Float32 sums in the two forms add in different orders, so each form's bits are known from a process
+    that ran only that form."""
+    def run(modes):
+        path = tmp_path / f"{modes}.pt"
+        env = {**os.environ, "SCORCH_DISPATCH": "sparse"}
+        r = subprocess.run([sys.executable, "-c", _SWITCH, modes, str(path)], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return torch.load(path)
+
+    hardware, soft = run("hardware")[0], run("soft")[0]
+    assert not torch.equal(hardware, soft)  # (the test can tell the forms apart)
+    switched = run("hardware,soft,hardware")
+    assert torch.equal(switched[0], hardware) and torch.equal(switched[1], soft) and torch.equal(switched[2], hardware)
