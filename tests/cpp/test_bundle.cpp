@@ -30,11 +30,7 @@ const std::string kSpmv = "out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out
 const std::string kAdd = "out(i0) = t0(i0) + t1(i0); t0=compressed(0); t1=compressed(0); out=compressed(0); f32; i64";
 
 using test::error_of;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::read_all;
 
 void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -31,6 +31,7 @@ namespace {
 
 using test::error_of;
 using test::Jit;
+using test::read_all;
 
 
 // A scratch directory of one test: its kernel cache and any compiler script.
@@ -51,11 +52,6 @@ std::vector<std::string> files_in(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 void spit(const std::string& path, const std::string& data) {
@@ -115,8 +111,8 @@ TEST_F(Jit, EntryHasAManifestRecordingTheLibrary) {
   const auto k = get_kernel_uncached(scale_spec(11));
   EXPECT_TRUE(k->compiled);
   EXPECT_EQ(run_scale(*k, 2), 22);
-  const std::string key = key_of(*k), lib = slurp(k->library_path);
-  const std::string manifest = slurp(dir + "/" + key + ".json");
+  const std::string key = key_of(*k), lib = read_all(k->library_path);
+  const std::string manifest = read_all(dir + "/" + key + ".json");
   EXPECT_NE(manifest.find("\"key\": \"" + key + "\""), std::string::npos) << manifest;
   EXPECT_NE(manifest.find(fmt::format("\"library_bytes\": {},", lib.size())), std::string::npos) << manifest;
   EXPECT_NE(manifest.find("\"library_hash\": \"" + content_hash(lib) + "\""), std::string::npos) << manifest;
@@ -134,7 +130,7 @@ TEST_F(Jit, TruncatedLibraryIsRebuiltNotLoaded) {
   const std::string dir = fresh_dir("truncated");
   ScopedEnv env{{"SCORCH_CACHE_DIR", dir}};
   const auto k = get_kernel_uncached(scale_spec(12));
-  const std::string lib = slurp(k->library_path);
+  const std::string lib = read_all(k->library_path);
   ASSERT_GT(lib.size(), 8192u);
   ASSERT_EQ(::truncate(k->library_path.c_str(), 4096), 0);
   std::shared_ptr<const CompiledKernel> again;
@@ -150,7 +146,7 @@ TEST_F(Jit, TruncatedLibraryIsRebuiltNotLoaded) {
   }
   EXPECT_TRUE(again->compiled);
   EXPECT_EQ(run_scale(*again, 2), 24);
-  EXPECT_EQ(slurp(k->library_path).size(), lib.size());
+  EXPECT_EQ(read_all(k->library_path).size(), lib.size());
   EXPECT_FALSE(get_kernel_uncached(scale_spec(12))->compiled);  // repaired for good
 }
 
@@ -163,17 +159,17 @@ TEST_F(Jit, ForeignLibraryUnderAKeyIsRebuilt) {
   const std::string my_manifest = dir + "/" + key_of(*mine) + ".json";
   const std::string other_manifest = dir + "/" + key_of(*other) + ".json";
 
-  spit(mine->library_path, slurp(other->library_path));
+  spit(mine->library_path, read_all(other->library_path));
   auto k = get_kernel_uncached(scale_spec(13));
   EXPECT_TRUE(k->compiled);
   EXPECT_EQ(run_scale(*k, 1), 13);  // not 17
 
-  spit(mine->library_path, slurp(other->library_path));
-  spit(my_manifest, slurp(other_manifest));
+  spit(mine->library_path, read_all(other->library_path));
+  spit(my_manifest, read_all(other_manifest));
   k = get_kernel_uncached(scale_spec(13));
   EXPECT_TRUE(k->compiled);
   EXPECT_EQ(run_scale(*k, 1), 13);
-  EXPECT_NE(slurp(my_manifest).find(key_of(*mine)), std::string::npos);
+  EXPECT_NE(read_all(my_manifest).find(key_of(*mine)), std::string::npos);
 }
 
 TEST_F(Jit, GarbledOrMissingManifestIsRebuilt) {
@@ -181,14 +177,14 @@ TEST_F(Jit, GarbledOrMissingManifestIsRebuilt) {
   ScopedEnv env{{"SCORCH_CACHE_DIR", dir}};
   const auto k = get_kernel_uncached(scale_spec(14));
   const std::string manifest_path = dir + "/" + key_of(*k) + ".json";
-  const std::string manifest = slurp(manifest_path);
+  const std::string manifest = read_all(manifest_path);
   for (const std::string& bad : {std::string("garbage"), std::string(""), manifest.substr(0, manifest.size() / 2),
                                  manifest + " ", std::string("{\"library_bytes\": 99999999999999999999}")}) {
     spit(manifest_path, bad);
     const auto again = get_kernel_uncached(scale_spec(14));
     EXPECT_TRUE(again->compiled) << bad;
     EXPECT_EQ(run_scale(*again, 1), 14);
-    EXPECT_EQ(slurp(manifest_path), manifest);
+    EXPECT_EQ(read_all(manifest_path), manifest);
   }
   ASSERT_EQ(::unlink(manifest_path.c_str()), 0);
   EXPECT_TRUE(get_kernel_uncached(scale_spec(14))->compiled);
@@ -302,7 +298,7 @@ TEST_F(Jit, SanitizedKernelsHaveTheirOwnEntries) {
   }
   const auto sanitized = get_kernel(spec);
   EXPECT_NE(sanitized->library_path, plain->library_path);
-  EXPECT_NE(slurp(sanitized->library_path.substr(0, sanitized->library_path.size() - 3) + ".json")
+  EXPECT_NE(read_all(sanitized->library_path.substr(0, sanitized->library_path.size() - 3) + ".json")
                 .find("-fsanitize=address,undefined"),
             std::string::npos);
   EXPECT_EQ(run_scale(*sanitized, 1), 20);

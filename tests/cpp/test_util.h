@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace scorch::test {
@@ -18,6 +20,12 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Tests that compile kernels: a kernel cache of their own under gtest's temporary directory, unless
