@@ -3,7 +3,8 @@
 // densities by 5%, per thread count) and the rule picks a kernel path, both that path and the dense one are
 // timed on the real operands (measured_choice.h: one warm-up, then the best of three each, interleaved) and the
 // faster is kept for every later call in that bucket; a timing that looked contended is taken again later, a
-// few times at most. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off (region.cpp: run_region).
+// few times at most. A grouped choice is first timed against the sparse kernel the same way, then the faster
+// against dense. Only under SCORCH_DISPATCH=auto; SCORCH_MEASURE=0 turns it off (region.cpp: run_region).
 #include "region_measure.h"
 
 #include <ATen/Parallel.h>
@@ -20,14 +21,15 @@ MeasuredChoices& table() {
 
 std::string measured_region_path(const RegionProgram& p, const std::map<char, int64_t>& sizes,
                                  const std::vector<double>& densities, const std::string& path,
-                                 const std::function<void()>& run_path, const std::function<void()>& run_dense,
-                                 Timing* timing, bool* fresh) {
-  // the program (interned: its address names it) and the path the rule took
-  const std::vector<int64_t> key = bucket_key(&p, path == "grouped" ? 1 : 0, sizes, densities, at::get_num_threads());
+                                 const std::string& other, const std::function<void()>& run_path,
+                                 const std::function<void()>& run_other, Timing* timing, bool* fresh) {
+  // the program (interned: its address names it) and the two paths
+  const int64_t tag = path == "grouped" ? (other == "sparse" ? 2 : 1) : 0;
+  const std::vector<int64_t> key = bucket_key(&p, tag, sizes, densities, at::get_num_threads());
   *fresh = false;
-  if (auto dense = table().known(key)) return *dense ? "dense" : path;
+  if (auto second = table().known(key)) return *second ? other : path;
   *fresh = true;
-  return table().measure(key, run_path, run_dense, timing) ? "dense" : path;
+  return table().measure(key, run_path, run_other, timing) ? other : path;
 }
 
 MeasureStats region_measure_stats() { return table().stats(); }

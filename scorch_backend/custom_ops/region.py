@@ -339,15 +339,24 @@ def profile_name(text: str) -> str:
     return f"scorch::region {layout(text)['title']}"
 
 
-def _log_measured(text: str, path: str, kernel_ms: float, dense_ms: float) -> None:
-    """A decision made by timing (the C++ op calls this once per region and size bucket; SCORCH_MEASURE)."""
+def _log_measured(text: str, decision: str, first_ms: float, second_ms: float) -> None:
+    """A decision made by timing (the C++ op calls this once per region, size bucket and pair of paths;
+    SCORCH_MEASURE). `decision`: the path kept ("sparse", "grouped": against dense), or "winner>loser" for
+    "dense>sparse", "dense>grouped" (first_ms is the loser's), "grouped>sparse" and "sparse>grouped" (first_ms
+    is grouped's)."""
     p = parse_program(text)
-    if path == "dense":
+    if decision.startswith("dense>"):
         _logger.info("%s: runs dense at these sizes: measured %.3f ms dense against %.3f ms for %s", p.title,
-                     dense_ms, kernel_ms, "the kernel" if "grouped" not in path else "grouped products")
+                     second_ms, first_ms, _PATHS[decision[len("dense>"):]])
+    elif decision in ("grouped>sparse", "sparse>grouped"):
+        winner = decision.split(">")[0]
+        grouped_ms, sparse_ms = first_ms, second_ms
+        _logger.info("%s: prefers %s to %s at these sizes: measured %.3f ms grouped against %.3f ms for the "
+                     "kernel", p.title, _PATHS[winner], _PATHS["sparse" if winner == "grouped" else "grouped"],
+                     grouped_ms, sparse_ms)
     else:
-        _logger.info("%s: runs %s at these sizes: measured %.3f ms against %.3f ms dense", p.title, _PATHS[path],
-                     kernel_ms, dense_ms)
+        _logger.info("%s: runs %s at these sizes: measured %.3f ms against %.3f ms dense", p.title,
+                     _PATHS[decision], first_ms, second_ms)
 
 
 _C.install_region_hooks(_capture_hook, _log_path, _log_measured)

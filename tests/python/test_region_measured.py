@@ -90,3 +90,31 @@ def test_measured_region_gradients_match(monkeypatch):
     out.backward(g)
     torch.testing.assert_close(x.grad, g @ w, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(wr.grad, g.t() @ x.detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_grouped_choice_is_timed_against_the_kernel_too(monkeypatch, caplog):
+    """The rule's grouped choice (a one-hot dispatch to per-group weights, the MoE's shape) is measured against
+    the sparse kernel first, then the faster against dense: two decisions on the first call, each logged, and
+    none on the next."""
+    import torch.nn.functional as F
+    from scorch_backend.custom_ops import region as R
+
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    monkeypatch.delenv("SCORCH_MEASURE", raising=False)
+    g = torch.Generator().manual_seed(11)
+    b, n, d, h = 512, 16, 32, 24
+    s = F.one_hot(torch.randint(0, n, (b,), generator=g), n).float()
+    x, w = torch.randn(b, d, generator=g), torch.randn(n, d, h, generator=g)
+    text = R.Program((R.Operand("pq", "sparse"), R.Operand("pd"), R.Operand("qdh")), "pqh",
+                     name="grouped_measured").text()
+    assert R.choose_path(text, [s, x, w]) == "grouped"
+    before = _stats()["measured"]
+    with caplog.at_level(logging.INFO, logger="scorch"):
+        out = torch.ops.scorch.region(text, [s, x, w])
+    torch.testing.assert_close(out, torch.einsum("pq,pd,qdh->pqh", s, x, w), rtol=1e-4, atol=1e-4)
+    assert _stats()["measured"] == before + 2
+    lines = [r.getMessage() for r in caplog.records if "grouped_measured" in r.getMessage()]
+    assert any("prefers" in m and "measured" in m for m in lines), lines
+    assert any("at these sizes" in m and "dense" in m for m in lines if "prefers" not in m), lines
+    torch.ops.scorch.region(text, [s, x, w])
+    assert _stats()["measured"] == before + 2
