@@ -131,7 +131,10 @@ def drain() -> None:
     it is configured here first, so SCORCH_DEBUG=1 shows those messages too."""
     messages = _C.take_log_messages()
     if messages and _applied_level is None:
-        _configure()
+        try:
+            _configure()
+        except ValueError:  # a bad SCORCH_DEBUG: the call that reads it next says so (not an exit handler)
+            pass
     for level, name, text in messages:
         get(name).log(level, text)
 
