@@ -35,16 +35,19 @@ bool mentions(const ExprPtr& e, const std::string& name) {
   return f.found;
 }
 
-// `var` replaced by `(base)` in an index.
+// Variables replaced by expressions (each in parentheses): the loop variable by a lane's position, or a row
+// sum's constant declarations by their definitions.
 class Substitute : public Mutator {
  public:
-  Substitute(std::string var, std::string base) : var_(std::move(var)), base_(std::move(base)) {}
+  explicit Substitute(std::map<std::string, ExprPtr> by) : by_(std::move(by)) {}
+  Substitute(const std::string& var, ExprPtr e) : by_{{var, std::move(e)}} {}
   ExprPtr mutate_Var(const std::shared_ptr<const Var>& n) override {
-    return n->name == var_ ? paren(loops::var(base_)) : n;
+    auto it = by_.find(n->name);
+    return it == by_.end() ? n : paren(it->second);
   }
 
  private:
-  std::string var_, base_;
+  std::map<std::string, ExprPtr> by_;
 };
 
 // The vector of a value at lanes [base + offset, base + offset + w) of the loop variable: loads along the
@@ -54,7 +57,7 @@ class VectorValue : public Mutator {
   VectorValue(std::string var, std::string base, int offset) : var_(std::move(var)), base_(std::move(base)), offset_(offset) {}
   ExprPtr mutate_Load(const std::shared_ptr<const Load>& n) override {
     if (!mentions(n->index, var_)) return n;
-    Substitute sub(var_, base_);
+    Substitute sub(var_, loops::var(base_));
     ExprPtr addr = unary(UnOp::address_of, load(n->base, sub.mutate(n->index)));
     if (offset_ != 0) addr = add(addr, integer(offset_));
     return call("vload", {addr});
@@ -63,30 +66,6 @@ class VectorValue : public Mutator {
  private:
   std::string var_, base_;
   int offset_;
-};
-
-// Every variable defined in `defs` replaced by its definition (in parentheses).
-class Inline : public Mutator {
- public:
-  explicit Inline(const std::map<std::string, ExprPtr>& defs) : defs_(defs) {}
-  ExprPtr mutate_Var(const std::shared_ptr<const Var>& n) override {
-    auto it = defs_.find(n->name);
-    return it == defs_.end() ? n : paren(it->second);
-  }
-
- private:
-  const std::map<std::string, ExprPtr>& defs_;
-};
-
-// `var` replaced by an expression (in parentheses).
-class Lane : public Mutator {
- public:
-  Lane(std::string var, ExprPtr at) : var_(std::move(var)), at_(std::move(at)) {}
-  ExprPtr mutate_Var(const std::shared_ptr<const Var>& n) override { return n->name == var_ ? paren(at_) : n; }
-
- private:
-  std::string var_;
-  ExprPtr at_;
 };
 
 // An index that reads consecutive elements as `var` steps: var, or var plus something that does not depend
@@ -112,7 +91,8 @@ class GatherValue : public Mutator {
     if (!mentions(n->index, var_)) return n;
     if (along(n->index, var_)) return VectorValue(var_, base_, offset_).mutate(n);
     Exprs items;
-    for (int q = 0; q < w_; ++q) items.push_back(cast("val_t", Lane(var_, add(var(base_), integer(offset_ + q))).mutate(n)));
+    for (int q = 0; q < w_; ++q)
+      items.push_back(cast("val_t", Substitute(var_, add(var(base_), integer(offset_ + q))).mutate(n)));
     const std::string name = fmt::format("{}{}", prefix_, gathers_.size());
     gathers_.push_back(decl("const vec_t", name, init_list(std::move(items))));
     return var(name);
@@ -191,10 +171,10 @@ class Vectorize : public Mutator {
       if (!d || d->type.rfind("const ", 0) != 0 || d->inits.size() != d->names.size()) return {n};
       for (size_t j = 0; j < d->names.size(); ++j) {
         if (!d->inits[j] || d->names[j].find('[') != std::string::npos) return {n};
-        defs[d->names[j]] = Inline(defs).mutate(d->inits[j]);
+        defs[d->names[j]] = Substitute(defs).mutate(d->inits[j]);
       }
     }
-    const ExprPtr value = Inline(defs).mutate(sum->rhs);
+    const ExprPtr value = Substitute(defs).mutate(sum->rhs);
     const ExprPtr hi = cond->b;
     Stmts halves[2];
     for (int half = 0; half < 2; ++half) {

@@ -551,12 +551,14 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions()) {
     Timing t;
     bool fresh = false;
+    const auto sizes = letter_sizes(p, s);
+    const auto densities = densities_of(p, s, entries);
     if (path == "grouped") {
       // Grouping pays where each group's product runs at dense speed, which the rule judges from the plan's
       // shape and the rows per group: timed against the sparse kernel first, then the faster against dense
       // (a group that is a matrix-vector product ran 60x slower than the kernel, and only dense was compared).
       const std::string better = measured_region_path(
-          p, letter_sizes(p, s), densities_of(p, s, entries), "grouped", "sparse",
+          p, sizes, densities, "grouped", "sparse",
           [&] { run_path(p, text, s, entries, dtype, "grouped", false); },
           [&] { run_path(p, text, s, entries, dtype, "sparse", false); }, &t, &fresh);
       if (fresh && hooks.note_measured)
@@ -564,7 +566,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
       path = better;
     }
     const std::string chosen = measured_region_path(
-        p, letter_sizes(p, s), densities_of(p, s, entries), path, "dense",
+        p, sizes, densities, path, "dense",
         [&] { run_path(p, text, s, entries, dtype, path, false); },
         [&] { run_path(p, text, s, entries, dtype, "dense", false); }, &t, &fresh);
     if (fresh && hooks.note_measured)
