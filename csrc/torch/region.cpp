@@ -382,6 +382,26 @@ bool shares_memory(const at::Tensor& a, at::TensorList others) {
   return false;
 }
 
+// Whether each pattern with a nonempty letter (RegionOperand::nonempty) keeps an entry in every fiber along it:
+// one pass over the tensor, once per version of a cached one (a mask buffer).
+bool patterns_hold(const RegionProgram& p, const Slots& s) {
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if (!o.nonempty) continue;
+    const at::Tensor& t = s.slots[k];
+    const std::string letters = o.tensor_letters();
+    SCORCH_CHECK(t.dim() == static_cast<int64_t>(letters.size()),
+                 "scorch::region {}: operand {} has {} dimensions, the program gives it {} ('{}')", p.title, k, t.dim(),
+                 letters.size(), letters);
+    if (t.numel() == 0) continue;  // no fiber at all (or only empty ones, whose softmax is empty too)
+    const int64_t d = static_cast<int64_t>(letters.find(o.nonempty));
+    const at::Tensor kept = derived_of(t, fmt::format("nonempty|{}", d), [&] { return t.detach().ne(0).any(d).all(); },
+                                       o.cached, p.frozen && o.weight, o.weight);
+    if (!kept.item<bool>()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
@@ -396,6 +416,7 @@ std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
   if (p.has_addends()) return region_choose(p.product_text, product_args(p, operands));
   const Slots s = split_operands(p, operands);
+  if (p.has_nonempty && !patterns_hold(p, s)) return "dense";
   return choose_path(p, text, s, entries_of(p, s.slots));
 }
 
@@ -503,6 +524,7 @@ const std::string* demoted_variant(const RegionProgram& p, const std::vector<Ent
       RegionOperand& o = v.operands[k];
       o.kind = o.kind == RegionOperand::Kind::pattern ? RegionOperand::Kind::mask : RegionOperand::Kind::dense;
       o.col_major = false;
+      o.nonempty = 0;  // (checked by the program the variant comes from, before it is chosen)
     }
     it->second = v.text();
   }
@@ -535,8 +557,11 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
                  p.title, k, all[k].device().str());
   if (capturing && hooks.capture && p.packed_buffers == 0) hooks.capture(text, operands);
   const at::ScalarType dtype = region_dtype(p, operands);
-  const auto entries = entries_of(p, operands);
-  if (force.empty() || force == "sparse") {
+  // A pattern that leaves a fiber empty where its factor is NaN, not zero (a fully masked softmax row): only
+  // the dense product carries the NaN through, whatever path was asked for.
+  const bool holds = !p.has_nonempty || patterns_hold(p, s);
+  const auto entries = holds ? entries_of(p, operands) : std::vector<EntryPtr>(p.operands.size());
+  if (holds && (force.empty() || force == "sparse")) {
     if (const std::string* variant = demoted_variant(p, entries)) {
       // The variant may store its result in another order; hand it back in this program's (its Meta kernel's).
       ++n_demoted;
@@ -547,7 +572,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
       return owning(row_major(r.permute(to_storage)).permute(p.back));
     }
   }
-  std::string path = force.empty() ? choose_path(p, text, s, entries) : force;
+  std::string path = !holds ? "dense" : force.empty() ? choose_path(p, text, s, entries) : force;
   if (force.empty() && path != "dense" && dispatch_mode() == DispatchMode::automatic && measure_regions()) {
     Timing t;
     bool fresh = false;

@@ -45,6 +45,11 @@ struct RegionOperand {
   // kernel writes the activation first). A sparse or dense operand, not cached, packed or broadcast. Program
   // text: the "relu" list. Differentiated as relu(tensor) given to the program without the flags (region_op.cpp).
   bool relu = false;
+  // Pattern factors: a letter along which every fiber of the pattern must hold an entry for the pattern to be
+  // right (a softmax of -inf-masked scores is zero outside the mask except in a row the mask leaves empty, which
+  // is NaN throughout). Checked per call, once per version of a cached tensor; where a fiber is empty the call
+  // runs the dense path, which gives the NaN. 0: none. Program text: the "nonempty" list of [index, letter].
+  char nonempty = 0;
   std::string packed;  // the format's text; empty: not packed
   std::vector<int64_t> packed_size;  // -1 where the call gives the size (region.cpp: resolve_packed_size)
   int packed_buffers = 0;
@@ -81,6 +86,7 @@ struct RegionProgram {
   bool has_addends() const { return !product_text.empty(); }
   bool has_masks = false;
   bool has_relu = false;  // some operand is relu(tensor) (RegionOperand::relu)
+  bool has_nonempty = false;  // some pattern must keep an entry in every fiber (RegionOperand::nonempty)
   // The same program with every relu flag cleared (its operands then take the ReLU's output): the text autograd
   // differentiates. Empty when no operand has the flag.
   std::string plain_text;

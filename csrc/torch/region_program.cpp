@@ -180,6 +180,23 @@ RegionProgram parse_text(const std::string& text) {
                  "column order can be a ReLU's output");
     r.relu = p.has_relu = true;
   });
+  if (const Json* m = field(o, "nonempty")) {
+    for (const Json& e : as<JsonArray>(*m, "nonempty: a list of [operand index, letter] expected")) {
+      const auto& pair = as<JsonArray>(e, "nonempty: an [operand index, letter] pair expected");
+      SCORCH_CHECK(pair.size() == 2, "scorch::region: nonempty holds [operand index, letter] pairs");
+      const double k = as<double>(pair[0], "an operand index expected");
+      const std::string c = as<std::string>(pair[1], "a letter expected");
+      SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
+                   "scorch::region: nonempty names no operand ({})", k);
+      RegionOperand& r = p.operands[static_cast<size_t>(k)];
+      SCORCH_CHECK(r.kind == RegionOperand::Kind::pattern && c.size() == 1 &&
+                       r.tensor_letters().find(c[0]) != std::string::npos,
+                   "scorch::region: a nonempty letter names one of a pattern's own letters, got '{}' for operand {} "
+                   "('{}')", c, k, r.letters);
+      r.nonempty = c[0];
+      p.has_nonempty = true;
+    }
+  }
 
   std::string seen;
   for (const auto& r : p.operands) {
@@ -273,6 +290,10 @@ std::string RegionProgram::text() const {
   listed("masked_grads", &RegionOperand::masked_grad);
   listed("col_major", &RegionOperand::col_major);
   listed("relu", &RegionOperand::relu);
+  std::string nonempty;
+  for (size_t k = 0; k < operands.size(); ++k)
+    if (operands[k].nonempty) nonempty += fmt::format("{}[{},\"{}\"]", nonempty.empty() ? "" : ",", k, operands[k].nonempty);
+  if (!nonempty.empty()) s += ",\"nonempty\":[" + nonempty + "]";
   return s + "}";
 }
 

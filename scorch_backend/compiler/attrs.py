@@ -17,10 +17,15 @@ from dataclasses import dataclass, replace
 class Support:
     carrier: str  # graph node whose nonzeros bound this value's nonzeros
     dims: tuple[int, ...]  # for each dimension of the carrier, the dimension of this value it lines up with
+    # A dimension of the carrier along which the claim holds only where the carrier keeps an entry in every
+    # fiber: a softmax of scores filled with -inf outside a mask is zero outside it, except in a row where the
+    # mask keeps nothing, which is NaN throughout. The region that reads this value under the carrier's pattern
+    # checks that at run time (custom_ops/region.py: Operand.nonempty) and runs dense where it fails.
+    nonempty: int | None = None
 
     def remap(self, new_dim_of) -> "Support | None":
         dims = tuple(new_dim_of(d) for d in self.dims)
-        return None if any(d is None for d in dims) else Support(self.carrier, dims)
+        return None if any(d is None for d in dims) else replace(self, dims=dims)
 
 
 @dataclass(frozen=True)

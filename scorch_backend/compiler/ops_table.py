@@ -34,7 +34,8 @@ Sparsity rules (x, y tensors; "support" = the value whose zeros bound this one's
           idx, src)
   masked_fill(x, ~m, 0)        zero where m is: support m         masked_fill(x, ~m, -inf): -inf outside m
   where(m, x, 0)               zero where m is: support m         where(m, x, -inf): -inf outside m
-  softmax(x, d)                if x is -inf outside m: zero where m is (support m); else dense
+  softmax(x, d)                if x is -inf outside m: zero where m is (support m), where each row of m along d
+                               keeps an entry (a region reading it checks at run time); else dense
   relu(x)                      zeros of x kept; new zeros measured in the example run
   gelu, tanh, abs, neg,        zeros of x kept (f(0) = 0)
   clone, _to_copy, dropout,
@@ -53,7 +54,7 @@ from __future__ import annotations
 import math
 import operator
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -387,7 +388,7 @@ def aligned(x, support, result: fx.Node):
         if not (n is m or (isinstance(n, int) and isinstance(m, int) and n == m) or
                 (not isinstance(n, int) and not isinstance(m, int) and str(n) == str(m))):
             return None
-    return Support(support.carrier, tuple(d + shift for d in support.dims))
+    return replace(support, dims=tuple(d + shift for d in support.dims))
 
 
 def _kept_where(mask, ctx: Context, out_rank: int):
@@ -477,11 +478,21 @@ def _rule_where(node, view, ctx):
 
 
 def _rule_softmax(node, view, ctx):
+    """Zero outside the mask, provided each row along the softmax's dimension keeps an entry: a row of only -inf
+    is NaN throughout (eager's answer too). The mask's dimension along the softmax's is recorded, so the region
+    reading the result under the mask's pattern can check its rows at run time (attrs.Support.nonempty). A mask
+    broadcast along that dimension empties whole rows wherever it is zero: no zeros to claim then."""
     a = ctx.of(view.args[0])
-    if a.neg_inf_outside is None:
+    sup = a.neg_inf_outside
+    dim = view.args[1] if len(view.args) > 1 else view.kwargs.get("dim")
+    if sup is None or not isinstance(dim, int):
         return None
-    carrier = ctx.measured.get(a.neg_inf_outside.carrier, 0.5)
-    return ctx.sparse(node, carrier, "softmax of -inf-masked scores", "masked", a.neg_inf_outside)
+    d = _norm(dim, rank_of(node))
+    if d not in sup.dims:
+        return None
+    carrier = ctx.measured.get(sup.carrier, 0.5)
+    return ctx.sparse(node, carrier, "softmax of -inf-masked scores", "masked",
+                      replace(sup, nonempty=sup.dims.index(d)))
 
 
 def _rule_zero_preserving(node, view, ctx):
@@ -557,7 +568,7 @@ def _rule_contraction(node, view, ctx):
         dims = output_dims_of(letters, out, k, a.support.dims)
         if dims is not None:
             return ctx.sparse(node, a.density, f"contraction with {a.origin}", a.pattern,
-                              Support(a.support.carrier, dims))
+                              replace(a.support, dims=dims))
     return None
 
 

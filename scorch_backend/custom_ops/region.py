@@ -60,6 +60,11 @@ class Operand:
     # pass that measures and compresses it (an inference graph's activation that only this region reads;
     # passes/partition.py: _fold_relus). Not cached, packed or broadcast. Program text: the "relu" list.
     relu: bool = False
+    # Pattern factors: a letter along which every fiber of the pattern must hold an entry for the pattern to be
+    # right (a softmax of scores masked with -inf is zero outside the mask except in a row the mask leaves empty,
+    # which is NaN: compiler/attrs.py, Support.nonempty). The op checks it per call (once per version of a cached
+    # tensor) and runs the dense path where it fails. Program text: the "nonempty" list of [index, letter].
+    nonempty: str = ""
 
     @property
     def tensor_letters(self) -> str:
@@ -118,6 +123,9 @@ class Program:
         relus = [k for k, o in enumerate(self.operands) if o.relu]
         if relus:
             d["relu"] = relus
+        nonempty = [[k, o.nonempty] for k, o in enumerate(self.operands) if o.nonempty]
+        if nonempty:
+            d["nonempty"] = nonempty
         return json.dumps(d, separators=(",", ":"))
 
 
@@ -126,9 +134,10 @@ def parse_program(text: str) -> Program:
     d = json.loads(text)
     masked = set(d.get("masked_grads", ()))
     relus = set(d.get("relu", ()))
+    nonempty = {int(k): str(c) for k, c in d.get("nonempty", ())}
     ops = tuple(Operand(o[0], o[1], bool(o[2]), bool(o[3]), int(o[4]), bool(o[5]),
                         (o[6]["format"], tuple(int(n) for n in o[6]["size"])) if len(o) > 6 else None,
-                        k in masked, k in relus)
+                        k in masked, k in relus, nonempty.get(k, ""))
                 for k, o in enumerate(d["operands"]))
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
                    d.get("grad_out", "dense") == "sparse")
@@ -152,6 +161,9 @@ def _validate(p: Program) -> None:
             raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
         if o.expand and (o.kind != "pattern" or o.expand > len(o.letters)):
             raise ValueError("scorch::region: only pattern operands broadcast")
+        if o.nonempty and (o.kind != "pattern" or len(o.nonempty) != 1 or o.nonempty not in o.tensor_letters):
+            raise ValueError(f"scorch::region: a nonempty letter names one of a pattern's own letters, got "
+                             f"{o.nonempty!r} for {o.kind} operand {o.letters!r}")
         seen.update(o.letters)
     if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
         raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")

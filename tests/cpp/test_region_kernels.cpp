@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -202,4 +203,47 @@ TEST(MeasuredChoices, AFarSlowerPathRunsOnce) {
   glue::time_both([&] { ++kernel_runs; sleep_ms(2); }, [&] { ++dense_runs; sleep_ms(3); });  // close: all runs
   EXPECT_EQ(kernel_runs, 1 + glue::MeasuredChoices::kRepeats);
   EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
+}
+
+// A pattern that must keep an entry in every fiber along a letter (a softmax's masked probabilities read under
+// the mask): the letter survives the text round trip and the gradient programs, bad letters are ValueErrors, and
+// a pattern with an empty fiber sends the call to the dense path (which carries the factor's NaN through).
+TEST(RegionProgram, NonemptyPatternsAreKeptCheckedAndRunDenseWhenAFiberIsEmpty) {
+  const std::string text = program({operand("ij", "dense"), "[\"ij\",\"pattern\",false,false,0,false]",
+                                    operand("jk", "dense")},
+                                   "ik", ",\"nonempty\":[[1,\"j\"]]");
+  const glue::RegionProgram& p = glue::region_program(text);
+  ASSERT_TRUE(p.has_nonempty);
+  EXPECT_EQ(p.operands[1].nonempty, 'j');
+  EXPECT_EQ(glue::region_program(p.text()).operands[1].nonempty, 'j');
+  for (int k : {0, 2}) {
+    const glue::RegionProgram& g = glue::region_program(glue::region_gradient(text, k).text);
+    const auto pattern = std::find_if(g.operands.begin(), g.operands.end(), [](const glue::RegionOperand& o) {
+      return o.kind == glue::RegionOperand::Kind::pattern;
+    });
+    ASSERT_NE(pattern, g.operands.end());
+    EXPECT_EQ(pattern->nonempty, 'j') << "gradient of operand " << k;
+  }
+  auto error_kind = [](const std::string& extra) -> std::optional<scorch::ErrorKind> {
+    try {
+      glue::region_program(program({operand("ij", "dense"), "[\"ij\",\"pattern\",false,false,0,false]"}, "i", extra));
+    } catch (const scorch::Error& e) {
+      return e.kind();
+    }
+    return std::nullopt;
+  };
+  for (const char* bad : {",\"nonempty\":[[0,\"j\"]]", ",\"nonempty\":[[1,\"k\"]]", ",\"nonempty\":[[1,\"ij\"]]",
+                          ",\"nonempty\":[[2,\"j\"]]", ",\"nonempty\":[[1]]", ",\"nonempty\":\"j\""})
+    EXPECT_EQ(error_kind(bad), scorch::ErrorKind::value) << bad;
+
+  at::Tensor probabilities = at::rand({5, 4});
+  at::Tensor mask = at::rand({5, 4}) < 0.5;
+  mask.select(1, 0).fill_(true);
+  const at::Tensor v = at::rand({4, 3});
+  mask.select(0, 2).fill_(false);
+  probabilities.select(0, 2).fill_(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(glue::region_choose(text, {probabilities, mask, v}), "dense");
+  const at::Tensor out = glue::run_region(text, {probabilities, mask, v}, "sparse");
+  EXPECT_TRUE(out.select(0, 2).isnan().all().item<bool>());
+  EXPECT_FALSE(out.narrow(0, 0, 2).isnan().any().item<bool>());
 }

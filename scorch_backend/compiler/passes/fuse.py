@@ -21,7 +21,7 @@ nonzeros, by the same argument), and is cached so the backward pass reuses the f
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import fx
@@ -142,7 +142,7 @@ def _broadcast_patterns(operands: list, out: str) -> list:
     for o in operands:
         lead = "".join(c for c in common if c not in o.letters)
         if o.kind == "pattern" and lead:
-            o = Operand(lead + o.letters, "pattern", o.cached, False, len(lead), o.weight)  # never masked_grad
+            o = replace(o, letters=lead + o.letters, expand=len(lead))  # (a pattern: no gradient, never masked)
         result.append(o)
     return result
 
@@ -257,8 +257,10 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         if (carrier.name, text) in have:
             continue
         have.add((carrier.name, text))
+        # (a softmax's zeros hold only where every row of the mask keeps an entry: the op checks that)
+        nonempty = text[a.support.nonempty] if a.support.nonempty is not None else ""
         operands.append(Operand(text, "pattern", cached=ca.weight or carrier.op == "placeholder", grad=False,
-                                weight=ca.weight))
+                                weight=ca.weight, nonempty=nonempty))
         leaves.append(carrier)
         squeeze.append(())
         densities.append(ca.density)
