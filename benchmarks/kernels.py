@@ -67,7 +67,7 @@ import scorch_backend as sb  # noqa: E402
 from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools import datasets  # noqa: E402
 from scorch_backend.tools.timing import measure_interleaved, stream_triad  # noqa: E402
-from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json  # noqa: E402
+from scorch_backend.tools.timing import OtherLoad, fmt_ratio, fmt_time, save_json  # noqa: E402
 from kernel_cases import (CONTENDERS, EQUATIONS, K_SDDMM, KERNELS, N_SPMM, RANK_MTTKRP, RTOL,  # noqa: E402
                           TORCH_OPS, Skip, block_pruned, check_dense, check_sparse, load_matrices, log,
                           nm_pruned, random_tensor3, scipy_of_torch, setup_bsr, setup_case, setup_mttkrp,
@@ -548,6 +548,7 @@ def main(argv=None) -> int:
         sb.set_target(args.target)
         os.environ["SCORCH_TARGET"] = args.target  # the JIT-time subprocesses use it too
     t_start = time.perf_counter()
+    load = OtherLoad()
     info = machine_info(args.threads)
     info["kernel_target"] = sb.target_info()
     log(f"Scorch kernel benchmark: torch {info['torch']}, {info['cpu_model']}, {info['cpu_count']} CPUs, "
@@ -633,7 +634,9 @@ def main(argv=None) -> int:
                         "ratio": "contender median time / Scorch median time (>1: Scorch faster)",
                         "torch_ops": TORCH_OPS, "scorch_calls": EQUATIONS},
            "stream_triad": triad, "triad_gbps": triad_gbps, "results": results, "summary": summary,
-           "jit": jit_summary, "targets": targets, "total_seconds": time.perf_counter() - t_start}
+           "jit": jit_summary, "targets": targets, "total_seconds": time.perf_counter() - t_start,
+           "other_load": load.to_dict()}
+    log(load.report())
     out = save_json(args.out, doc)
     log(f"\nwrote {out} ({time.perf_counter() - t_start:.0f} s in all)")
     return 0

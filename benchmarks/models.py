@@ -55,7 +55,7 @@ import scorch_backend as sb
 from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa
 from scorch_backend.tools import zoo
 from scorch_backend.tools.timing import contention_probe, measure_interleaved
-from scorch_backend.tools.timing import fmt_ratio, fmt_time, save_json
+from scorch_backend.tools.timing import OtherLoad, fmt_ratio, fmt_time, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODELS = tuple(zoo.CASES) + ("pyg_gcn",)
@@ -515,6 +515,7 @@ def main(argv=None) -> int:
     if args.target:
         sb.set_target(args.target)
     t_start = time.perf_counter()
+    load = OtherLoad()
     info = machine_info(args.threads)
     info["kernel_target"] = sb.target_info()
     log(f"Scorch model benchmark: torch {info['torch']}, {info['cpu_model']}, {info['cpu_count']} CPUs, "
@@ -588,7 +589,9 @@ def main(argv=None) -> int:
            "settings": {"speedup": "Inductor median time / contender median time (>1: faster than Inductor)",
                         "gcn_speedup_vs_torch_sparse": "faster torch.sparse layout's time / contender's time",
                         "training_loss": "sum of the floating outputs", "check_rtol": CHECK_RTOL},
-           "results": rows, "targets": targets, "total_seconds": time.perf_counter() - t_start}
+           "results": rows, "targets": targets, "total_seconds": time.perf_counter() - t_start,
+           "other_load": load.to_dict()}
+    log(load.report())
     out = save_json(args.out, doc)
     log(f"\nwrote {out} ({time.perf_counter() - t_start:.0f} s in all)")
     return 0

@@ -57,7 +57,7 @@ import scorch_backend as sb  # noqa: E402
 from scorch_backend import _C  # noqa: E402
 from scorch_backend.compiler import backend  # noqa: E402
 from scorch_backend.custom_ops import region  # noqa: E402
-from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
+from scorch_backend.tools.timing import OtherLoad, add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools import timing  # noqa: E402
 
 
@@ -277,6 +277,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     if args.target:
         sb.set_target(args.target)
+    load = OtherLoad()
     print(sb.describe_machine(args.threads))
     print(baseline_isa)
     print(f"threads: {args.threads} for every contender; density {args.density}; medians of {args.repeats} batches, "
@@ -330,11 +331,12 @@ def main(argv=None) -> int:
                 print(f"{r['kind'] + ' ' + str(r['n']):<14}{cells}")
     spmv = [r["torch_csr"] / r["einsum"] for r in rows if r["kind"] == "spmv"]
     print(f"SpMV geomean torch CSR / einsum: {statistics.geometric_mean(spmv):.2f}x")
+    print(load.report())
     out = args.out or os.path.join(os.path.dirname(__file__), "results",
                                    f"overhead_{args.target or sb.target_info()['name']}.json")
     timing.save_json(out, {"machine": sb.describe_machine(args.threads), "baseline_isa": baseline_isa,
                            "threads": args.threads,
-                           "density": args.density, "rows": rows})
+                           "density": args.density, "rows": rows, "other_load": load.to_dict()})
     print(f"saved {out}")
     return 0
 

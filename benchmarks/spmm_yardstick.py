@@ -32,7 +32,7 @@ import torch
 import scorch_backend as sb
 from scorch_backend import _C
 from scorch_backend.tools import datasets
-from scorch_backend.tools.timing import save_json
+from scorch_backend.tools.timing import OtherLoad, save_json
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
         sb.set_target(args.target)
     torch.set_num_threads(args.threads)
     target = sb.target_info()
+    load = OtherLoad()
     print(sb.describe_machine(args.threads))
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="scorch-yardstick-"))
     ref = build_reference(target, tmp)
@@ -129,7 +130,9 @@ def main(argv=None) -> int:
     worst = min(r["ratio_reference_over_generated"] for r in rows_out)
     print(f"geomean reference/generated: {geo:.2f}x; worst {worst:.2f}x (target: >= 0.9 for every case)")
     out = save_json(args.out, {"machine": sb.describe_machine(args.threads), "target": target,
-                               "threads": args.threads, "cases": rows_out, "geomean": geo, "worst": worst})
+                               "threads": args.threads, "cases": rows_out, "geomean": geo, "worst": worst,
+                               "other_load": load.to_dict()})
+    print(load.report())
     print(f"wrote {out}")
     return 0
 

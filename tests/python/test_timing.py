@@ -8,7 +8,7 @@ import time
 import pytest
 
 import scorch_backend as sb
-from scorch_backend.tools.timing import hold_baseline_isa, measure, measure_interleaved
+from scorch_backend.tools.timing import OtherLoad, hold_baseline_isa, measure, measure_interleaved
 
 
 def test_contenders_alternate_and_each_gets_its_samples():
@@ -115,3 +115,36 @@ def test_hold_reexecutes_once_with_torch_at_the_target_isa(tmp_path):
     assert out.stdout.count("START") == 2          # the program ran again, once
     assert "CAP AVX2 AVX2" in out.stdout and "held to the target's instruction set" in out.stdout
     assert "FLAGS 1 1" in out.stdout
+
+
+def test_other_load_counts_other_processes_and_not_this_one(monkeypatch):
+    # (total, idle, steal, own) jiffies: 400 in all, 100 idle, 20 stolen, this process 80 of the 280 busy
+    readings = iter([(1000, 500, 10, 50), (1400, 600, 30, 130)])
+    monkeypatch.setattr(OtherLoad, "_read", staticmethod(lambda: next(readings)))
+    load = OtherLoad()
+    other, steal = load.shares()
+    assert other == pytest.approx(200 / 400) and steal == pytest.approx(20 / 400)
+    monkeypatch.setattr(OtherLoad, "_read", staticmethod(lambda: None))
+    assert OtherLoad().shares() == (None, None)
+    assert "unknown" in OtherLoad().report()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc")
+def test_other_load_sees_a_busy_child_process():
+    load = OtherLoad()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"])
+    child.wait()  # a child this process waits for counts as its own (cutime): time a separate process instead
+    own_child = load.shares()[0]
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        load = OtherLoad()
+        time.sleep(1.0)
+        other, steal = load.shares()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    ncpu = os.cpu_count() or 1
+    assert other >= 0.5 / ncpu, (other, ncpu)
+    assert own_child < 0.5 / ncpu, (own_child, ncpu)  # the waited-for child counted as this process's own
+    report = load.report()
+    assert "other processes" in report and (other <= OtherLoad.WARN_SHARE or "shared" in report)
