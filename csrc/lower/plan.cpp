@@ -25,6 +25,11 @@ bool compilable(const Format& f) {
     // A cursor level (a bitmap) is walked from one parent position at a time: under a unique level.
     if (ls[l].kind->coordinate_cursor() && (!ls[l].kind->properties().unique || (l > 0 && !ls[l - 1].kind->properties().unique)))
       return false;
+    // A run of equal coordinates of a non-unique level is one position to the loops, its children's segments
+    // joined: a last level's run (duplicate entries, to be summed) or a dense child (one row per position) is not
+    // a segment, and only the run's first entry would be read. The conversion sums them.
+    if (!ls[l].kind->properties().unique && (l + 1 == ls.size() || ls[l + 1].kind->walk() == LevelWalk::locate))
+      return false;
   }
   return true;
 }
@@ -338,7 +343,8 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
       if (!compilable(f) && !(blocked && blocked->sparse == static_cast<int>(t))) {
         const std::string eq = compilable_equivalent(f);
         plan.reasons.push_back(fmt::format("{} ({}) converted to {}: the compiler walks dense, compressed, singleton and bitmap levels "
-                                           "(a bitmap under a unique level), unblocked and ordered",
+                                           "(a bitmap under a unique level), unblocked and ordered, with a non-unique "
+                                           "level's duplicates told apart by a compressed or singleton child",
                                            st.tensor_names[t], f.short_name(), eq));
         plan.convert[t] = eq;
         f = Format::parse(eq, static_cast<int>(ops[t].shape.size()));

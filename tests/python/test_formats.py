@@ -230,3 +230,28 @@ def test_torch_compile_passes_sparse_tensors_through():
         out = identity_t(A)
         assert isinstance(out, sb.SparseTensor) and out.format == A.format.permute_dims([1, 0])
         assert torch.equal(out.to_dense(), x.t())
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("n", [4, 600])
+def test_duplicates_of_a_non_unique_last_level_are_summed(dispatch, n, monkeypatch):
+    # Each entry stored as two halves with the same coordinate: a run the loops would read as one entry.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    from scorch_backend import SparseTensor
+
+    D = random_dense((n, n), 0.3, seed=5)
+    csr = sb.sparse(D, "csr")
+    pos, crd = csr.level_buffers.values()
+    halves = csr.stored_values / 2
+    A = SparseTensor("dense(0),compressed[nonunique](1)", (n, n), [pos * 2, crd.repeat_interleave(2)],
+                     halves.repeat_interleave(2))
+    torch.testing.assert_close(A.to_dense(), D)
+    x = torch.randn(n)
+    for got, want in ((sb.einsum("ij->i", A), D.sum(1)), (sb.einsum("ij,j->i", A, x), D @ x),
+                      (sb.einsum("ij,kj->ik", A, A), D @ D.T)):
+        got = got.to_dense() if isinstance(got, SparseTensor) else got
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close((A + A).to_dense(), 2 * D)
+    torch.testing.assert_close((A * A).to_dense(), D * D, rtol=1e-5, atol=1e-5)
+    plan = sb.plan_einsum("ij,j->i", A, x)
+    assert plan["convert"] and any("non-unique" in r for r in plan["reasons"])
