@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -174,26 +175,67 @@ Plan plan_einsum(const std::string& equation, const std::vector<OperandDesc>& de
   return make_plan(ir::parse_einsum(equation, ndims), descs, out_format, f64, idx64);
 }
 
+namespace {
+
+// Row-major offsets of coordinates (ndim, n) in `shape`.
+at::Tensor linear_index(const at::Tensor& coords, const std::vector<int64_t>& shape) {
+  at::Tensor lin = at::zeros_symint({coords.sym_size(1)}, at::kLong);
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    lin.add_(coords[d], stride);
+    SCORCH_CHECK(d == 0 || !__builtin_mul_overflow(stride, std::max<int64_t>(shape[static_cast<size_t>(d)], 1), &stride),
+                 "a sparse tensor of shape [{}] has more positions than 64-bit offsets address", fmt::join(shape, ", "));
+  }
+  return lin;
+}
+
+}  // namespace
+
+// Every step keeps a shape known from its inputs' (no unique, no mask select), so fake tensors trace it: src's
+// offsets sorted, each run of equal offsets a group (the running count of run starts), its values summed by
+// group and its offset stored at the group's slot, then each wanted offset found among the groups. One slot
+// more than entries holds the largest offset as a sentinel, so an empty src or a miss past the end needs no
+// branch.
+at::Tensor values_at(const Operand& src, const at::Tensor& coords) {
+  const at::Tensor v = src.values.reshape({-1});
+  if (src.shape.empty()) return v.sum().reshape({1}).expand_symint({coords.sym_size(1)});
+  const at::Tensor want = linear_index(coords, src.shape);
+  const auto [sorted, order] = linear_index(src.coordinates(), src.shape).sort();
+  at::Tensor first = at::ones_like(sorted, at::kBool);
+  first.slice(0, 1).copy_(sorted.slice(0, 1).ne(sorted.slice(0, 0, -1)));
+  const at::Tensor group = first.cumsum(0).sub_(1);
+  const c10::SymInt slots = v.sym_size(0) + 1;
+  const at::Tensor keys = at::full_symint({slots}, std::numeric_limits<int64_t>::max(), at::kLong).scatter(0, group, sorted);
+  const at::Tensor summed = at::zeros_symint({slots}, v.options()).index_add(0, group, v.index_select(0, order));
+  const at::Tensor at_ = at::searchsorted(keys, want);
+  return at::where(keys.index_select(0, at_).eq(want), summed.index_select(0, at_), at::zeros({}, v.options()));
+}
+
 Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx) {
   SCORCH_ASSERT(x.sparse(), "the plan converts only sparse operands");
   const Format& to = target.format;
+  const bool grad = at::GradMode::is_enabled() && x.values.requires_grad();
   if (to.all_dense()) {
     std::vector<int64_t> order;
     for (const auto& l : to.levels()) order.push_back(l.expr.dim);
-    at::Tensor d = x.to_dense().detach();
+    at::Tensor d = grad ? x.to_dense() : x.to_dense().detach();  // (to_dense is differentiable in the values)
     return Operand{&target, x.shape, {}, d.permute(order).reshape({-1}).clone()};
   }
   at::Tensor coords = x.coordinates();
   at::Tensor values = x.values.detach();
   const auto& levels = x.format->format.levels();
-  if (!levels.empty() && levels.back().kind->name() == "dense") {
+  // A dense last level pads zeros, dropped here; a gradient is asked for every stored value, zeros included.
+  if (!grad && !levels.empty() && levels.back().kind->name() == "dense") {
     const at::Tensor keep = values != 0;
     coords = coords.index({at::indexing::Slice(), keep});
     values = values.index({keep});
   }
   // Through the op, so that fake tensors (a backward traced by torch.compile) get its fake kernel.
   auto [buffers, packed] = pack_handle().call(coords, values, x.shape, target.text, idx);
-  return Operand{&target, x.shape, std::move(buffers), packed};
+  Operand out{&target, x.shape, std::move(buffers), packed};
+  // The packed values are detached: read them again from x's, through autograd, at the new positions.
+  if (grad) out.values = values_at(x, out.coordinates()).to(packed.scalar_type()).reshape(packed.sizes());
+  return out;
 }
 
 namespace {

@@ -112,6 +112,10 @@ Operand run_compute(const std::string& text, const std::vector<std::string>& nam
 // The operand in another format (coordinates re-packed; zeros a dense last level pads are dropped). The values
 // are not differentiable through it.
 Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType index_dtype);
+// src's values at the coordinates `coords` ((ndim, n) int64, within src.shape): the sum of src's entries at each
+// (zero where it stores none), differentiable in src.values. What a conversion or a gradient needs to keep
+// autograd's graph: the packing ops work on detached tensors.
+at::Tensor values_at(const Operand& src, const at::Tensor& coords);
 
 // The result dtype of a call (type promotion over the operands' values) and the dtype kernels compute in.
 at::ScalarType result_dtype(const std::vector<Operand>& ops);

@@ -4,8 +4,7 @@
 // For out(O) = e and an operand T, lower/differentiate.cpp derives the gradient statement; it runs through
 // the executor like any other statement (planned, converted, compiled once). For a sparse operand the
 // statement is multiplied by T's pattern, so only its stored positions are computed, and the result is
-// aligned with T's stored values by a union with explicit zeros in T's format; for a dense operand it is a
-// dense tensor of T's shape.
+// read at T's stored positions (sparse_gradient); for a dense operand it is a dense tensor of T's shape.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -16,7 +15,6 @@
 
 #include "convert.h"
 #include "executor.h"
-#include "ir/parser.h"
 #include "lower/differentiate.h"
 #include "lower/kernel_spec.h"
 
@@ -59,34 +57,20 @@ std::vector<std::vector<int64_t>> operand_shapes(const KernelSpec& spec, c10::In
   return shapes;
 }
 
-// The gradient of a sparse operand's stored values: the pattern-sampled gradient statement, aligned with
-// the operand's positions.
+// The gradient of a sparse operand's stored values: the pattern-sampled gradient statement, read at each of
+// the operand's stored positions (zero where the gradient stores nothing: executor.h, values_at). A union with
+// the operand's explicit zeros, stored in the operand's format, would drop a blocked format's all-zero blocks
+// and come back shorter than the values.
 at::Tensor sparse_gradient(const ir::Statement& g_stmt, std::vector<Operand> ops, const Operand& op, int64_t threads) {
   ops.push_back(op.with_values(at::ones_like(op.values)));
-  Operand g = run_statement(g_stmt, ops, "", threads);
-  if (!g.sparse()) {  // dense result: read it at the operand's coordinates
-    at::Tensor values;
-    if (op.shape.empty()) {
-      values = g.values.reshape({1});
-    } else {
-      const at::Tensor coords = op.coordinates();
-      c10::List<std::optional<at::Tensor>> index;
-      for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
-      values = at::index(g.values, index);
-    }
-    g = op.with_values(values.to(op.values.scalar_type()));
-  }
-  const Operand zero = op.with_values(at::zeros_like(op.values));
-  std::string letters;
-  for (size_t d = 0; d < op.shape.size(); ++d) letters += (d ? ",i" : "i") + std::to_string(d);
-  const std::string text = op.shape.empty() ? "g = t0 + t1" : fmt::format("g({0}) = t0({0}) + t1({0})", letters);
-  const ir::Statement sum = ir::parse_index_notation(text, {"t0", "t1"});
-  // The union's output is stored in the operand's format; the gradient term is converted to it first.
-  const Operand r = g.format == op.format ? g : to_format(g, *op.format, op.buffers.empty() ? at::kLong
-                                                                                            : op.buffers[0].scalar_type());
-  const Operand s = run_statement(sum, {zero, r}, op.format->text, threads);
-  at::Tensor v = s.sparse() ? s.values : s.values.reshape(op.values.sizes());
-  return v.to(op.values.scalar_type());
+  const Operand g = run_statement(g_stmt, ops, "", threads);
+  const auto vt = op.values.scalar_type();
+  if (op.shape.empty()) return g.values.reshape({1}).to(vt);
+  const at::Tensor coords = op.coordinates();  // (ndim, nnz), in the order of the stored values
+  if (g.sparse()) return values_at(g, coords).to(vt).reshape(op.values.sizes());
+  c10::List<std::optional<at::Tensor>> index;
+  for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
+  return at::index(g.values, index).to(vt).reshape(op.values.sizes());
 }
 
 class KernelFunction : public torch::autograd::Function<KernelFunction> {

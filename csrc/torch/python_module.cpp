@@ -508,6 +508,13 @@ PYBIND11_MODULE(_C, m) {
         py::arg("warmup") = 3, py::arg("mean") = false,
         "Seconds per call of a kernel alone, median (or with mean=True mean) over `repeats` calls after `warmup` "
         "(a benchmark tool; dense outputs only).");
+  m.def("values_at", [](py::object sparse, const at::Tensor& coords) -> py::object {
+    glue::Operand src;
+    if (!operand_from_py(sparse, src) || !src.sparse()) return py::none();
+    return py::cast(glue::values_at(src, coords));
+  }, py::arg("sparse"), py::arg("coords"),
+     "A SparseTensor's values at coordinates (ndim, n) int64, duplicates summed, zero where none is stored: "
+     "differentiable in its values (None when the fast path cannot read it: traced or symbolic).");
   m.def("last_kernel_seconds", &glue::last_kernel_seconds,
         "Seconds this thread's last kernel call spent in the kernel itself (a benchmark tool).");
   m.def("executor_stats", [] {

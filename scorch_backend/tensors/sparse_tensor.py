@@ -587,11 +587,22 @@ def to_format(x: SparseTensor, format: FormatLike, *, mode_order=None, blocksize
     fmt = make_format(format, x.dim(), mode_order=mode_order, blocksize=blocksize)
     if fmt == x.format and index_dtype == x.index_dtype:
         return x
+    # The packing op works on detached values: with a gradient wanted, the result's values are read again from
+    # x's through autograd (stored zeros kept: each stored value gets its gradient).
+    grad = torch.is_grad_enabled() and (x.requires_grad or x._values.requires_grad)
     if fmt.all_dense:
+        if grad:
+            order = [lv["dim"] for lv in fmt.levels]
+            return SparseTensor(fmt, x.shape, [], x.to_dense().permute(order).reshape(-1).clone(), validate=False)
         return _from_dense(x.to_dense(), fmt, index_dtype)
-    coords, values = _coordinates_and_values(x)
-    buffers, vals = ops.pack(coords, values, list(x.shape), fmt.canonical, index_dtype)
-    return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+    coords, values = _coordinates_and_values(x, drop_padding=not grad)
+    buffers, vals = ops.pack(coords, values.detach(), list(x.shape), fmt.canonical, index_dtype)
+    out = SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+    if grad:
+        again = _C.values_at(x, out.coordinates())
+        if again is not None:
+            out = out.with_values(again.to(vals.dtype))
+    return out
 
 
 def to_torch(x: SparseTensor, layout=torch.sparse_coo, *, blocksize=None) -> torch.Tensor:

@@ -220,3 +220,81 @@ def test_sparse_ops_keep_the_graph(monkeypatch, scorch_dispatch, op):
             torch.testing.assert_close(g, r.grad * (M != 0))
         else:
             torch.testing.assert_close(g, r.grad)
+
+
+def _sampled_grad(sp, grad_dense):
+    """The gradient a sparse operand's stored values get: the dense gradient at its stored positions."""
+    return sp.with_values(torch.ones_like(sp.stored_values)).to_dense().ne(0) * grad_dense
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("n", [6, 300])
+@pytest.mark.parametrize("fa,fb,equation", [
+    ("bsr(2,2)", "dense", "ij,kj->ik"), ("bsr(2,2)", "csr", "ij,ji->ij"), ("csr", "csc", "ij,ij->ij"),
+    ("csr", "csr", "ij,ji->ij"), ("nm(3,6)", "dense", "ji,jk->ik"), ("coo", "csc", "ij,ij->ij")])
+def test_gradients_reach_operands_the_plan_converts(monkeypatch, dispatch, n, fa, fb, equation):
+    # The plan converts one operand at least (plan["convert"]): its gradient must come back through the conversion.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    g = torch.Generator().manual_seed(n)
+    D = torch.randn(n, n, dtype=torch.float64, generator=g) * (torch.rand(n, n, generator=g) < 0.3)
+    if fa.startswith("nm"):
+        D = torch.randn(n, n, dtype=torch.float64, generator=g) * (torch.arange(n) % 2 == 0)
+    E = torch.randn(n, n, dtype=torch.float64, generator=g) * (torch.rand(n, n, generator=g) < 0.3)
+    A = sb.sparse(D, fa)
+    B = torch.randn(n, n, dtype=torch.float64, generator=g) if fb == "dense" else sb.sparse(E, fb)
+    va = A.stored_values.detach().clone().requires_grad_()
+    vb = (B if fb == "dense" else B.stored_values).detach().clone().requires_grad_()
+    Bw = vb if fb == "dense" else B.with_values(vb)
+    assert any(sb.plan_einsum(equation, A, Bw)["convert"])
+    out = sb.einsum(equation, A.with_values(va), Bw)
+    out = out.to_dense() if isinstance(out, sb.SparseTensor) else out
+    w = torch.randn_like(out)
+    ga, gb = torch.autograd.grad(out, (va, vb), w)
+    Ad, Bd = A.to_dense().requires_grad_(), (vb if fb == "dense" else B.to_dense()).detach().requires_grad_()
+    rga, rgb = torch.autograd.grad(torch.einsum(equation, Ad, Bd), (Ad, Bd), w)
+    torch.testing.assert_close(A.with_values(ga).to_dense(), _sampled_grad(A, rga))
+    torch.testing.assert_close(gb if fb == "dense" else B.with_values(gb).to_dense(),
+                               rgb if fb == "dense" else _sampled_grad(B, rgb))
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("n", [6, 400])
+def test_the_same_values_twice_get_both_contributions(monkeypatch, dispatch, n):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    D = random_dense((n, n), 0.3, seed=2).double()
+    A = sb.sparse(D, "csr")
+    v = A.stored_values.detach().clone().requires_grad_()
+    sb.einsum("ij,ji->", A.with_values(v), A.with_values(v)).backward()
+    Dd = D.clone().requires_grad_()
+    torch.einsum("ij,ji->", Dd, Dd).backward()
+    torch.testing.assert_close(A.with_values(v.grad).to_dense(), _sampled_grad(A, Dd.grad))
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("fmt", ["bsr(4,4)", "bsr(2,2)"])
+def test_blocked_operand_gradient_with_zero_blocks_has_every_stored_value(monkeypatch, dispatch, fmt):
+    # The output gradient is zero on most rows: whole blocks of the operand get a zero gradient, and stay.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    g = torch.Generator().manual_seed(4)
+    n = 512
+    blocks = (torch.rand(n // 4, n // 4, generator=g) < 0.03).repeat_interleave(4, 0).repeat_interleave(4, 1)
+    D = torch.randn(n, n, generator=g) * blocks
+    X = torch.randn(n, 16, generator=g)
+    A = sb.sparse(D, fmt).requires_grad_()
+    out = sb.einsum("ij,jk->ik", A, X)
+    w = torch.zeros_like(out)
+    w[:10] = torch.randn(10, 16, generator=g)
+    out.backward(w)
+    assert A.grad.nnz == A.nnz
+    torch.testing.assert_close(A.grad.to_dense(), _sampled_grad(A, w @ X.T), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("src,dst", [("csr", "csc"), ("bsr(2,2)", "csr"), ("csr", "dense(1),dense(0)")])
+def test_to_format_keeps_the_graph(src, dst):
+    D = random_dense((8, 6), 0.4, seed=3).double()
+    A = sb.sparse(D, src)
+    v = A.stored_values.detach().clone().requires_grad_()
+    C = A.with_values(v).to_format(dst)
+    w = torch.randn(8, 6, dtype=torch.float64)
+    (C.to_dense() * w).sum().backward()
+    torch.testing.assert_close(A.with_values(v.grad).to_dense(), _sampled_grad(A, w))
