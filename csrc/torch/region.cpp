@@ -38,12 +38,13 @@ namespace {
 // --- compressed operands, cached by tensor version (see scorch_backend/custom_ops/region.py for the contract) ---------
 constexpr size_t kMaxWeights = 512;  // most recently used parameters and buffers
 constexpr size_t kMaxInputs = 8;     // data inputs: a new batch is a new tensor
-constexpr int64_t kFingerprint = 32; // entries spread over a tensor, compared on every hit unless frozen
+constexpr int64_t kFingerprint = 32; // entries spread over a tensor (and a nonzero after each), compared on every hit unless frozen
 
 struct Entry {
   at::Tensor alias;  // keeps the memory from being reused by another tensor while the entry lives
   int64_t version = 0;
   std::vector<uint8_t> fingerprint;
+  std::vector<int64_t> fingerprint_at;  // the element offsets it was read at (fingerprint_offsets)
   double density = -1;  // < 0: not measured (known so far only as a dense operand)
   std::map<std::string, Operand> sparse;   // (kind, dtype, broadcast sizes) -> compressed
   std::map<std::string, at::Tensor> layouts;  // (permutation, dtype) -> dense copy in that order
@@ -106,9 +107,25 @@ std::string tensor_key(const at::Tensor& t) {
   return k;
 }
 
-// kFingerprint elements spread evenly over the tensor (any strides), as raw bytes (NaN-safe).
-std::vector<uint8_t> fingerprint(const at::Tensor& t) {
-  std::vector<uint8_t> out;
+// The fingerprint: kFingerprint elements spread evenly over the tensor, and after each the first nonzero within
+// kSeek elements, as raw bytes (NaN-safe), read at element offsets fixed when the entry is made. The nonzeros
+// matter for pruned weights: a fused optimizer step (torch's fused Adam, AdamW, SGD) writes the parameter
+// without moving its version counter, and in a masked fine-tune it changes only the stored values, while the
+// spread entries of a 99%-zero weight are mostly zeros that never change.
+constexpr int64_t kSeek = 4096;
+
+// The element offset (in units of the element, from data_ptr) of flat index `flat` in row-major order.
+int64_t offset_of(int64_t flat, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  int64_t offset = 0;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    offset += (flat % sizes[d]) * strides[d];
+    flat /= sizes[d];
+  }
+  return offset;
+}
+
+std::vector<int64_t> fingerprint_offsets(const at::Tensor& t) {
+  std::vector<int64_t> out;
   const int64_t n = t.numel();
   if (n == 0) return out;
   const int64_t k = std::min(kFingerprint, n);
@@ -116,17 +133,42 @@ std::vector<uint8_t> fingerprint(const at::Tensor& t) {
   const auto* base = static_cast<const uint8_t*>(t.data_ptr());
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  out.resize(k * elem);
+  // (-0.0 is a zero: a pruned weight's zeros are often x * 0 of negative x. Little-endian: the sign bit is the
+  // last byte's top bit.)
+  const uint8_t last_mask = at::isFloatingType(t.scalar_type()) ? 0x7f : 0xff;
+  auto nonzero = [&](int64_t offset) {
+    const uint8_t* p = base + offset * static_cast<int64_t>(elem);
+    return (p[elem - 1] & last_mask) != 0 || std::any_of(p, p + elem - 1, [](uint8_t b) { return b != 0; });
+  };
   for (int64_t i = 0; i < k; ++i) {
-    int64_t flat = i * (n - 1) / std::max<int64_t>(k - 1, 1);
-    int64_t offset = 0;
-    for (int64_t d = t.dim() - 1; d >= 0; --d) {
-      offset += (flat % sizes[d]) * strides[d];
-      flat /= sizes[d];
+    const int64_t flat = i * (n - 1) / std::max<int64_t>(k - 1, 1);
+    const int64_t offset = offset_of(flat, sizes, strides);
+    out.push_back(offset);
+    if (nonzero(offset)) continue;  // (the spread entry is itself a nonzero)
+    const int64_t end = std::min({n, flat + kSeek, i + 1 < k ? (i + 1) * (n - 1) / (k - 1) : n});
+    for (int64_t f = flat + 1; f < end; ++f) {
+      const int64_t o = offset_of(f, sizes, strides);
+      if (nonzero(o)) {
+        out.push_back(o);
+        break;
+      }
     }
-    std::memcpy(&out[i * elem], base + offset * static_cast<int64_t>(elem), elem);
   }
   return out;
+}
+
+std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int64_t>& offsets) {
+  const size_t elem = t.element_size();
+  const auto* base = static_cast<const uint8_t*>(t.data_ptr());
+  std::vector<uint8_t> out(offsets.size() * elem);
+  for (size_t i = 0; i < offsets.size(); ++i)
+    std::memcpy(&out[i * elem], base + offsets[i] * static_cast<int64_t>(elem), elem);
+  return out;
+}
+
+void take_fingerprint(const at::Tensor& t, Entry& e) {
+  e.fingerprint_at = fingerprint_offsets(t);
+  e.fingerprint = read_fingerprint(t, e.fingerprint_at);
 }
 
 EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
@@ -137,8 +179,9 @@ EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
     std::lock_guard lock(cache_mu);
     e = (weight ? weights : inputs).get(key);
   }
-  if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;  // optimizer steps are never missed
-  if (!frozen && !e->fingerprint.empty() && e->fingerprint != fingerprint(t)) return nullptr;
+  // A write through torch moves the version; a fused optimizer step does not, and is caught by the fingerprint.
+  if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;
+  if (!frozen && !e->fingerprint.empty() && e->fingerprint != read_fingerprint(t, e->fingerprint_at)) return nullptr;
   return e;
 }
 
@@ -179,7 +222,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
   auto e = std::make_shared<Entry>();
   e->alias = t.detach();
   e->version = cached ? static_cast<int64_t>(t._version()) : -1;
-  if (cached) e->fingerprint = fingerprint(t);
+  if (cached) take_fingerprint(t, *e);
   measure_density(t, *e, relu);
   if (cached) remember(t, e, weight);
   return e;
@@ -269,7 +312,7 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
       e = std::make_shared<Entry>();
       e->alias = t.detach();
       e->version = static_cast<int64_t>(t._version());
-      e->fingerprint = fingerprint(t);
+      take_fingerprint(t, *e);
       e->layouts[key] = out;  // before the entry is shared
       remember(t, e, weight);
       return out;
@@ -615,7 +658,7 @@ std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOp
   return {e->density, sparse_of(t, *e, o, dtype, sizes)};
 }
 
-std::vector<uint8_t> region_fingerprint(const at::Tensor& t) { return fingerprint(t); }
+std::vector<uint8_t> region_fingerprint(const at::Tensor& t) { return read_fingerprint(t, fingerprint_offsets(t)); }
 
 at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
                           bool weight) {

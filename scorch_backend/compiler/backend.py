@@ -13,9 +13,10 @@ Options:
                     dense/sparse crossover (scorch_backend/calibration.json)
   fallback          "inductor" (default) or "eager": what runs the dense rest
   frozen_weights    False (default): compressed weights are rechecked on every call (version counter and a
-                    32-entry fingerprint) and recompressed after an update. True: the fingerprint is skipped
-                    (the version counter is still checked, so optimizer steps and in-place updates through
-                    torch are seen); only writes through .data or numpy would go unseen.
+                    fingerprint of spread entries and nonzeros) and recompressed after an update. True: the
+                    fingerprint is skipped and only the version counter is checked, for weights that do not
+                    train: in-place updates through torch ops are seen, a fused optimizer step (which does not
+                    move the counter) and writes through .data or numpy are not.
   measure           True (default): run the graph once on the example inputs to measure activation densities
                     (inputs cloned, RNG state restored)
   measure_inputs    True (default): measure the model's data inputs too (bags of words, sparse features);

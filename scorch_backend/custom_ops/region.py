@@ -76,12 +76,16 @@ class Program:
     operands: tuple[Operand, ...]
     out: str
     coef: float = 1.0
-    frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True})
+    frozen: bool = False  # weight operands skip the fingerprint check (options={"frozen_weights": True}): for
+    # weights that do not train (a fused optimizer step does not move the version counter)
     name: str = ""
     label: str = ""  # where the region comes from, for people: "fc1 (Linear): linear" (logs, profiler rows)
     # The output's gradient is mostly zeros (the region feeds a ReLU or a top-k measured sparse): the gradient
     # programs take it compressed (text: "grad_out": "sparse"). The run-time choice still decides per call.
     sparse_grad_out: bool = False
+    # The result comes back contiguous in `out`'s order, not as a permuted view of the kernel's storage order:
+    # a `view` reads it, or it leaves the graph (compiler/passes/fuse.py: _layout_matters). Text: "out_order".
+    requested_order: bool = False
 
     @property
     def equation(self) -> str:
@@ -101,7 +105,7 @@ class Program:
         if len(keep) == len(self.operands):
             return self, keep
         return Program(tuple(self.operands[k] for k in keep), self.out, self.coef, self.frozen, self.name,
-                       self.label, self.sparse_grad_out), keep
+                       self.label, self.sparse_grad_out, self.requested_order), keep
 
     @property
     def title(self) -> str:
@@ -117,6 +121,8 @@ class Program:
             d["label"] = self.label
         if self.sparse_grad_out:
             d["grad_out"] = "sparse"
+        if self.requested_order:
+            d["out_order"] = "requested"
         masked = [k for k, o in enumerate(self.operands) if o.masked_grad]
         if masked:
             d["masked_grads"] = masked
@@ -140,7 +146,7 @@ def parse_program(text: str) -> Program:
                         k in masked, k in relus, nonempty.get(k, ""))
                 for k, o in enumerate(d["operands"]))
     prog = Program(ops, d["out"], float(d["coef"]), bool(d["frozen"]), d.get("name", ""), d.get("label", ""),
-                   d.get("grad_out", "dense") == "sparse")
+                   d.get("grad_out", "dense") == "sparse", d.get("out_order", "storage") == "requested")
     _validate(prog)
     return prog
 
@@ -192,11 +198,13 @@ def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
 # (data pointer, shape, strides, dtype), not the Python object: AOTAutograd hands the backward pass other
 # tensor objects (aliases) for the same weight. An alias shares the version counter, so an in-place update
 # through torch is seen. Writes that bypass the counter (through .data, or a numpy view of the memory) are
-# caught by a fingerprint of FINGERPRINT entries spread over the tensor, checked on every hit: bulk rewrites
-# (an optimizer step, a pruning pass, a new batch) change it. A rewrite of only a few entries outside the
-# fingerprint through .data would not be seen; update tensors through torch ops (or in torch.no_grad()).
-# frozen_weights=True skips the fingerprint for weights (the version counter is still checked: training never
-# reads a stale weight), so only writes through .data or numpy go unseen there.
+# caught by a fingerprint checked on every hit: 32 entries spread over the tensor and the first nonzero after
+# each. Bulk rewrites (an optimizer step, a pruning pass, a new batch) change it; torch's fused optimizers write
+# without moving the version counter, and a masked fine-tune changes only a pruned weight's nonzeros, which is
+# why the fingerprint holds some. A rewrite of only a few entries outside the fingerprint through .data would not
+# be seen; update tensors through torch ops (or in torch.no_grad()).
+# frozen_weights=True skips the fingerprint for weights and checks only the version counter: for weights that do
+# not train (a fused optimizer step, .data and numpy writes go unseen there).
 # The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
 # Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
 # tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
