@@ -214,3 +214,38 @@ def test_product_of_two_sparse_operands_keeps_only_their_intersection():
         C = sb.einsum("ij,ij->ij", sb.sparse(a, "csr"), sb.sparse(b, "csr"))
         assert C.nnz == int(((A != 0) & (B != 0)).sum())
         torch.testing.assert_close(C.to_dense(), a * b)
+
+
+class _ViewAfterPrunedLinear(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.lin = torch.nn.Linear(256, 512)
+        with torch.no_grad():
+            self.lin.weight.mul_(torch.rand_like(self.lin.weight) < 0.05)
+        self.how = how
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.how == "view":
+            return y.view(-1)
+        if self.how == "elementwise_then_view":
+            return (y * 2 + 1).view(x.shape[0], 8, 64)
+        return y  # the caller views it
+
+
+@pytest.mark.parametrize("how", ["view", "elementwise_then_view", "returned"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_pruned_linear_result_can_be_viewed_as_in_eager(how, grad, scorch_dispatch):
+    # The kernel stores y(b, n) n-major; a view of it (in the graph, or of a graph output by the caller) needs
+    # the layout eager gives, so such a region hands its result back contiguous.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _ViewAfterPrunedLinear(how)
+    x = torch.randn(32, 256)
+    compiled = torch.compile(m, backend="scorch")
+    with torch.set_grad_enabled(grad):
+        got, want = compiled(x), m(x)
+        assert got.is_contiguous()
+        if how == "returned":
+            got, want = got.view(-1), want.view(-1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -147,6 +147,34 @@ def _broadcast_patterns(operands: list, out: str) -> list:
     return result
 
 
+_VIEWS = {"view", "view_as"}
+
+
+def _layout_matters(root: fx.Node, depth: int = 4) -> bool:
+    """Must the region's result come back contiguous in its requested order? It is stored in the kernel's loop
+    order (a pruned linear's y(b, n) as n-major, handed back as a transposed view), which every op but `view`
+    takes as it is. Eager code never sees that layout: a `view` of the result, or of a same-shape elementwise op
+    on it (which keeps the layout), fails, and so would the caller's own `view` of a graph output."""
+    shape = shape_of(root)
+    seen, frontier = set(), [root]
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if u.op == "output":
+                    return True
+                name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
+                if name in _VIEWS or str(u.target).startswith("aten.view"):
+                    return True
+                if u.op in ("call_function", "call_method") and shape_of(u) == shape:
+                    nxt.append(u)  # same shape: an elementwise op, which keeps the layout
+        frontier = nxt
+    return False
+
+
 def zero_grad_outside(node) -> bool:
     """Does the op that made `node` zero its input's gradient wherever `node` is zero (the op table's
     `zero_grad` column)? Then a consumer's gradient with respect to `node` is needed only at its nonzeros.
@@ -284,7 +312,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     # factors' patterns usually coincide (a gate and its pattern): not a product
     density = min(densities) if densities else 1.0
     program = Program(tuple(operands), out, term.coef, frozen, name, label,
-                      sparse_grad_out=sparse_grad_out and len(out) >= 2)
+                      sparse_grad_out=sparse_grad_out and len(out) >= 2, requested_order=_layout_matters(root))
     return Fused(program, leaves, unit_dims, None, density, squeeze, per_operand, list(addends))
 
 
