@@ -249,3 +249,70 @@ def test_a_pruned_linear_result_can_be_viewed_as_in_eager(how, grad, scorch_disp
         if how == "returned":
             got, want = got.view(-1), want.view(-1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _pruned(lin, keep=0.1):
+    with torch.no_grad():
+        lin.weight.mul_(torch.rand_like(lin.weight) < keep)
+    return lin
+
+
+class _StateCell(torch.nn.Module):
+    """Reads relu(state), then updates the state in place, then reads the activation (a folded ReLU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.readout = _pruned(torch.nn.Linear(256, 256))
+        self.register_buffer("state", torch.randn(32, 256) - 1.3)
+
+    def forward(self, x):
+        h = torch.relu(self.state)
+        self.state.mul_(0.5).add_(x - 1.3)
+        return self.readout(h)
+
+
+def _scalar_factor_then_write(lin):
+    def f(y):
+        z = y * 0.5  # a scalar factor the region would take in
+        y.add_(1)
+        return lin(z)
+    return f
+
+
+def _addend_after_write(lin):
+    def f(x, other):
+        buf = x.clone()
+        out = lin(buf)
+        buf.copy_(other)  # the product's input reused before the residual add the region would take in
+        return out + x
+    return f
+
+
+@pytest.mark.parametrize("case", ["folded_relu", "scalar_factor", "addend"])
+def test_a_value_written_in_place_inside_a_region_span_is_read_as_eager_reads_it(case, scorch_dispatch):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        if case == "folded_relu":
+            m, twin = _StateCell().eval(), None
+            twin = _StateCell().eval()
+            twin.load_state_dict(m.state_dict())
+            compiled = torch.compile(twin, backend="scorch")
+            for _ in range(3):
+                x = torch.randn(32, 256)
+                torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+            return
+        lin = _pruned(torch.nn.Linear(256, 256))
+        f = _scalar_factor_then_write(lin) if case == "scalar_factor" else _addend_after_write(lin)
+        args = (torch.randn(32, 256),) if case == "scalar_factor" else (torch.randn(32, 256), torch.randn(32, 256))
+        reports = []
+        from scorch_backend.compiler import backend
+
+        backend._recorders.append(reports)
+        try:
+            got = torch.compile(f, backend="scorch")(*[a.clone() for a in args])
+        finally:
+            backend._recorders.remove(reports)
+        want = f(*[a.clone() for a in args])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert any("in place" in d.reason for rep in reports for d in rep.decisions)

@@ -19,7 +19,8 @@ from torch import fx
 # How nodes are named by their ATen op, and the values Dynamo recorded for them, come with the op table.
 from ..ops_table import FUNCTIONS, OpView, example, inplace_by_position, normalized, op_of, shape_of
 
-__all__ = ["OpView", "describe", "example", "is_in_place", "mutated_values", "op_of", "shape_of", "source_label"]
+__all__ = ["OpView", "Writes", "describe", "example", "is_in_place", "mutated_values", "op_of", "shape_of",
+           "source_label"]
 
 
 _OPERATOR_IN_PLACE = {getattr(operator, n) for n in ("iadd", "iand", "iconcat", "ifloordiv", "ilshift",
@@ -95,27 +96,51 @@ _ALIASING_FUNCTIONS = {operator.getitem, torch.reshape, torch.squeeze, torch.uns
                        torch.chunk, torch.unbind, torch.detach, torch.movedim, torch.swapaxes, torch.diagonal}
 
 
+class Writes:
+    """The graph's writes in place, by alias group (a value and every view of it, through the ops above)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self._parent: dict = {}
+        self.position = {n: k for k, n in enumerate(gm.graph.nodes)}
+        for node in gm.graph.nodes:
+            aliasing = (node.op == "call_method" and node.target in _ALIASING_METHODS) or \
+                       (node.op == "call_function" and node.target in _ALIASING_FUNCTIONS)
+            if aliasing and node.args and isinstance(node.args[0], fx.Node):
+                self._parent[self.group(node)] = self.group(node.args[0])
+        self.writes: list = []  # (position, alias group written)
+        for node in gm.graph.nodes:
+            if is_in_place(node):
+                targets = [a for a in node.args[:1] if isinstance(a, fx.Node)]
+                out = node.kwargs.get("out")
+                targets += [out] if isinstance(out, fx.Node) else list(out) if isinstance(out, (tuple, list)) else []
+                for t in [*targets, node]:
+                    if isinstance(t, fx.Node):
+                        self.writes.append((self.position[node], self.group(t)))
+        self._nodes = list(gm.graph.nodes)
+
+    def group(self, node: fx.Node) -> str:
+        n = node.name
+        while self._parent.get(n, n) != n:
+            n = self._parent[n]
+        return n
+
+    def mutated(self) -> set:
+        """Names of the nodes whose memory some in-place op writes (with every alias of them)."""
+        written = {g for _, g in self.writes}
+        return {n.name for n in self._nodes if self.group(n) in written}
+
+    def between(self, first: fx.Node, last: fx.Node, values) -> fx.Node | None:
+        """The first node strictly between `first` and `last` that writes one of `values` (or an alias), else
+        None: a value read at `last` instead of at `first` would then be seen changed."""
+        lo, hi = self.position[first], self.position[last]
+        groups = {self.group(v) for v in values if isinstance(v, fx.Node)}
+        for k, g in self.writes:
+            if lo < k < hi and g in groups:
+                return self._nodes[k]
+        return None
+
+
 def mutated_values(gm: fx.GraphModule) -> set:
     """Names of the nodes whose memory some in-place op of the graph writes (with every alias of them): their
     zeros when they were made say nothing of what later readers see."""
-    parent: dict = {}
-
-    def find(n):
-        while parent.get(n, n) != n:
-            n = parent[n]
-        return n
-
-    for node in gm.graph.nodes:
-        aliasing = (node.op == "call_method" and node.target in _ALIASING_METHODS) or \
-                   (node.op == "call_function" and node.target in _ALIASING_FUNCTIONS)
-        if aliasing and node.args and isinstance(node.args[0], fx.Node):
-            parent[find(node.name)] = find(node.args[0].name)
-    written = set()
-    for node in gm.graph.nodes:
-        if is_in_place(node):
-            targets = [a for a in node.args[:1] if isinstance(a, fx.Node)]
-            out = node.kwargs.get("out")
-            targets += [out] if isinstance(out, fx.Node) else list(out) if isinstance(out, (tuple, list)) else []
-            written.update(find(t.name) for t in targets if isinstance(t, fx.Node))
-            written.add(find(node.name))
-    return {n.name for n in gm.graph.nodes if find(n.name) in written}
+    return Writes(gm).mutated()

@@ -38,7 +38,7 @@ from .. import region_cost
 from ... import log as _log
 from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias
 from .fuse import Chained, Fused, FuseError, chain_of, fuse, sequence_of
-from .graph import describe, example, mutated_values, op_of, shape_of, source_label
+from .graph import Writes, describe, example, op_of, shape_of, source_label
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity
@@ -270,7 +270,8 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
 def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool, chains: bool,
                sequences: bool = False):
     regions, decisions, spares = [], [], []
-    taken = set(mutated_values(gm))  # values written in place stay where they are
+    writes = Writes(gm)
+    taken = writes.mutated()  # values written in place stay where they are
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
         found = _masked_attention(node, attrs, threshold)
@@ -345,7 +346,32 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
             regions = _sequences(gm, regions, decisions, taken, order, attrs, threshold, frozen)
     if not training:
         _fold_relus(regions, taken)
-    return regions, decisions
+    return _reads_in_place(regions, decisions, writes), decisions
+
+
+def _inputs(r: Region) -> list:
+    if r.chain is not None:
+        return list(r.chain.leaves)
+    if r.fused is not None:
+        return list(r.fused.leaves)
+    return [a for a in r.attention[:4]]
+
+
+def _reads_in_place(regions: list, decisions: list, writes: Writes) -> list:
+    """The regions whose inputs no op writes in place between the region's first member and its root, where the
+    rewrite puts the op (and where it reads them all): a scalar factor, a folded ReLU or an addend would
+    otherwise read a value its eager op read before the write. The others stay dense, with a decision."""
+    kept = []
+    for r in regions:
+        first = min(r.members, key=writes.position.get)
+        w = writes.between(first, r.root, _inputs(r))
+        if w is None:
+            kept.append(r)
+            continue
+        decisions.append(Decision(r.root.name, describe(r.root), f"left dense: {describe(w)} writes an input of "
+                                  f"{r.name} in place between its first op and its last"))
+    # (the names stay as they were given: a report lists the regions the graph has, by name)
+    return kept
 
 
 def _fold_relus(regions, taken: set) -> None:
