@@ -303,7 +303,8 @@ std::vector<at::Tensor> dense_backward(const at::Tensor& q, const at::Tensor& k,
   const at::Tensor p = at::softmax(masked_scores(q, k, mask, scale), -1);
   const at::Tensor dv = at::matmul(p.transpose(-2, -1), g);
   const at::Tensor dp = at::matmul(g, v.transpose(-2, -1));
-  const at::Tensor ds = p * (dp - (p * dp).sum(-1, /*keepdim=*/true)) * scale;
+  // The -inf fill's backward zeroes the scores' gradient where the mask is 0 (a fully masked row's NaN included).
+  const at::Tensor ds = (p * (dp - (p * dp).sum(-1, /*keepdim=*/true)) * scale).masked_fill(mask.eq(0), 0);
   return {at::matmul(ds, k).contiguous(), at::matmul(ds.transpose(-2, -1), q).contiguous(), dv.contiguous()};
 }
 
@@ -415,7 +416,15 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
   const at::Tensor dk =
       run_kernel(kGradK, {by_k.pattern(transposed_with(pattern, t, ds_values)), dense_operand(by_k.whole(q3))})
           .values;
-  return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(), dv.reshape(v.sizes()).contiguous()};
+  // A row with nothing stored has NaN probabilities (the forward's output row is NaN), and dv = P^T g sums them
+  // into every row of its batch entry: NaN there, as eager's. (dq and dk stay finite: the -inf fill's backward
+  // zeroes the whole row's score gradient.)
+  at::Tensor dv_entries = dv.reshape({nb, v.size(-2), v.size(-1)});
+  const at::Tensor dead = empty_rows(pattern.buffers[0]).reshape({nb, q.size(-2)}).any(1);
+  if (dead.any().item<bool>())
+    dv_entries = dv_entries.masked_fill(dead.reshape({nb, 1, 1}), std::numeric_limits<double>::quiet_NaN());
+  return {dq.reshape(q.sizes()).contiguous(), dk.reshape(k.sizes()).contiguous(),
+          dv_entries.reshape(v.sizes()).contiguous()};
 }
 
 std::vector<std::string> attention_kernel_specs(const std::vector<int64_t>& q_shape,

@@ -9,7 +9,8 @@ product of those probabilities with v (SpMM). The backward pass is sparse as wel
 sampled at the pattern, the softmax backward on the stored values, then dq = dS k and dk = dS^T q. Where the
 mask is too dense to pay (SCORCH_DISPATCH, the measured crossover), the dense formula runs.
 
-A row with no stored position is NaN, as in the dense formula (softmax over only -inf).
+A row with no stored position is NaN, as in the dense formula (softmax over only -inf); its batch entry's dv is
+NaN too and dq, dk finite, as torch's gradients of that formula are.
 
 This module keeps what is Python's: the log line of the path taken and explain's recording (hooks the C++ op
 calls; neither is needed to run), and the kernel specs for ahead-of-time bundles.

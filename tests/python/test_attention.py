@@ -85,13 +85,21 @@ def test_empty_mask_rows_are_nan(path, monkeypatch):
     torch.testing.assert_close(out, dense_formula(q, k, v, mask, 0.5), equal_nan=True)
 
 
-def test_empty_mask_rows_gradcheck_on_the_sparse_path(monkeypatch):
-    # The other rows' gradients stay finite on the sparse path: an empty row stores nothing to differentiate
-    # (the dense formula's backward is NaN everywhere, as torch's own is).
-    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_mask_rows_gradients_are_eager_ones(path, monkeypatch):
+    # As torch's: an empty row's probabilities are NaN, so dv = P^T g is NaN throughout its batch entry, while
+    # the -inf fill's backward zeroes the row's score gradient, so dq and dk stay finite (and gradcheck holds
+    # for them, the other rows' outputs only).
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
     q, k, v, mask = make((2,), L=6, S=5, empty_rows=(1,), grad=True, seed=3)
     keep = [0, 2, 3, 4, 5]
-    assert torch.autograd.gradcheck(lambda q, k, v: op(q, k, v, mask, 0.4)[:, keep], (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k: op(q, k, v, mask, 0.4)[:, keep], (q, k))
+    w = torch.randn(2, 6, 3, dtype=q.dtype)
+    got = torch.autograd.grad((op(q, k, v, mask, 0.4) * w).sum(), (q, k, v))
+    want = torch.autograd.grad((dense_formula(q, k, v, mask, 0.4) * w).sum(), (q, k, v))
+    assert got[2].isnan().all() and not got[0].isnan().any() and not got[1].isnan().any()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, equal_nan=True)
 
 
 def test_an_all_empty_mask_and_empty_tensors(monkeypatch):
@@ -157,12 +165,17 @@ def test_many_rows_against_eager(batch, L, S, dtype, scale, monkeypatch):
     want = dense_formula(q, k, v, mask, scale)
     tol = {} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-5}
     torch.testing.assert_close(out, want, equal_nan=True, **tol)
-    # Gradients of the other rows (the dense formula's backward is NaN everywhere once a row is empty, so its
-    # reference leaves those rows out).
+    # Gradients as torch's: dv NaN (the empty rows' NaN probabilities reach every row of it), dq and dk finite.
+    got = torch.autograd.grad((out * w).sum(), (q, k, v), retain_graph=True)
+    ref = torch.autograd.grad((want * w).sum(), (q, k, v))
+    assert got[2].isnan().all()
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, equal_nan=True, **tol)
+    # The other rows' gradients against the formula without the empty rows: dq and dk, the kernels' own work.
     keep = [r for r in range(L) if r not in empty]
-    got = torch.autograd.grad((out[..., keep, :] * w[..., keep, :]).sum(), (q, k, v))
+    got = torch.autograd.grad((out[..., keep, :] * w[..., keep, :]).sum(), (q, k))
     kept = dense_formula(q[..., keep, :], k, v, mask[keep], scale)
-    ref = torch.autograd.grad((kept * w[..., keep, :]).sum(), (q, k, v))
+    ref = torch.autograd.grad((kept * w[..., keep, :]).sum(), (q, k))
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, **tol)
 
