@@ -61,12 +61,23 @@ def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTenso
                                                _index_buffer(crd, index_dtype, "col_indices")],
                                 x.values().detach().reshape(-1))
     if x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        _check_compressed(x)  # torch's own conversion reads out of bounds on bad indices (a SIGSEGV)
         x = x.to_sparse_coo()
     if x.dense_dim() != 0:
         raise ValueError(f"hybrid sparse tensors (dense_dim={x.dense_dim()}) are not supported")
     x = x.coalesce()
     buffers, vals = ops.pack(x.indices(), x.values().detach(), list(x.shape), fmt.canonical, index_dtype)
     return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
+
+
+def _check_compressed(x: torch.Tensor) -> None:
+    """torch's invariants of a compressed sparse tensor (made with check_invariants=False, say), as a ValueError."""
+    rowwise = x.layout in (torch.sparse_csr, torch.sparse_bsr)
+    compressed, plain = (x.crow_indices(), x.col_indices()) if rowwise else (x.ccol_indices(), x.row_indices())
+    try:
+        torch._validate_sparse_compressed_tensor_args(compressed, plain, x.values(), x.shape, x.layout)
+    except RuntimeError as e:
+        raise ValueError(f"invalid torch {str(x.layout).replace('torch.', '')} tensor: {e}") from None
 
 
 def _from_scipy(x, fmt: Format, index_dtype) -> SparseTensor:

@@ -370,3 +370,17 @@ def test_sparse_tensors_built_inside_compiled_functions():
     total = torch.compile(lambda a, b: a + b, backend="eager")(S, sb.sparse(eye, "csr"))
     torch.testing.assert_close(total.to_dense(), eye * 4)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr"])
+@pytest.mark.parametrize("fmt", ["coo", "csc", "csr", "dcsr"])
+def test_a_compressed_torch_tensor_with_bad_indices_is_a_value_error(layout, fmt):
+    # Made without torch's invariant check; torch's own to_sparse_coo reads out of bounds on it (a SIGSEGV).
+    pos, crd = torch.tensor([0, 2, 1]), torch.tensor([1, 0])
+    if layout == "bsr":
+        x = torch.sparse_bsr_tensor(pos, crd, torch.ones(2, 2, 2), (4, 4), check_invariants=False)
+    else:
+        make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
+        x = make(pos, crd, torch.tensor([1.0, 2.0]), (2, 2), check_invariants=False)
+    with pytest.raises(ValueError):
+        sb.sparse(x, fmt)
