@@ -189,6 +189,32 @@ at::Tensor linear_index(const at::Tensor& coords, const std::vector<int64_t>& sh
   return lin;
 }
 
+// The elements of dense d in the order an all-dense format stores them, flat: its levels' dimensions in their
+// order, a blocked dimension split into (outer, inner) (scorch_backend/tensors/sparse_tensor.py: in_level_order).
+at::Tensor in_level_order(const at::Tensor& d, const Format& f) {
+  std::vector<int64_t> sizes;
+  std::map<std::pair<int, LevelExpr::Part>, int64_t> axis;
+  for (int64_t dim = 0; dim < d.dim(); ++dim) {
+    int64_t block = 0;
+    for (const auto& l : f.levels())
+      if (l.expr.dim == dim && l.expr.part != LevelExpr::Part::whole) block = l.expr.block;
+    if (block > 0) {
+      SCORCH_CHECK(d.size(dim) % block == 0, "dimension {} of size {} is not divisible by its block size {}", dim,
+                   d.size(dim), block);
+      sizes.push_back(d.size(dim) / block);
+      axis[{static_cast<int>(dim), LevelExpr::Part::outer}] = static_cast<int64_t>(sizes.size()) - 1;
+      sizes.push_back(block);
+      axis[{static_cast<int>(dim), LevelExpr::Part::inner}] = static_cast<int64_t>(sizes.size()) - 1;
+    } else {
+      sizes.push_back(d.size(dim));
+      axis[{static_cast<int>(dim), LevelExpr::Part::whole}] = static_cast<int64_t>(sizes.size()) - 1;
+    }
+  }
+  std::vector<int64_t> order;
+  for (const auto& l : f.levels()) order.push_back(axis.at({l.expr.dim, l.expr.part}));
+  return d.reshape(sizes).permute(order).reshape({-1});
+}
+
 }  // namespace
 
 // Every step keeps a shape known from its inputs' (no unique, no mask select), so fake tensors trace it: src's
@@ -216,10 +242,8 @@ Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx)
   const Format& to = target.format;
   const bool grad = at::GradMode::is_enabled() && x.values.requires_grad();
   if (to.all_dense()) {
-    std::vector<int64_t> order;
-    for (const auto& l : to.levels()) order.push_back(l.expr.dim);
     at::Tensor d = grad ? x.to_dense() : x.to_dense().detach();  // (to_dense is differentiable in the values)
-    return Operand{&target, x.shape, {}, d.permute(order).reshape({-1}).clone()};
+    return Operand{&target, x.shape, {}, in_level_order(d, to).clone()};
   }
   at::Tensor coords = x.coordinates();
   at::Tensor values = x.values.detach();

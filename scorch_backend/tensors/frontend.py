@@ -21,7 +21,7 @@ import torch
 from .. import _C, config, cost_model, log
 from .._native import ops
 from .format import Format, make_format
-from .sparse_tensor import SparseTensor
+from .sparse_tensor import SparseTensor, in_level_order
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from .convert import sparse
 
@@ -440,8 +440,7 @@ def _run_dense(equation: str, ops_, plan: dict, dtype: torch.dtype):
     if not out.requires_grad:
         return sparse(out, fmt)
     if fmt.all_dense:
-        order = [lv["dim"] for lv in fmt.levels]
-        return SparseTensor(fmt, out.shape, [], out.permute(order).reshape(-1), validate=False)
+        return SparseTensor(fmt, out.shape, [], in_level_order(out, fmt), validate=False)
     with torch.no_grad():
         support = torch.einsum(equation, *[_indicator(o) for o in ops_]) != 0
         pattern = sparse(support.to(out.dtype), fmt)

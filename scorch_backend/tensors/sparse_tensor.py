@@ -556,11 +556,28 @@ def _check_values_dtype(dtype) -> None:
                         "convert the input first (e.g. x.float())")
 
 
+def in_level_order(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The elements of dense x in the order an all-dense format stores them, flat (differentiable in x): its
+    levels' dimensions in their order, a blocked dimension (`dense(1/2),dense(1%2)`) split into blocks."""
+    sizes, axis = [], {}
+    for d in range(x.dim()):
+        blocks = {lv["block"] for lv in fmt.levels if lv["dim"] == d and lv["part"] != "whole"}
+        if blocks:
+            b = blocks.pop()
+            if x.shape[d] % b:
+                raise ValueError(f"dimension {d} of size {x.shape[d]} is not divisible by its block size {b}")
+            sizes += [x.shape[d] // b, b]
+            axis[d, "outer"], axis[d, "inner"] = len(sizes) - 2, len(sizes) - 1
+        else:
+            sizes.append(x.shape[d])
+            axis[d, "whole"] = len(sizes) - 1
+    return x.reshape(sizes).permute([axis[lv["dim"], lv["part"]] for lv in fmt.levels]).reshape(-1)
+
+
 def _from_dense(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
     _check_values_dtype(x.dtype)
-    if fmt.all_dense:  # values are the tensor itself, in the format's mode order
-        order = [lv["dim"] for lv in fmt.levels]
-        return SparseTensor(fmt, x.shape, [], x.detach().permute(order).reshape(-1).clone(), validate=False)
+    if fmt.all_dense:  # values are the tensor itself, in the format's level order
+        return SparseTensor(fmt, x.shape, [], in_level_order(x.detach(), fmt).clone(), validate=False)
     if x.dim() == 0:
         raise ValueError("a 0-dimensional tensor can only be stored in the 'dense' format")
     indices = x.nonzero().t()
@@ -592,8 +609,7 @@ def to_format(x: SparseTensor, format: FormatLike, *, mode_order=None, blocksize
     grad = torch.is_grad_enabled() and (x.requires_grad or x._values.requires_grad)
     if fmt.all_dense:
         if grad:
-            order = [lv["dim"] for lv in fmt.levels]
-            return SparseTensor(fmt, x.shape, [], x.to_dense().permute(order).reshape(-1).clone(), validate=False)
+            return SparseTensor(fmt, x.shape, [], in_level_order(x.to_dense(), fmt).clone(), validate=False)
         return _from_dense(x.to_dense(), fmt, index_dtype)
     coords, values = _coordinates_and_values(x, drop_padding=not grad)
     buffers, vals = ops.pack(coords, values.detach(), list(x.shape), fmt.canonical, index_dtype)

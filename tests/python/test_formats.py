@@ -255,3 +255,21 @@ def test_duplicates_of_a_non_unique_last_level_are_summed(dispatch, n, monkeypat
     torch.testing.assert_close((A * A).to_dense(), D * D, rtol=1e-5, atol=1e-5)
     plan = sb.plan_einsum("ij,j->i", A, x)
     assert plan["convert"] and any("non-unique" in r for r in plan["reasons"])
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("fmt", ["dense(0),dense(1/2),dense(1%2)", "dense(0/2),dense(1),dense(0%2)",
+                                 "dense(1/4),dense(0),dense(1%4)"])
+def test_all_dense_blocked_formats(dispatch, fmt, monkeypatch):
+    # Stored in level order with a dimension split into blocks: no permute of the tensor's own dimensions fits.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    D = random_dense((6, 8), 0.5, seed=8)
+    A = sb.sparse(D, "csr")
+    for B in (A.to_format(fmt), sb.sparse(D, fmt)):
+        assert B.format.all_dense
+        torch.testing.assert_close(B.to_dense(), D)
+    torch.testing.assert_close(A.to_format(fmt).stored_values, sb.sparse(D, fmt).stored_values)
+    out = sb.einsum("ij,jk->ik", A, torch.eye(8), out_format=fmt)
+    torch.testing.assert_close(out.to_dense(), D)
+    with pytest.raises(ValueError, match="divisible"):
+        sb.sparse(random_dense((5, 8), 0.5, seed=1), "dense(0/2),dense(1),dense(0%2)")
