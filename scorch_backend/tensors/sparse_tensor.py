@@ -191,7 +191,9 @@ class SparseTensor(torch.Tensor):
 
     @property
     def stored_values(self) -> torch.Tensor:
-        return self._values
+        """The stored values; connected to this SparseTensor in autograd when it requires grad (a leaf made to
+        require grad, or a result of ops on values that do: `with_values(v)`)."""
+        return _Values.apply(self) if self.requires_grad and torch.is_grad_enabled() else self._values
 
     @property
     def index_dtype(self) -> torch.dtype:
@@ -236,9 +238,12 @@ class SparseTensor(torch.Tensor):
         return to_scipy(self)
 
     def with_values(self, values: torch.Tensor) -> "SparseTensor":
-        """The same pattern holding other values (same length)."""
+        """The same pattern holding other values (same length). With a gradient wanted for `values`, the result
+        requires grad and its gradient reaches them (through every op on it, the dispatch rules included)."""
         if values.shape != self._values.shape:
             raise ValueError(f"values must have shape {tuple(self._values.shape)}, got {tuple(values.shape)}")
+        if values.requires_grad and torch.is_grad_enabled():
+            return _FromValues.apply(self, values)
         return SparseTensor(self._format, self.shape, self._buffer_list(), values, validate=False)
 
     def __repr__(self) -> str:
@@ -269,6 +274,29 @@ class _Values(torch.autograd.Function):
     def backward(ctx, grad):
         x = ctx.pattern
         return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
+
+
+class _FromValues(torch.autograd.Function):
+    """(pattern, values) -> a SparseTensor of that pattern holding the values, its gradient going back to the
+    values at the pattern's positions (a gradient of another pattern, or dense, is read there)."""
+
+    @staticmethod
+    def forward(ctx, pattern, values):
+        ctx.pattern = pattern
+        return SparseTensor(pattern.format, pattern.shape, pattern._buffer_list(), values.detach(), validate=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p = ctx.pattern
+        if isinstance(grad, SparseTensor):
+            if grad.format == p.format and all(torch.equal(a, b) for a, b in zip(grad._buffer_list(),
+                                                                                  p._buffer_list())):
+                return None, grad.stored_values
+            got = _C.values_at(grad, p.coordinates())
+            if got is not None:
+                return None, got.to(grad.dtype)
+            grad = grad.to_dense()
+        return None, grad[tuple(p.coordinates())]
 
 
 def _mutated_sparse_argument(func, args, kwargs) -> str | None:

@@ -298,3 +298,26 @@ def test_to_format_keeps_the_graph(src, dst):
     w = torch.randn(8, 6, dtype=torch.float64)
     (C.to_dense() * w).sum().backward()
     torch.testing.assert_close(A.with_values(v.grad).to_dense(), _sampled_grad(A, w))
+
+
+_ELEMENTWISE = {"add": lambda t, u: t + u, "sub": lambda t, u: t - u, "mul": lambda t, u: t * u,
+                "scale": lambda t, u: t * 2.0, "neg": lambda t, u: -t, "relu": lambda t, u: t.relu()}
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("op", list(_ELEMENTWISE))
+def test_elementwise_ops_on_with_values_keep_the_gradient(monkeypatch, dispatch, op):
+    # with_values(v) is the documented way to differentiate a pattern's values; the dispatch rules under
+    # autograd (+, -, *, relu on SparseTensors) must pass the gradient through to v.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    D = random_dense((6, 6), 0.5, seed=5).double()
+    E = random_dense((6, 6), 0.5, seed=6).double()
+    A, B, x = sb.sparse(D, "csr"), sb.sparse(E, "csr"), torch.randn(6, dtype=torch.float64)
+    v = A.stored_values.detach().clone().requires_grad_()
+    C = _ELEMENTWISE[op](A.with_values(v), B)
+    assert C.requires_grad
+    sb.einsum("ij,j->i", C, x).sum().backward()
+    Dd = D.clone().requires_grad_()
+    (_ELEMENTWISE[op](Dd, E) @ x).sum().backward()
+    assert v.grad is not None
+    torch.testing.assert_close(A.with_values(v.grad).to_dense(), _sampled_grad(A, Dd.grad))
