@@ -91,9 +91,11 @@ struct Lru {
   }
 };
 
-std::mutex cache_mu;
-Lru weights{kMaxWeights, {}, {}};
-Lru inputs{kMaxInputs, {}, {}};
+// Never destroyed: at exit the caches' tensors may hold memory that Python owns (torch.from_numpy's storage,
+// whose deleter takes the GIL), and static destructors run after the interpreter is gone (a SIGSEGV at exit).
+std::mutex& cache_mu = *new std::mutex;
+Lru& weights = *new Lru{kMaxWeights, {}, {}};
+Lru& inputs = *new Lru{kMaxInputs, {}, {}};
 std::atomic<int64_t> n_compressions{0}, n_hits{0}, n_sparse{0}, n_dense{0}, n_grouped{0}, n_demoted{0};
 
 RegionHooks hooks;
