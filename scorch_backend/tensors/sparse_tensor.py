@@ -114,7 +114,27 @@ class SparseTensor(torch.Tensor):
             setattr(r, name, b)
         r._values = values
         r._checked_versions = r._buffer_versions()
+        if requires_grad:
+            r._project_grads()
         return r
+
+    def requires_grad_(self, requires_grad: bool = True) -> "SparseTensor":
+        super().requires_grad_(requires_grad)
+        if requires_grad:
+            self._project_grads()
+        return self
+
+    def _project_grads(self) -> None:
+        """A leaf's gradient is kept on its own pattern, aligned with its values (what an optimizer step on the
+        values needs): an op's formula can give another one (`A * B` gives A the gradient `g * B`, in B's
+        pattern and format), so each gradient reaching the leaf is read at its stored positions first."""
+        if self.is_leaf and not getattr(self, "_projecting", False):
+            self._projecting = True
+            # (the pattern, not the tensor: torch.utils.swap_tensors refuses a tensor with weak references and
+            # moves the hook with the tensor's data, away from the Python object)
+            pattern = SparseTensor(self._format, self.shape, self._buffer_list(), self._values.detach(),
+                                   validate=False)
+            self.register_hook(functools.partial(_onto_pattern, pattern))
 
     def _buffer_versions(self):
         """The buffers' version counters; -1 for a buffer that has none (an inference tensor, made under
@@ -276,6 +296,26 @@ class _Values(torch.autograd.Function):
         return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
 
 
+def _values_on(pattern: "SparseTensor", grad: torch.Tensor) -> torch.Tensor:
+    """`grad` (a SparseTensor of any pattern, or dense) read at `pattern`'s stored positions."""
+    if isinstance(grad, SparseTensor):
+        if grad.format == pattern.format and all(
+                torch.equal(a, b) for a, b in zip(grad._buffer_list(), pattern._buffer_list())):
+            return grad._values
+        got = _C.values_at(grad, pattern.coordinates())
+        if got is not None:
+            return got.to(grad.dtype)
+        grad = grad.to_dense()
+    return grad[tuple(pattern.coordinates())]
+
+
+def _onto_pattern(x, grad):
+    if (isinstance(grad, SparseTensor) and grad.format == x.format
+                     and all(torch.equal(a, b) for a, b in zip(grad._buffer_list(), x._buffer_list()))):
+        return grad
+    return SparseTensor(x.format, x.shape, x._buffer_list(), _values_on(x, grad).to(x.dtype), validate=False)
+
+
 class _FromValues(torch.autograd.Function):
     """(pattern, values) -> a SparseTensor of that pattern holding the values, its gradient going back to the
     values at the pattern's positions (a gradient of another pattern, or dense, is read there)."""
@@ -287,16 +327,7 @@ class _FromValues(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        p = ctx.pattern
-        if isinstance(grad, SparseTensor):
-            if grad.format == p.format and all(torch.equal(a, b) for a, b in zip(grad._buffer_list(),
-                                                                                  p._buffer_list())):
-                return None, grad.stored_values
-            got = _C.values_at(grad, p.coordinates())
-            if got is not None:
-                return None, got.to(grad.dtype)
-            grad = grad.to_dense()
-        return None, grad[tuple(p.coordinates())]
+        return None, _values_on(ctx.pattern, grad)
 
 
 def _mutated_sparse_argument(func, args, kwargs) -> str | None:

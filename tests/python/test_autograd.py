@@ -321,3 +321,21 @@ def test_elementwise_ops_on_with_values_keep_the_gradient(monkeypatch, dispatch,
     (_ELEMENTWISE[op](Dd, E) @ x).sum().backward()
     assert v.grad is not None
     torch.testing.assert_close(A.with_values(v.grad).to_dense(), _sampled_grad(A, Dd.grad))
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("op", ["mul", "add", "sub"])
+def test_a_leaf_gradient_stays_on_its_own_pattern(monkeypatch, dispatch, op):
+    # ATen's formula for A * B gives A the gradient g * B (B's pattern and format): the leaf keeps its own.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    D = random_dense((6, 6), 0.5, seed=11).double()
+    E = random_dense((6, 6), 0.5, seed=12).double()
+    A, B = sb.sparse(D, "csr").requires_grad_(), sb.sparse(E, "csc").requires_grad_()
+    w = torch.randn(6, 6, dtype=torch.float64)
+    f = {"mul": lambda a, b: a * b, "add": lambda a, b: a + b, "sub": lambda a, b: a - b}[op]
+    (f(A, B).to_dense() * w).sum().backward()
+    Dd, Ed = D.clone().requires_grad_(), E.clone().requires_grad_()
+    (f(Dd, Ed) * w).sum().backward()
+    for leaf, dense, ref in ((A, D, Dd.grad), (B, E, Ed.grad)):
+        assert leaf.grad.format == leaf.format and leaf.grad.nnz == leaf.nnz
+        torch.testing.assert_close(leaf.grad.to_dense(), ref * (dense != 0))
