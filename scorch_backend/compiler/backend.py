@@ -305,7 +305,9 @@ def _log_report(number: int, report: GraphReport, seconds: float) -> None:
 def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
     """The backend function torch.compile calls (registered as "scorch")."""
     if kwargs.get("mode") not in (None, "default"):
-        raise ValueError("the scorch backend takes options=..., not mode=")
+        raise ValueError(f"the scorch backend has no mode {kwargs['mode']!r}: torch.compile's modes set Inductor's "
+                         "own options (CUDA graphs, autotuning); leave mode unset, and give Scorch's settings as "
+                         f"options={{...}} (keys: {', '.join(DEFAULT_OPTIONS)})")
     opts = _options(options)
     started = time.perf_counter()
     debug = _log.sync()

@@ -316,3 +316,10 @@ def test_a_value_written_in_place_inside_a_region_span_is_read_as_eager_reads_it
         want = f(*[a.clone() for a in args])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert any("in place" in d.reason for rep in reports for d in rep.decisions)
+
+
+def test_a_torch_compile_mode_is_refused_with_what_to_do():
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="scorch", mode="reduce-overhead")
+    with pytest.raises(Exception, match="no mode 'reduce-overhead'.*options="):
+        compiled(torch.randn(2, 4))
