@@ -270,6 +270,21 @@ class SparseTensor(torch.Tensor):
         return (f"SparseTensor(format={self._format}, shape={tuple(self.shape)}, nnz={self.nnz}, "
                 f"dtype={self.dtype}, index_dtype={self.index_dtype})")
 
+    # --- operators ---------------------------------------------------------------------------------------
+    # torch.Tensor's operators turn a TypeError into NotImplemented (so Python tries the other operand), which
+    # loses the message naming the problem ("operand 1 has dtype torch.int64"): these call the op itself.
+    def __matmul__(self, other):
+        return torch.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return torch.matmul(other, self)
+
+    def __mul__(self, other):
+        return torch.mul(self, other)
+
+    def __rmul__(self, other):
+        return torch.mul(other, self)
+
     # --- ATen dispatch ---------------------------------------------------------------------------------
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

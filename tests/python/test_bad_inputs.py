@@ -296,3 +296,12 @@ def test_a_format_for_an_impossible_number_of_dimensions(ndim):
     from scorch_backend.tensors.format import Format
     with pytest.raises(ValueError, match="number of dimensions must be an int"):
         Format("csr", ndim)
+
+
+@pytest.mark.parametrize("expr", ["A @ i", "i2 @ A", "A * i2", "i2 * A"])
+def test_operators_name_a_bad_dtype(expr):
+    # torch.Tensor's operators turn a TypeError into NotImplemented, which would lose the message.
+    A = sb.sparse(torch.eye(4), "csr")
+    i, i2 = torch.ones(4, dtype=torch.int64), torch.ones(4, 4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype torch.int64"):
+        eval(expr, {"A": A, "i": i, "i2": i2})
