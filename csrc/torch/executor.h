@@ -109,8 +109,8 @@ Operand run_statement(const ir::Statement& st, const std::vector<Operand>& ops, 
 Operand run_compute(const std::string& text, const std::vector<std::string>& names, const std::vector<Operand>& ops,
                     const std::string& out_format, int64_t threads);
 
-// The operand in another format (coordinates re-packed; zeros a dense last level pads are dropped). The values
-// are not differentiable through it.
+// The operand in another format (coordinates re-packed; zeros a dense last level pads are dropped unless a
+// gradient is wanted). With a gradient wanted its values are read again from x's through autograd (values_at).
 Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType index_dtype);
 // src's values at the coordinates `coords` ((ndim, n) int64, within src.shape): the sum of src's entries at each
 // (zero where it stores none), differentiable in src.values. What a conversion or a gradient needs to keep

@@ -67,7 +67,18 @@ at::Tensor sparse_gradient(const ir::Statement& g_stmt, std::vector<Operand> ops
   const auto vt = op.values.scalar_type();
   if (op.shape.empty()) return g.values.reshape({1}).to(vt);
   const at::Tensor coords = op.coordinates();  // (ndim, nnz), in the order of the stored values
-  if (g.sparse()) return values_at(g, coords).to(vt).reshape(op.values.sizes());
+  if (g.sparse()) {
+    // The sampled gradient usually comes in the operand's own format and pattern: its values are the answer.
+    // (compared by value only on real data: fake tensors, under tracing, have none)
+    const bool real = !op.values.key_set().has(c10::DispatchKey::Python) &&
+                      !op.values.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+    bool same = g.format == op.format && g.buffers.size() == op.buffers.size();
+    for (size_t b = 0; same && b < g.buffers.size(); ++b)
+      same = g.buffers[b].is_same(op.buffers[b]) ||
+             (real && g.buffers[b].sizes() == op.buffers[b].sizes() && at::equal(g.buffers[b], op.buffers[b]));
+    if (same) return g.values.to(vt).reshape(op.values.sizes());
+    return values_at(g, coords).to(vt).reshape(op.values.sizes());
+  }
   c10::List<std::optional<at::Tensor>> index;
   for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
   return at::index(g.values, index).to(vt).reshape(op.values.sizes());
