@@ -126,7 +126,7 @@ int64_t offset_of(int64_t flat, c10::IntArrayRef sizes, c10::IntArrayRef strides
   return offset;
 }
 
-std::vector<int64_t> fingerprint_offsets(const at::Tensor& t) {
+std::vector<int64_t> fingerprint_offsets(const at::Tensor& t, bool seek = true) {
   std::vector<int64_t> out;
   const int64_t n = t.numel();
   if (n == 0) return out;
@@ -135,6 +135,7 @@ std::vector<int64_t> fingerprint_offsets(const at::Tensor& t) {
   const auto* base = static_cast<const uint8_t*>(t.data_ptr());
   const auto sizes = t.sizes();
   const auto strides = t.strides();
+  const bool contiguous = t.is_contiguous();
   // (-0.0 is a zero: a pruned weight's zeros are often x * 0 of negative x. Little-endian: the sign bit is the
   // last byte's top bit.)
   const uint8_t last_mask = at::isFloatingType(t.scalar_type()) ? 0x7f : 0xff;
@@ -146,10 +147,10 @@ std::vector<int64_t> fingerprint_offsets(const at::Tensor& t) {
     const int64_t flat = i * (n - 1) / std::max<int64_t>(k - 1, 1);
     const int64_t offset = offset_of(flat, sizes, strides);
     out.push_back(offset);
-    if (nonzero(offset)) continue;  // (the spread entry is itself a nonzero)
+    if (!seek || nonzero(offset)) continue;  // (the spread entry is itself a nonzero)
     const int64_t end = std::min({n, flat + kSeek, i + 1 < k ? (i + 1) * (n - 1) / (k - 1) : n});
     for (int64_t f = flat + 1; f < end; ++f) {
-      const int64_t o = offset_of(f, sizes, strides);
+      const int64_t o = contiguous ? f : offset_of(f, sizes, strides);
       if (nonzero(o)) {
         out.push_back(o);
         break;
@@ -168,8 +169,10 @@ std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int
   return out;
 }
 
-void take_fingerprint(const at::Tensor& t, Entry& e) {
-  e.fingerprint_at = fingerprint_offsets(t);
+// The nonzeros are sought for weights only: the write they catch (a fused optimizer step) is a parameter's, and
+// a mostly-zero data input would pay a scan of up to 32 x 4096 entries for each new batch.
+void take_fingerprint(const at::Tensor& t, Entry& e, bool weight) {
+  e.fingerprint_at = fingerprint_offsets(t, weight);
   e.fingerprint = read_fingerprint(t, e.fingerprint_at);
 }
 
@@ -224,7 +227,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
   auto e = std::make_shared<Entry>();
   e->alias = t.detach();
   e->version = cached ? static_cast<int64_t>(t._version()) : -1;
-  if (cached) take_fingerprint(t, *e);
+  if (cached) take_fingerprint(t, *e, weight);
   measure_density(t, *e, relu);
   if (cached) remember(t, e, weight);
   return e;
@@ -314,7 +317,7 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
       e = std::make_shared<Entry>();
       e->alias = t.detach();
       e->version = static_cast<int64_t>(t._version());
-      take_fingerprint(t, *e);
+      take_fingerprint(t, *e, weight);
       e->layouts[key] = out;  // before the entry is shared
       remember(t, e, weight);
       return out;

@@ -45,8 +45,8 @@ struct RegionOperand {
   // kernel writes the activation first). A sparse or dense operand, not cached, packed or broadcast. Program
   // text: the "relu" list. Differentiated as relu(tensor) given to the program without the flags (region_op.cpp).
   bool relu = false;
-  // Pattern factors: a letter along which every fiber of the pattern must hold an entry for the pattern to be
-  // right (a softmax of -inf-masked scores is zero outside the mask except in a row the mask leaves empty, which
+  // Pattern (or sparse) factors: a letter along which every fiber of the operand must hold an entry for its zeros
+  // to be right (a softmax of -inf-masked scores is zero outside the mask except in a row the mask leaves empty, which
   // is NaN throughout). Checked per call, once per version of a cached tensor; where a fiber is empty the call
   // runs the dense path, which gives the NaN. 0: none. Program text: the "nonempty" list of [index, letter].
   char nonempty = 0;
@@ -122,7 +122,8 @@ std::string region_choose(const std::string& text, at::TensorList operands);
 std::pair<double, Operand> cached_compressed(const at::Tensor& t, const RegionOperand& o, at::ScalarType dtype,
                                              const std::vector<int64_t>& lead, bool frozen);
 
-// The bytes of the fingerprint entries of a tensor (32 entries spread over it, any strides).
+// The bytes of the fingerprint entries of a weight (32 entries spread over it, any strides, and the first nonzero
+// after each).
 std::vector<uint8_t> region_fingerprint(const at::Tensor& t);
 
 // The density of a tensor, through the same cache (measured once per version).

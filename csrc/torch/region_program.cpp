@@ -189,10 +189,10 @@ RegionProgram parse_text(const std::string& text) {
       SCORCH_CHECK(k >= 0 && k < static_cast<double>(p.operands.size()) && k == static_cast<int>(k),
                    "scorch::region: nonempty names no operand ({})", k);
       RegionOperand& r = p.operands[static_cast<size_t>(k)];
-      SCORCH_CHECK(r.kind == RegionOperand::Kind::pattern && c.size() == 1 &&
-                       r.tensor_letters().find(c[0]) != std::string::npos,
-                   "scorch::region: a nonempty letter names one of a pattern's own letters, got '{}' for operand {} "
-                   "('{}')", c, k, r.letters);
+      SCORCH_CHECK((r.kind == RegionOperand::Kind::pattern || r.kind == RegionOperand::Kind::sparse) && !r.relu &&
+                       c.size() == 1 && r.tensor_letters().find(c[0]) != std::string::npos,
+                   "scorch::region: a nonempty letter names one of a pattern's or sparse operand's own letters, got "
+                   "'{}' for operand {} ('{}')", c, k, r.letters);
       r.nonempty = c[0];
       p.has_nonempty = true;
     }

@@ -214,7 +214,7 @@ def _pack(gm, kinds, real: dict, new_attrs: dict, report: RewriteReport) -> None
             operands.append(type(o)(o.letters, "sparse", cached=False, grad=False, expand=0, weight=False,
                                     packed=(fmt, tuple(int(d) for d in value.shape))))
         new_program = Program(tuple(operands), program.out, program.coef, program.frozen, program.name,
-                              program.label)
+                              program.label, requested_order=program.requested_order)
         node.target = torch.ops.scorch.region.default
         node.args = (new_program.text(), slots + extra)
 

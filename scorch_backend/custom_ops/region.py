@@ -60,9 +60,10 @@ class Operand:
     # pass that measures and compresses it (an inference graph's activation that only this region reads;
     # passes/partition.py: _fold_relus). Not cached, packed or broadcast. Program text: the "relu" list.
     relu: bool = False
-    # Pattern factors: a letter along which every fiber of the pattern must hold an entry for the pattern to be
-    # right (a softmax of scores masked with -inf is zero outside the mask except in a row the mask leaves empty,
-    # which is NaN: compiler/attrs.py, Support.nonempty). The op checks it per call (once per version of a cached
+    # Pattern or sparse factors: a letter along which every fiber of the operand must hold an entry for the zeros
+    # it brings to be right (a softmax of scores masked with -inf is zero outside the mask except in a row the mask
+    # leaves empty, which is NaN: compiler/attrs.py, Support.nonempty; a sparse factor gets it when it brings the
+    # mask's zeros itself, a gate masked like the scores). The op checks it per call (once per version of a cached
     # tensor) and runs the dense path where it fails. Program text: the "nonempty" list of [index, letter].
     nonempty: str = ""
 
@@ -167,9 +168,10 @@ def _validate(p: Program) -> None:
             raise ValueError(f"scorch::region: bad operand letters {o.letters!r}")
         if o.expand and (o.kind != "pattern" or o.expand > len(o.letters)):
             raise ValueError("scorch::region: only pattern operands broadcast")
-        if o.nonempty and (o.kind != "pattern" or len(o.nonempty) != 1 or o.nonempty not in o.tensor_letters):
-            raise ValueError(f"scorch::region: a nonempty letter names one of a pattern's own letters, got "
-                             f"{o.nonempty!r} for {o.kind} operand {o.letters!r}")
+        if o.nonempty and (o.kind not in ("pattern", "sparse") or o.relu or len(o.nonempty) != 1
+                           or o.nonempty not in o.tensor_letters):
+            raise ValueError(f"scorch::region: a nonempty letter names one of a pattern's or sparse operand's own "
+                             f"letters, got {o.nonempty!r} for {o.kind} operand {o.letters!r}")
         seen.update(o.letters)
     if not set(p.out) <= seen or len(set(p.out)) != len(p.out):
         raise ValueError(f"scorch::region: bad output letters {p.out!r} for {p.equation}")

@@ -212,7 +212,8 @@ class SparseTensor(torch.Tensor):
     @property
     def stored_values(self) -> torch.Tensor:
         """The stored values; connected to this SparseTensor in autograd when it requires grad (a leaf made to
-        require grad, or a result of ops on values that do: `with_values(v)`)."""
+        require grad, or a result of ops on values that do: `with_values(v)`). Such a result is a view that
+        autograd tracks: to write the values in place (pruning), do it under torch.no_grad()."""
         return _Values.apply(self) if self.requires_grad and torch.is_grad_enabled() else self._values
 
     @property
@@ -311,22 +312,26 @@ class _Values(torch.autograd.Function):
         return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
 
 
+def _shares_pattern(a: "SparseTensor", b: "SparseTensor") -> bool:
+    """The same format and the same index buffer objects (by identity: a comparison of values would stop the
+    tracer of a compiled backward, and the gradients of pattern-keeping ops share their input's buffers)."""
+    return a.format == b.format and all(x is y for x, y in zip(a._buffer_list(), b._buffer_list()))
+
+
 def _values_on(pattern: "SparseTensor", grad: torch.Tensor) -> torch.Tensor:
     """`grad` (a SparseTensor of any pattern, or dense) read at `pattern`'s stored positions."""
     if isinstance(grad, SparseTensor):
-        if grad.format == pattern.format and all(
-                torch.equal(a, b) for a, b in zip(grad._buffer_list(), pattern._buffer_list())):
+        if _shares_pattern(grad, pattern):
             return grad._values
         got = _C.values_at(grad, pattern.coordinates())
         if got is not None:
-            return got.to(grad.dtype)
+            return got.to(grad.dtype).reshape(pattern._values.shape)
         grad = grad.to_dense()
-    return grad[tuple(pattern.coordinates())]
+    return grad[tuple(pattern.coordinates())].reshape(pattern._values.shape)
 
 
 def _onto_pattern(x, grad):
-    if (isinstance(grad, SparseTensor) and grad.format == x.format
-                     and all(torch.equal(a, b) for a, b in zip(grad._buffer_list(), x._buffer_list()))):
+    if isinstance(grad, SparseTensor) and _shares_pattern(grad, x):
         return grad
     return SparseTensor(x.format, x.shape, x._buffer_list(), _values_on(x, grad).to(x.dtype), validate=False)
 

@@ -339,3 +339,22 @@ def test_a_leaf_gradient_stays_on_its_own_pattern(monkeypatch, dispatch, op):
     for leaf, dense, ref in ((A, D, Dd.grad), (B, E, Ed.grad)):
         assert leaf.grad.format == leaf.format and leaf.grad.nnz == leaf.nnz
         torch.testing.assert_close(leaf.grad.to_dense(), ref * (dense != 0))
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto", "dense"])
+@pytest.mark.parametrize("equation", ["ii->i", "ii,i->i", "iij->ij"])
+def test_diagonal_reads_differentiate_in_every_dispatch_mode(monkeypatch, dispatch, equation):
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    shape = (5, 5, 3) if equation.startswith("iij") else (5, 5)
+    A = sb.sparse(random_dense(shape, 0.6, seed=13).double(), "csr" if len(shape) == 2 else "csf")
+    S, v = sparse_leaf(A.to_dense(), "csr" if len(shape) == 2 else "csf")
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    args = (x,) if "," in equation else ()
+    check(lambda v, *a: out_values(sb.einsum(equation, S.with_values(v), *a)), v, *args)
+
+
+def test_a_zero_dimensional_leaf_takes_a_dense_gradient():
+    A = sb.sparse(torch.tensor(3.0), "dense").requires_grad_()
+    A.backward(torch.tensor(2.0))
+    assert A.grad.stored_values.shape == A.stored_values.shape
+    torch.testing.assert_close(A.grad.to_dense(), torch.tensor(2.0))

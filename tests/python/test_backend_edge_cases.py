@@ -323,3 +323,26 @@ def test_a_torch_compile_mode_is_refused_with_what_to_do():
     compiled = torch.compile(torch.nn.Linear(4, 4), backend="scorch", mode="reduce-overhead")
     with pytest.raises(Exception, match="no mode 'reduce-overhead'.*options="):
         compiled(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("how", ["deep", "reshape_then_view", "unsqueeze_returned"])
+def test_a_pruned_linear_result_viewed_far_downstream(how, scorch_dispatch):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    lin = _pruned(torch.nn.Linear(256, 512))
+
+    def f(x):
+        y = lin(x)
+        if how == "deep":
+            for _ in range(6):
+                y = y * 1.5 + 0.1
+            return y.view(-1)
+        if how == "reshape_then_view":
+            return y.reshape(x.shape[0], 8, 64).view(-1)
+        return y.unsqueeze(0)  # the caller views it
+
+    x = torch.randn(32, 256)
+    with torch.no_grad():
+        got, want = torch.compile(f, backend="scorch")(x), f(x)
+    torch.testing.assert_close(got.reshape(-1), want.reshape(-1), rtol=1e-4, atol=1e-4)
+    assert got.view(-1).shape == want.view(-1).shape

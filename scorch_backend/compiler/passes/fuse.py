@@ -30,7 +30,7 @@ from ...custom_ops.chain import ChainProgram, ChainStep, parse_chain
 from ...custom_ops.region import Operand, Program
 from ..attrs import DENSE
 from ..ops_table import OPS, FuseError, Term, linear_bias
-from .graph import example, op_of, shape_of
+from .graph import ALIASING_FUNCTIONS, ALIASING_METHODS, example, op_of, shape_of
 
 __all__ = ["Chained", "Fused", "FuseError", "Fuser", "chain_of", "fuse", "sequence_of", "zero_grad_outside"]
 
@@ -150,28 +150,29 @@ def _broadcast_patterns(operands: list, out: str) -> list:
 _VIEWS = {"view", "view_as"}
 
 
-def _layout_matters(root: fx.Node, depth: int = 4) -> bool:
+def _layout_matters(root: fx.Node) -> bool:
     """Must the region's result come back contiguous in its requested order? It is stored in the kernel's loop
     order (a pruned linear's y(b, n) as n-major, handed back as a transposed view), which every op but `view`
-    takes as it is. Eager code never sees that layout: a `view` of the result, or of a same-shape elementwise op
-    on it (which keeps the layout), fails, and so would the caller's own `view` of a graph output."""
-    shape = shape_of(root)
-    seen, frontier = set(), [root]
-    for _ in range(depth):
-        nxt = []
-        for n in frontier:
-            for u in n.users:
-                if u in seen:
-                    continue
-                seen.add(u)
-                if u.op == "output":
-                    return True
-                name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
-                if name in _VIEWS or str(u.target).startswith("aten.view"):
-                    return True
-                if u.op in ("call_function", "call_method") and shape_of(u) == shape:
-                    nxt.append(u)  # same shape: an elementwise op, which keeps the layout
-        frontier = nxt
+    takes as it is. Eager code never sees that layout: a `view` of the result fails, and so does one of a value
+    that keeps its layout (a same-shape elementwise op on it, a reshape, unsqueeze or slice of it, any number of
+    them), in the graph or in the caller's code after the graph returns it."""
+    seen, frontier = {root}, [root]
+    while frontier:
+        n = frontier.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if u.op == "output":
+                return True
+            name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
+            if name in _VIEWS or str(u.target).startswith("aten.view"):
+                return True
+            keeps = (u.op == "call_method" and u.target in ALIASING_METHODS) or \
+                    (u.op == "call_function" and u.target in ALIASING_FUNCTIONS) or \
+                    (u.op in ("call_function", "call_method") and shape_of(u) == shape_of(n))
+            if keeps:
+                frontier.append(u)
     return False
 
 
@@ -234,7 +235,7 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     out = "".join(char(d) for d in term.dims if d is not None)
     unit_dims = [k for k, d in enumerate(term.dims) if d is None]
     operands, leaves, densities, per_operand = [], [], [], []
-    have = set()
+    have = {}  # (carrier, letters) of the zeros an operand already brings -> that operand's index
     squeeze = []
     for leaf, letters in term.factors:
         text = "".join(char(c) for c in letters if c is not None)
@@ -266,9 +267,9 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         per_operand.append(a.density if kind == "sparse" else 1.0)
         if kind == "sparse":
             densities.append(a.density)
-            have.add((leaf.name, text))
+            have.setdefault((leaf.name, text), len(operands) - 1)
             if a.support is not None and len(a.support.dims) == len(text):  # same zeros as its carrier
-                have.add((a.support.carrier, "".join(text[d] for d in a.support.dims)))
+                have.setdefault((a.support.carrier, "".join(text[d] for d in a.support.dims)), len(operands) - 1)
     # Pattern factors for inputs whose zeros another sparse value carries.
     for (leaf, letters), o in zip(list(term.factors), list(operands)):
         a = attrs.get(leaf.name, DENSE)
@@ -282,11 +283,16 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
                 any(_is_one(n) for n in (shape_of(carrier) or (1,))):
             continue
         text = "".join(char(letters[d]) for d in a.support.dims)
-        if (carrier.name, text) in have:
-            continue
-        have.add((carrier.name, text))
         # (a softmax's zeros hold only where every row of the mask keeps an entry: the op checks that)
         nonempty = text[a.support.nonempty] if a.support.nonempty is not None else ""
+        if (carrier.name, text) in have:
+            # Another operand already brings these zeros (a gate masked like the scores): the check goes on it,
+            # which reads its zeros (at least the mask's: a row it keeps nothing of fails, conservatively).
+            k = have[carrier.name, text]
+            if nonempty and nonempty in operands[k].letters:
+                operands[k] = replace(operands[k], nonempty=nonempty)
+            continue
+        have[carrier.name, text] = len(operands)
         operands.append(Operand(text, "pattern", cached=ca.weight or carrier.op == "placeholder", grad=False,
                                 weight=ca.weight, nonempty=nonempty))
         leaves.append(carrier)

@@ -19,8 +19,8 @@ from torch import fx
 # How nodes are named by their ATen op, and the values Dynamo recorded for them, come with the op table.
 from ..ops_table import FUNCTIONS, OpView, example, inplace_by_position, normalized, op_of, shape_of
 
-__all__ = ["OpView", "Writes", "describe", "example", "is_in_place", "mutated_values", "op_of", "shape_of",
-           "source_label"]
+__all__ = ["ALIASING_FUNCTIONS", "ALIASING_METHODS", "OpView", "Writes", "describe", "example", "is_in_place",
+           "mutated_values", "op_of", "shape_of", "source_label"]
 
 
 _OPERATOR_IN_PLACE = {getattr(operator, n) for n in ("iadd", "iand", "iconcat", "ifloordiv", "ilshift",
@@ -87,11 +87,11 @@ def source_label(root: fx.Node, members) -> str:
 
 
 # Ops whose result may share memory with their first argument: writing into one writes into the other.
-_ALIASING_METHODS = {"view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze", "unsqueeze",
+ALIASING_METHODS = {"view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze", "unsqueeze",
                      "transpose", "permute", "t", "narrow", "select", "flatten", "unflatten", "split", "chunk",
                      "unbind", "detach", "as_strided", "movedim", "swapaxes", "diagonal", "contiguous", "to",
                      "type_as", "__getitem__", "data", "float", "double", "type", "view_as_real"}
-_ALIASING_FUNCTIONS = {operator.getitem, torch.reshape, torch.squeeze, torch.unsqueeze, torch.transpose,
+ALIASING_FUNCTIONS = {operator.getitem, torch.reshape, torch.squeeze, torch.unsqueeze, torch.transpose,
                        torch.permute, torch.t, torch.narrow, torch.select, torch.flatten, torch.split,
                        torch.chunk, torch.unbind, torch.detach, torch.movedim, torch.swapaxes, torch.diagonal}
 
@@ -103,8 +103,8 @@ class Writes:
         self._parent: dict = {}
         self.position = {n: k for k, n in enumerate(gm.graph.nodes)}
         for node in gm.graph.nodes:
-            aliasing = (node.op == "call_method" and node.target in _ALIASING_METHODS) or \
-                       (node.op == "call_function" and node.target in _ALIASING_FUNCTIONS)
+            aliasing = (node.op == "call_method" and node.target in ALIASING_METHODS) or \
+                       (node.op == "call_function" and node.target in ALIASING_FUNCTIONS)
             if aliasing and node.args and isinstance(node.args[0], fx.Node):
                 self._parent[self.group(node)] = self.group(node.args[0])
         self.writes: list = []  # (position, alias group written)

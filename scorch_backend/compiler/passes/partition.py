@@ -386,7 +386,7 @@ def _fold_relus(regions, taken: set) -> None:
             continue
         operands = list(f.program.operands)
         for k, (o, leaf) in enumerate(zip(operands, f.leaves)):
-            if o.kind != "sparse" or o.cached or o.weight or o.expand or o.packed or f.squeeze[k] \
+            if o.kind != "sparse" or o.cached or o.weight or o.expand or o.packed or o.nonempty or f.squeeze[k] \
                     or not isinstance(leaf, fx.Node) or leaf.name in taken or f.leaves.count(leaf) != 1:
                 continue
             view = op_of(leaf)
