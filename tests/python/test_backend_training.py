@@ -124,14 +124,18 @@ def test_a_fused_optimizer_step_is_seen_on_a_masked_fine_tune(fused, scorch_disp
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_a_write_through_data_to_only_the_nonzeros_is_seen():
-    from scorch_backend import _C
+def test_a_write_through_data_to_only_a_weights_nonzeros_is_seen():
+    import json
 
     torch.manual_seed(1)
     w = torch.randn(1024, 1024) * (torch.rand(1024, 1024) < 0.01)  # zeros of both signs
-    before = _C.region_density(w), R.stats["cache_hits"]
-    _C.region_density(w)
-    assert R.stats["cache_hits"] == before[1] + 1
-    w.data[w != 0] *= 2.0  # not through w's version counter
-    _C.region_density(w)
-    assert R.stats["cache_hits"] == before[1] + 1  # a miss: the entry was made again
+    x = torch.randn(8, 1024)
+    # y = x w^T with w a cached weight operand (as a pruned linear's region has it)
+    text = json.dumps({"operands": [["bk", "dense", False, True, 0, False], ["nk", "sparse", True, True, 0, True]],
+                       "out": "bn", "coef": 1.0, "frozen": False, "name": "fingerprint_test"})
+    with torch.no_grad():
+        torch.testing.assert_close(R.run(text, [x, w], "sparse"), x @ w.T, rtol=1e-4, atol=1e-4)
+        before = R.stats["compressions"]
+        w.data[w != 0] *= 2.0  # not through w's version counter, and only where it is nonzero
+        torch.testing.assert_close(R.run(text, [x, w], "sparse"), x @ w.T, rtol=1e-4, atol=1e-4)
+        assert R.stats["compressions"] == before + 1  # compressed again
