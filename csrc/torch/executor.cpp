@@ -473,6 +473,8 @@ namespace {
 
 // Does an operand that needs a gradient repeat an index in its term of `equation` ("ii,i->i")?
 bool diagonal_needs_grad(const std::string& equation, const std::vector<Operand>& ops) {
+  // (the common call wants no gradient: no parse of the equation then)
+  if (std::none_of(ops.begin(), ops.end(), [](const Operand& o) { return o.values.requires_grad(); })) return false;
   const std::string lhs = equation.substr(0, equation.find("->"));
   size_t start = 0;
   for (size_t k = 0; k < ops.size() && start <= lhs.size(); ++k) {
