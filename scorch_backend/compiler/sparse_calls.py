@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tensors import rules, sparse_tensor
+from ..tensors import pattern_ops, rules
 from ..tensors.sparse_tensor import SparseTensor
 from .passes.graph import example
 
@@ -44,8 +44,8 @@ def _graph_functions():
         ("call_method", "mm"): ("mm_method", rules._mm_above_autograd, _method("mm")),
         ("call_method", "matmul"): ("matmul_method", rules._matmul_above_autograd, _method("matmul")),
         ("call_method", "addmm"): ("addmm_method", rules._addmm_above_autograd, _method("addmm")),
-        ("call_method", "values"): ("values_method", sparse_tensor._values_with_grad, _method("values")),
-        ("call_method", "_values"): ("values_private_method", sparse_tensor._values_with_grad, _method("_values")),
+        ("call_method", "values"): ("values_method", pattern_ops._values_with_grad, _method("values")),
+        ("call_method", "_values"): ("values_private_method", pattern_ops._values_with_grad, _method("_values")),
     }
     out = {}
     for key, (name, rule, fallback) in table.items():

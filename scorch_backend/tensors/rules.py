@@ -12,7 +12,8 @@ import torch
 from .convert import sparse
 from . import frontend
 from .frontend import compute, einsum
-from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule, _sparse_mm_reduce
+from .pattern_ops import _sparse_mm_reduce
+from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule
 
 aten = torch.ops.aten
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"

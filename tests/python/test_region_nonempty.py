@@ -81,12 +81,16 @@ def test_an_empty_mask_row_is_nan_as_in_eager(dispatch, L, empty, monkeypatch):
     same(got, want)
 
 
-def test_rows_that_all_keep_an_entry_stay_on_the_sparse_path(monkeypatch):
+def compiled_attention(mask, monkeypatch):
+    """(eager model, its compiled form, q, k, v) under the forced sparse path."""
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
     torch._dynamo.reset()
-    m = Attention(band(127)).eval()
-    q, k, v = inputs(127)
-    compiled = torch.compile(m, backend="scorch")
+    m = Attention(mask).eval()
+    return (m, torch.compile(m, backend="scorch"), *inputs(mask.shape[0]))
+
+
+def test_rows_that_all_keep_an_entry_stay_on_the_sparse_path(monkeypatch):
+    m, compiled, q, k, v = compiled_attention(band(127), monkeypatch)
     with torch.no_grad():
         want = m(q, k, v)
         compiled(q, k, v)
@@ -98,11 +102,7 @@ def test_rows_that_all_keep_an_entry_stay_on_the_sparse_path(monkeypatch):
 
 
 def test_a_mask_emptied_in_place_is_seen_on_the_next_call(monkeypatch):
-    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
-    torch._dynamo.reset()
-    m = Attention(band(40)).eval()
-    q, k, v = inputs(40)
-    compiled = torch.compile(m, backend="scorch")
+    m, compiled, q, k, v = compiled_attention(band(40), monkeypatch)
     with torch.no_grad():
         same(compiled(q, k, v), m(q, k, v))
         m.mask[7] = False  # moves the buffer's version: the check is made again
