@@ -272,7 +272,7 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
     regions, decisions, spares = [], [], []
     writes = Writes(gm)
     taken = writes.mutated()  # values written in place stay where they are
-    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    order = writes.position  # each node's place in the graph
     for node in gm.graph.nodes:  # masked attention first: its value product would otherwise be an einsum
         found = _masked_attention(node, attrs, threshold)
         if found is None or any(m.name in taken for m in found[0]):
@@ -354,7 +354,7 @@ def _inputs(r: Region) -> list:
         return list(r.chain.leaves)
     if r.fused is not None:
         return list(r.fused.leaves)
-    return [a for a in r.attention[:4]]
+    return list(r.attention[:4])  # q, k, v, mask
 
 
 def _reads_in_place(regions: list, decisions: list, writes: Writes) -> list:
