@@ -8,6 +8,8 @@
 #include <limits>
 #include <map>
 
+#include <fmt/ranges.h>
+
 #include "common/error.h"
 #include "common/text_cursor.h"
 
@@ -318,8 +320,9 @@ Statement parse_einsum(const std::string& eq, const std::vector<int>& ndims) {
         if (nell < 0)
           st.fail_at(s.start, fmt::format("operand {} has {} dimensions but {} subscripts", t, rank, letters.size()));
         if (ellipsis_dims >= 0 && ellipsis_dims != nell)
-          st.fail_at(ellipsis_pos, "'...' covers a different number of dimensions than in an earlier operand "
-                                   "(broadcasting is not supported)");
+          st.fail_at(ellipsis_pos, fmt::format("'...' covers {} dimensions here but {} in an earlier operand (einsum "
+                                               "broadcasts them first: their sizes do not broadcast)",
+                                               nell, ellipsis_dims));
         ellipsis_dims = nell;
       } else {
         nell = std::max(ellipsis_dims, 0);
@@ -429,12 +432,93 @@ std::vector<int64_t> infer_var_sizes(const Statement& st, const std::vector<std:
       const int v = a->vars[d];
       if (size[v] < 0) size[v] = shape[d];
       else if (size[v] != shape[d])
-        st.fail_at(a->var_pos[d], fmt::format("index '{}' has size {} here but {} elsewhere", st.var_names[v],
-                                              shape[d], size[v]));
+        st.fail_at(a->var_pos[d],
+                   std::isdigit(static_cast<unsigned char>(st.var_names[v][0]))  // a dimension under "..."
+                       ? fmt::format("dimension {} of '...' has size {} here but {} elsewhere",
+                                     st.var_names[v], shape[d], size[v])
+                       : fmt::format("index '{}' has size {} here but {} elsewhere", st.var_names[v], shape[d],
+                                     size[v]));
     }
   }
   for (size_t v = 0; v < size.size(); ++v) SCORCH_ASSERT(size[v] >= 0, "index {} has no size", st.var_names[v]);
   return size;
+}
+
+std::vector<std::vector<int64_t>> broadcast_shapes(const std::string& equation,
+                                                   const std::vector<std::vector<int64_t>>& shapes,
+                                                   const std::vector<bool>& sparse) {
+  // Each input term's subscripts, read without checks (parse_einsum checks them): letters, and where the
+  // "..." sits among them (-1: none).
+  struct Term {
+    std::string letters;
+    int ellipsis_at = -1;
+  };
+  std::vector<Term> terms(1);
+  const size_t arrow = equation.find("->");
+  const std::string lhs = equation.substr(0, arrow);
+  for (size_t i = 0; i < lhs.size(); ++i) {
+    const char c = lhs[i];
+    if (c == ',') {
+      terms.emplace_back();
+    } else if (c == '.') {
+      if (lhs.compare(i, 3, "...") != 0 || terms.back().ellipsis_at >= 0) return {};
+      terms.back().ellipsis_at = static_cast<int>(terms.back().letters.size());
+      i += 2;
+    } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      terms.back().letters += c;
+    } else if (!std::isspace(static_cast<unsigned char>(c))) {
+      return {};
+    }
+  }
+  if (terms.size() != shapes.size() || sparse.size() != shapes.size()) return {};
+  // Each term's dimensions as keys: a letter, or the ellipsis dimension counted from the right (as torch and
+  // numpy align them), written as a negative number.
+  int ell = 0;
+  std::vector<std::vector<int>> keys(terms.size());
+  for (size_t t = 0; t < terms.size(); ++t) {
+    const int rank = static_cast<int>(shapes[t].size()), named = static_cast<int>(terms[t].letters.size());
+    const int nell = terms[t].ellipsis_at >= 0 ? rank - named : 0;
+    if (nell < 0 || (terms[t].ellipsis_at < 0 && rank != named)) return {};
+    ell = std::max(ell, nell);
+    for (int d = 0, l = 0; d < rank; ++d) {
+      const bool in_ellipsis = terms[t].ellipsis_at >= 0 && d >= terms[t].ellipsis_at && d < terms[t].ellipsis_at + nell;
+      keys[t].push_back(in_ellipsis ? -(nell - (d - terms[t].ellipsis_at)) : terms[t].letters[l++]);
+    }
+  }
+  // Each key's size: the one size other than 1 it has anywhere (1 if none); two different ones do not
+  // broadcast (the parser's size check then names them).
+  std::map<int, int64_t> size;
+  for (size_t t = 0; t < terms.size(); ++t)
+    for (size_t d = 0; d < keys[t].size(); ++d) {
+      const int64_t s = shapes[t][d];
+      auto [it, fresh] = size.emplace(keys[t][d], s);
+      if (fresh || s == 1 || it->second == s) continue;
+      if (it->second != 1) return {};
+      it->second = s;
+    }
+  std::vector<std::vector<int64_t>> out;
+  bool changed = false;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    std::vector<int64_t> shape;
+    const int nell = terms[t].ellipsis_at >= 0 ? static_cast<int>(shapes[t].size() - terms[t].letters.size()) : 0;
+    for (size_t d = 0; d < keys[t].size(); ++d) {
+      if (static_cast<int>(d) == terms[t].ellipsis_at)  // leading ellipsis dimensions this operand lacks
+        for (int e = ell; e > nell; --e) shape.push_back(size.count(-e) ? size.at(-e) : 1);
+      shape.push_back(size.at(keys[t][d]));
+    }
+    if (terms[t].ellipsis_at == static_cast<int>(terms[t].letters.size()) && nell == 0)  // "..." last and empty
+      for (int e = ell; e > 0; --e) shape.push_back(size.count(-e) ? size.at(-e) : 1);
+    if (shape != shapes[t]) {
+      SCORCH_CHECK(!sparse[t],
+                   "einsum operand {} is sparse and would have to broadcast from shape [{}] to [{}]: only dense "
+                   "operands broadcast; give the sparse operand its full shape",
+                   t, fmt::join(shapes[t], ", "), fmt::join(shape, ", "));
+      changed = true;
+    }
+    out.push_back(std::move(shape));
+  }
+  if (!changed) return {};
+  return out;
 }
 
 }  // namespace scorch::ir

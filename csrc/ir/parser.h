@@ -23,4 +23,13 @@ Statement parse_index_notation(const std::string& text, const std::vector<std::s
 // Raises ValueError with a caret at the first occurrence that disagrees.
 std::vector<int64_t> infer_var_sizes(const Statement& st, const std::vector<std::vector<int64_t>>& shapes);
 
+// The shapes the operands of an einsum take under torch.einsum's broadcasting: a dimension of size 1 stretches
+// to its index's size elsewhere, and "..." covers the most dimensions any operand gives it (an operand with
+// fewer gains leading dimensions of size 1, then stretched). Empty when no operand changes, or when the
+// equation and shapes do not line up (the parser then names the problem). An operand marked in `sparse` that
+// would change raises ValueError naming it: only dense operands are broadcast.
+std::vector<std::vector<int64_t>> broadcast_shapes(const std::string& equation,
+                                                   const std::vector<std::vector<int64_t>>& shapes,
+                                                   const std::vector<bool>& sparse);
+
 }  // namespace scorch::ir

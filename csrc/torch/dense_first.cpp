@@ -27,6 +27,10 @@ std::optional<DenseFirst> plan_dense_first(const std::string& equation, const st
     ndims.push_back(static_cast<int>(o.shape.size()));
     shapes.push_back(o.shape);
   }
+  std::vector<bool> sparse;
+  for (const auto& o : ops) sparse.push_back(o.sparse());
+  // Operands that broadcast are expanded first (run_einsum), and this is asked again of the expanded ones.
+  if (!ir::broadcast_shapes(equation, shapes, sparse).empty()) return std::nullopt;
   const ir::Statement st = ir::parse_einsum(equation, ndims);
   const std::vector<int64_t> sizes = ir::infer_var_sizes(st, shapes);
   std::vector<const ir::Expr*> acc;

@@ -65,6 +65,9 @@ struct PlanEntry {
   std::vector<int> convert;              // per operand: 0 keep, 1 densify, 2 convert to convert_to[i]
   std::vector<const FormatRef*> convert_to;
   const FormatRef* out = nullptr;        // null: strided output
+  // Not empty: the operands broadcast (torch.einsum's rule) to these shapes, and the call is run again with the
+  // dense ones expanded; the entry then holds no plan.
+  std::vector<std::vector<int64_t>> broadcast;
 };
 
 std::shared_ptr<const PlanEntry> make_entry(Plan plan, const std::vector<Operand>& ops) {
@@ -122,6 +125,12 @@ std::vector<OperandDesc> descs_of(const std::vector<Operand>& ops) {
   d.reserve(ops.size());
   for (const auto& o : ops) d.push_back(o.desc());
   return d;
+}
+
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<Operand>& ops) {
+  std::vector<std::vector<int64_t>> s;
+  for (const auto& o : ops) s.push_back(o.shape);
+  return s;
 }
 
 std::vector<int> ndims_of(const std::vector<Operand>& ops) {
@@ -526,8 +535,29 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
       return o;
     }
   }
-  auto entry = cached_plan(
-      key, [&] { return make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops); });
+  auto entry = cached_plan(key, [&] {
+    std::vector<bool> sparse;
+    for (const auto& o : ops) sparse.push_back(o.sparse());
+    if (auto shapes = ir::broadcast_shapes(equation, shapes_of(ops), sparse); !shapes.empty()) {
+      auto e = std::make_shared<PlanEntry>();
+      e->broadcast = std::move(shapes);
+      return std::shared_ptr<const PlanEntry>(std::move(e));
+    }
+    return make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops);
+  });
+  if (!entry->broadcast.empty()) {
+    // Each dense operand viewed with leading dimensions of size 1 where "..." covers fewer dimensions than
+    // elsewhere, then expanded (a view: stride 0 along the broadcast dimensions; expand's gradient sums).
+    std::vector<Operand> expanded = ops;
+    for (size_t t = 0; t < ops.size(); ++t) {
+      const auto& to = entry->broadcast[t];
+      if (to == ops[t].shape) continue;
+      std::vector<int64_t> lead(to.size() - ops[t].shape.size(), 1);
+      lead.insert(lead.end(), ops[t].shape.begin(), ops[t].shape.end());
+      expanded[t] = Operand{nullptr, to, {}, ops[t].values.reshape(lead).expand(to)};
+    }
+    return run_einsum(equation, expanded, out_format, threads, explain, decide, dense_first);
+  }
 
   Outcome out;
   out.plan = &entry->plan;
@@ -617,11 +647,6 @@ Operand run_steps(const Steps& steps, const std::vector<Operand>& ops, const std
   return all.back();
 }
 
-std::vector<std::vector<int64_t>> shapes_of(const std::vector<Operand>& ops) {
-  std::vector<std::vector<int64_t>> s;
-  for (const auto& o : ops) s.push_back(o.shape);
-  return s;
-}
 
 }  // namespace
 

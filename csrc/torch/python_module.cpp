@@ -633,6 +633,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("spec_info", &spec_info, py::arg("spec"), "Output variables, format and dtypes of a kernel spec.");
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");
+  m.def("broadcast_shapes", &scorch::ir::broadcast_shapes, py::arg("equation"), py::arg("shapes"), py::arg("sparse"),
+        "The operands' shapes under torch.einsum's broadcasting; empty when none changes (ir/parser.h).");
   m.def("plan_einsum", &plan_einsum, py::arg("equation"), py::arg("operands"), py::arg("out_format"), py::arg("f64"),
         py::arg("idx64"), "Plan an einsum call: operands are (format or 'strided', shape, nnz).");
   m.def("plan_compute", &plan_compute, py::arg("text"), py::arg("names"), py::arg("operands"), py::arg("out_format"),

@@ -374,7 +374,7 @@ def _einsum(equation: str, operands, out_format, choose: bool):
 
 
 def _einsum_python(equation: str, operands, out_format, choose: bool):
-    ops_ = [_operand(x, f"operand {k}") for k, x in enumerate(operands)]
+    ops_ = _broadcast(equation, [_operand(x, f"operand {k}") for k, x in enumerate(operands)])
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
     if out_format is None:
@@ -407,6 +407,19 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
     if _debug_level() >= 1:
         log.drain()
     return out
+
+
+def _broadcast(equation, ops_: list) -> list:
+    """The operands under torch.einsum's broadcasting: a dense operand's dimension of size 1 stretches to its
+    index's size elsewhere, and one whose "..." covers fewer dimensions gains leading ones (the executor does
+    the same in C++). A sparse operand that would have to change raises ValueError."""
+    shapes = [list(o.tensor.shape) for o in ops_]
+    if isinstance(equation, str) and not any(isinstance(d, torch.SymInt) for s in shapes for d in s):
+        to = _C.broadcast_shapes(equation, shapes, [o.sparse for o in ops_])
+        if to:
+            return [o if list(t) == s else _Operand(o.tensor.reshape([1] * (len(t) - len(s)) + s).expand(t), False)
+                    for o, s, t in zip(ops_, shapes, to)]
+    return ops_
 
 
 def _all_finite(ops_) -> bool:

@@ -83,6 +83,28 @@ TEST(Parser, SizesAreChecked) {
   EXPECT_NE(e.find("index 'j' has size 6 here but 4 elsewhere\n  ij,jk->ik\n     ^"), std::string::npos) << e;
 }
 
+TEST(Parser, BroadcastShapesFollowTorchEinsum) {
+  using Shapes = std::vector<std::vector<int64_t>>;
+  // Size 1 stretches to the index's size elsewhere; nothing to change gives an empty answer.
+  EXPECT_EQ(ir::broadcast_shapes("ij,j->i", {{6, 5}, {1}}, {true, false}), (Shapes{{6, 5}, {5}}));
+  EXPECT_EQ(ir::broadcast_shapes("ij,ij->ij", {{6, 5}, {6, 1}}, {true, false}), (Shapes{{6, 5}, {6, 5}}));
+  EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 5}, {5}}, {true, false}).empty());
+  EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 1}, {1}}, {true, false}).empty());
+  // "..." aligned from the right; an operand with fewer dimensions there gains leading ones.
+  EXPECT_EQ(ir::broadcast_shapes("...j,...j->...", {{2, 6, 5}, {5}}, {false, false}),
+            (Shapes{{2, 6, 5}, {2, 6, 5}}));
+  EXPECT_EQ(ir::broadcast_shapes("i...,i...->i...", {{3, 4}, {3}}, {false, false}), (Shapes{{3, 4}, {3, 4}}));
+  EXPECT_EQ(ir::broadcast_shapes("...ij,j->...i", {{2, 1, 4, 5}, {1}}, {false, false}),
+            (Shapes{{2, 1, 4, 5}, {5}}));
+  // Sizes that do not broadcast, or an equation that does not fit the shapes: left to the parser's checks.
+  EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 5}, {4}}, {true, false}).empty());
+  EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 5, 2}, {1}}, {true, false}).empty());
+  EXPECT_TRUE(ir::broadcast_shapes("ij,j,k->i", {{6, 5}, {1}}, {true, false}).empty());
+  // A sparse operand that would change is named.
+  const std::string e = error_of([] { ir::broadcast_shapes("ij,ij->ij", {{1, 5}, {6, 5}}, {true, false}); });
+  EXPECT_NE(e.find("operand 0 is sparse and would have to broadcast from shape [1, 5] to [6, 5]"), std::string::npos) << e;
+}
+
 TEST(Lattice, ProductIntersectsSumUnites) {
   auto st = ir::parse_index_notation("y(i) = a(i) * b(i) + c(i)", {"a", "b", "c"});
   auto all_sparse = [](const ir::Expr&) { return true; };
