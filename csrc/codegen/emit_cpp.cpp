@@ -63,6 +63,9 @@ struct Stream {
 };
 
 inline void push(Stream& s, const int64_t* c, int nd, val_t v) {
+  // Once growing failed, the rest is dropped: the kernel reports no memory. Trying again at every entry made
+  // a result too large for memory a system call per entry, minutes before the error.
+  if (s.failed) return;
   if (s.n == s.cap) {
     const int64_t cap = s.cap ? 2 * s.cap : 1024;
     int64_t* crd = (int64_t*)realloc(s.crd, (size_t)(cap * (nd ? nd : 1)) * sizeof(int64_t));

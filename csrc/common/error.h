@@ -10,7 +10,7 @@
 
 namespace scorch {
 
-enum class ErrorKind { value, type, runtime };
+enum class ErrorKind { value, type, runtime, memory };  // memory: Python's MemoryError
 
 class Error : public std::runtime_error {
  public:

@@ -28,6 +28,7 @@ auto translate_errors(F&& f) -> decltype(f()) {
     switch (e.kind()) {
       case ErrorKind::type: TORCH_CHECK_TYPE(false, e.what());
       case ErrorKind::value: TORCH_CHECK_VALUE(false, e.what());
+      case ErrorKind::memory: TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());  // torch.OutOfMemoryError
       default: TORCH_CHECK(false, e.what());
     }
   }

@@ -309,7 +309,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
                                                     "operands (were the index buffers written during the call?)",
                                                     spec.stmt.str()));
         }
-        throw_error(ErrorKind::runtime, fmt::format("scorch kernel '{}' failed (out of memory?)", spec.stmt.str()));
+        SCORCH_ASSERT(rc == SCORCH_STATUS_NO_MEMORY, "scorch kernel '{}' returned the unknown status {}", spec.stmt.str(), rc);
+        throw_error(ErrorKind::memory, fmt::format("scorch kernel '{}' ran out of memory building its result (a sparse "
+                                                   "result holds an entry per nonzero product: this one does not fit)",
+                                                   spec.stmt.str()));
       }
     }
     if (spec.output.strided()) return std::make_tuple(dense, std::vector<at::Tensor>{});

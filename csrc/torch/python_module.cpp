@@ -476,6 +476,7 @@ PYBIND11_MODULE(_C, m) {
     } catch (const scorch::Error& e) {
       PyObject* type = e.kind() == scorch::ErrorKind::type    ? PyExc_TypeError
                        : e.kind() == scorch::ErrorKind::value ? PyExc_ValueError
+                       : e.kind() == scorch::ErrorKind::memory ? PyExc_MemoryError
                                                               : PyExc_RuntimeError;
       PyErr_SetString(type, e.what());
     } catch (python_error& e) {  // a Python kernel or callback raised inside an op: its own exception
@@ -486,6 +487,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_ValueError, e.msg().c_str());
     } catch (const c10::IndexError& e) {
       PyErr_SetString(PyExc_IndexError, e.msg().c_str());
+    } catch (const c10::OutOfMemoryError& e) {  // (a kernel's result that did not fit, through the op)
+      PyErr_SetString(PyExc_MemoryError, e.msg().c_str());
     } catch (const c10::NotImplementedError& e) {
       PyErr_SetString(PyExc_NotImplementedError, e.msg().c_str());
     } catch (const c10::Error& e) {

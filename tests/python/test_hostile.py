@@ -200,6 +200,14 @@ torch.testing.assert_close(x.grad, torch.full((3,), 502.0, dtype=torch.float64))
 """),
 
     # --- 6. the smaller ones --------------------------------------------------------------------------------
+    # A sparse result of 10^9 entries (28 GB) with 4 GB of address space left: a MemoryError in seconds. The
+    # kernel's output stream once retried its failed growth at every entry, a system call each: minutes.
+    "sparse_result_larger_than_memory": case("""
+import resource
+vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 30), resource.RLIM_INFINITY))
+sb.einsum("ij,k->ijk", sb.sparse(torch.eye(1000), "csr"), torch.rand(10**6))
+""", MemoryError, "ran out of memory building its result", timeout=120),
     "literal_overflow": case("""
 sb.compute("y(i) = 1e999 * x(i)", x=torch.ones(3))
 """, ValueError, "out of range.*finite"),
