@@ -13,7 +13,7 @@ from .convert import sparse
 from . import frontend
 from .frontend import compute, einsum
 from .pattern_ops import _sparse_mm_reduce
-from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule
+from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule, _shares_pattern
 
 aten = torch.ops.aten
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -108,6 +108,13 @@ def _add_like(sign):
     def apply(x, y, *, alpha=1):
         if not _same_shape(x, y):
             return NotImplemented
+        if (isinstance(x, SparseTensor) and isinstance(y, SparseTensor) and x.dtype == y.dtype
+                and _shares_pattern(x, y)):
+            # The same pattern (gradients of one leaf, say): the values add position by position. A merge would
+            # also be right for unique formats, but it sums the duplicates of a non-unique one into every copy:
+            # a leaf used twice then got twice its gradient.
+            values = x.stored_values + (sign * alpha) * y.stored_values
+            return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
         idx = ",".join(_LETTERS[: x.dim()])
         acc = f"({idx})" if x.dim() else ""
         return compute(f"out{acc} = X{acc} + a * Y{acc}", X=x, Y=y, a=sign * float(alpha))

@@ -258,6 +258,28 @@ def test_duplicates_of_a_non_unique_last_level_are_summed(dispatch, n, monkeypat
 
 
 @pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+def test_a_leaf_with_duplicates_used_twice_gets_each_use_once(dispatch, monkeypatch):
+    # Autograd adds the two uses' gradients, both in the leaf's pattern: position by position. A merge summed
+    # each coordinate's duplicates into every copy, and each stored value got twice its gradient.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    from scorch_backend import SparseTensor
+
+    n = 9
+    D = random_dense((n, n), 0.4, seed=6)
+    csr = sb.sparse(D, "csr")
+    pos, crd = csr.level_buffers.values()
+    A = SparseTensor("dense(0),compressed[nonunique](1)", (n, n), [pos * 2, crd.repeat_interleave(2)],
+                     (csr.stored_values / 2).repeat_interleave(2)).requires_grad_()
+    x, y = torch.randn(n), torch.randn(n)
+    (sb.einsum("ij,j->i", A, x).sum() + sb.einsum("ij,j->i", A, y).pow(2).sum()).backward()
+    Dl = D.clone().requires_grad_()
+    ((Dl @ x).sum() + (Dl @ y).pow(2).sum()).backward()
+    torch.testing.assert_close(A.grad.stored_values, Dl.grad[tuple(A.coordinates())], rtol=1e-5, atol=1e-5)
+    # Sums of one pattern stay in it, duplicates included, and mean what the dense sums mean.
+    torch.testing.assert_close((A - 0.5 * A).to_dense(), 0.5 * D)
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
 @pytest.mark.parametrize("fmt", ["dense(0),dense(1/2),dense(1%2)", "dense(0/2),dense(1),dense(0%2)",
                                  "dense(1/4),dense(0),dense(1%4)"])
 def test_all_dense_blocked_formats(dispatch, fmt, monkeypatch):
