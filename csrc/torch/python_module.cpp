@@ -421,6 +421,16 @@ py::tuple region_sparse_call(const std::string& text, const std::vector<at::Tens
   return py::make_tuple(eq, out);
 }
 
+py::list region_sparse_calls(const std::string& text, const std::vector<at::Tensor>& operands) {
+  py::list calls;
+  for (auto& [eq, args] : glue::region_sparse_calls(text, operands)) {
+    py::list out;
+    for (auto& a : args) out.append(operand_to_py(std::move(a)));
+    calls.append(py::make_tuple(eq, out));
+  }
+  return calls;
+}
+
 py::dict region_layout(const std::string& text) {
   const auto& p = glue::region_program(text);
   py::dict d;
@@ -546,6 +556,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("text"), py::arg("operands"));
   m.def("region_sparse_call", &region_sparse_call, py::arg("text"), py::arg("operands"),
         "The kernel equation and operands (compressed from the cache) of a region's sparse path.");
+  m.def("region_sparse_calls", &region_sparse_calls, py::arg("text"), py::arg("operands"),
+        "Every (equation, operands) a region's sparse path may run: its own, then its variants that read "
+        "compressed operands dense.");
   m.def("region_layout", &region_layout, py::arg("text"));
   m.def("region_grouped_plan", [](const std::string& text) -> py::object {
     const auto g = glue::grouped_plan(glue::region_program(text));

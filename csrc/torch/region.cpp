@@ -533,34 +533,28 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
 constexpr double kDemoteDensity = 0.25;  // the denser operand holds at least this share of its entries
 constexpr double kDemoteRatio = 2.5;     // and at least this many times the sparsest compressed operand's density
 
-// Built once per program and set of demoted operands (its text then parsed once, as every program's).
-const std::string* demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>& entries) {
-  double sparsest = 2.0;
+// The operands a variant may read dense in place of compressed: sparse ones compressed at run time, and
+// patterns over the output's letters (read as masks then); and how many operands are compressed in all.
+std::pair<std::vector<size_t>, int> demotable(const RegionProgram& p) {
+  std::vector<size_t> ks;
   int compressed = 0;
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    if (p.operands[k].kind != RegionOperand::Kind::sparse && p.operands[k].kind != RegionOperand::Kind::pattern) continue;
-    ++compressed;
-    if (!p.operands[k].packed.empty()) sparsest = 0.0;  // packed: sparse by construction
-    else if (entries[k]) sparsest = std::min(sparsest, entries[k]->density);
-  }
-  if (compressed < 2 || p.operands.size() > 64) return nullptr;
-  uint64_t demoted = 0;
-  int left = compressed;
   auto on_output = [&](const RegionOperand& o) {  // the output's letters, each once, nothing broadcast
     return o.expand == 0 && o.letters.size() == p.out.size() &&
            std::all_of(p.out.begin(), p.out.end(), [&](char c) { return o.letters.find(c) != std::string::npos; });
   };
-  for (size_t k = 0; k < p.operands.size() && left > 1; ++k) {
+  for (size_t k = 0; k < p.operands.size(); ++k) {
     const auto& o = p.operands[k];
+    if (o.kind != RegionOperand::Kind::sparse && o.kind != RegionOperand::Kind::pattern) continue;
+    ++compressed;
     const bool maskable = o.kind == RegionOperand::Kind::pattern && on_output(o);
-    if ((o.kind != RegionOperand::Kind::sparse && !maskable) || !o.packed.empty() || !entries[k]) continue;
-    const double d = entries[k]->density;
-    if (d >= kDemoteDensity && d >= kDemoteRatio * sparsest) {
-      demoted |= uint64_t{1} << k;
-      --left;
-    }
+    if ((o.kind == RegionOperand::Kind::sparse || maskable) && o.packed.empty()) ks.push_back(k);
   }
-  if (!demoted) return nullptr;
+  return {ks, compressed};
+}
+
+// The program with the operands in `demoted` (a bit per operand) read dense. Built once per program and set
+// (its text then parsed once, as every program's).
+const std::string* variant_of(const RegionProgram& p, uint64_t demoted) {
   static std::mutex mu;
   static std::map<std::pair<const RegionProgram*, uint64_t>, std::string> variants;  // programs live forever
   std::lock_guard lock(mu);
@@ -579,7 +573,52 @@ const std::string* demoted_variant(const RegionProgram& p, const std::vector<Ent
   return &it->second;
 }
 
+// The variant this call runs, if any: compressed operands whose density came out high (a ReLU that is not
+// sparse on this input) are read dense, as long as one compressed operand is left.
+const std::string* demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>& entries) {
+  if (p.operands.size() > 64) return nullptr;
+  const auto [ks, compressed] = demotable(p);
+  if (compressed < 2 || ks.empty()) return nullptr;
+  double sparsest = 2.0;
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    if (p.operands[k].kind != RegionOperand::Kind::sparse && p.operands[k].kind != RegionOperand::Kind::pattern) continue;
+    if (!p.operands[k].packed.empty()) sparsest = 0.0;  // packed: sparse by construction
+    else if (entries[k]) sparsest = std::min(sparsest, entries[k]->density);
+  }
+  uint64_t demoted = 0;
+  int left = compressed;
+  for (size_t k : ks) {
+    if (left <= 1) break;
+    if (!entries[k]) continue;
+    const double d = entries[k]->density;
+    if (d >= kDemoteDensity && d >= kDemoteRatio * sparsest) {
+      demoted |= uint64_t{1} << k;
+      --left;
+    }
+  }
+  return demoted ? variant_of(p, demoted) : nullptr;
+}
+
 }  // namespace
+
+std::vector<std::pair<std::string, std::vector<Operand>>> region_sparse_calls(const std::string& text,
+                                                                             at::TensorList operands) {
+  const RegionProgram& p = region_program(text);
+  if (p.has_addends()) return region_sparse_calls(p.product_text, product_args(p, operands));
+  std::vector<std::pair<std::string, std::vector<Operand>>> calls{region_sparse_call(text, operands)};
+  // Every variant density may choose on some input: each set of demotable operands that leaves one compressed
+  // (demoted_variant). Programs have a handful of compressed operands; past 6 demotable ones, none is listed.
+  const auto [ks, compressed] = demotable(p);
+  if (compressed < 2 || ks.empty() || ks.size() > 6 || p.operands.size() > 64) return calls;
+  for (uint64_t subset = 1; subset < (uint64_t{1} << ks.size()); ++subset) {
+    if (__builtin_popcountll(subset) > compressed - 1) continue;
+    uint64_t demoted = 0;
+    for (size_t q = 0; q < ks.size(); ++q)
+      if (subset >> q & 1) demoted |= uint64_t{1} << ks[q];
+    calls.push_back(region_sparse_call(*variant_of(p, demoted), operands));
+  }
+  return calls;
+}
 
 at::Tensor run_region(const std::string& text, at::TensorList all, const std::string& force) {
   const RegionProgram& p = region_program(text);

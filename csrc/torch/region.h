@@ -113,6 +113,11 @@ at::Tensor run_region(const std::string& text, at::TensorList operands, const st
 // What the sparse path would run: the kernel's equation and its operands (compressed ones from the cache).
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands);
 
+// Every sparse call a program may make, its own first: a call may also run a variant that reads compressed
+// operands dense (their density came out high on that input). What a deployed model's kernels are built from.
+std::vector<std::pair<std::string, std::vector<Operand>>> region_sparse_calls(const std::string& text,
+                                                                             at::TensorList operands);
+
 // The path the choice takes for these operands ("dense", "sparse" or "grouped").
 std::string region_choose(const std::string& text, at::TensorList operands);
 

@@ -466,23 +466,25 @@ def kernel_specs(module: fx.GraphModule, example_inputs) -> list[str]:
         def call_function(self, target, args, kwargs):
             if target in (torch.ops.scorch.region, torch.ops.scorch.region.default):
                 text, operands = args
-                eq, ops = _C.region_sparse_call(text, list(operands))
-                descs, f64 = [], False
-                for o in ops:
-                    if isinstance(o, SparseTensor):
-                        descs.append((o.format.canonical, list(o.shape), o.nnz))
-                        f64 = f64 or o.dtype == torch.float64
-                    else:
-                        descs.append(("strided", list(o.shape), o.numel()))
-                        f64 = f64 or o.dtype == torch.float64
-                idx64 = any(isinstance(o, SparseTensor) and o.index_dtype == torch.int64 for o in ops)
                 # A sparse input (a packed size the call gives) may come with int32 or int64 indices (torch's
                 # default): both kernels.
                 dynamic = any(-1 in o.packed[1] for o in parse_program(text).operands if o.packed)
-                for wide in ((idx64, not idx64) if dynamic else (idx64,)):
-                    spec = _C.plan_einsum(eq, descs, "strided", f64, wide)["spec"]
-                    if spec not in specs:
-                        specs.append(spec)
+                # The program's own call and those of its variants that read an operand dense when its
+                # density comes out high (a ReLU that is not sparse on some input): the density decides per
+                # call, so a deployed model may run any of them.
+                for eq, ops in _C.region_sparse_calls(text, list(operands)):
+                    descs, f64 = [], False
+                    for o in ops:
+                        if isinstance(o, SparseTensor):
+                            descs.append((o.format.canonical, list(o.shape), o.nnz))
+                        else:
+                            descs.append(("strided", list(o.shape), o.numel()))
+                        f64 = f64 or o.dtype == torch.float64
+                    idx64 = any(isinstance(o, SparseTensor) and o.index_dtype == torch.int64 for o in ops)
+                    for wide in ((idx64, not idx64) if dynamic else (idx64,)):
+                        spec = _C.plan_einsum(eq, descs, "strided", f64, wide)["spec"]
+                        if spec not in specs:
+                            specs.append(spec)
             elif target in (torch.ops.scorch.masked_attention, torch.ops.scorch.masked_attention.default):
                 q, k, v = args[:3]
                 for spec in attention.kernel_specs(tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, False):

@@ -239,9 +239,9 @@ torch.save({"y": m(*x)}, sys.argv[3])
 """
 
 
-def _run_saved(tmp_path, model_path, inputs, script_text=_RUN_SAVED):
-    """Run a saved model on `inputs` in a child process with no compiler, no JIT and an empty kernel cache;
-    its output goes to tmp_path/out.pt ("y")."""
+def _run_saved(tmp_path, model_path, inputs, script_text=_RUN_SAVED, dispatch="sparse"):
+    """Run a saved model on `inputs` in a child process with no compiler, no JIT and an empty kernel cache
+    (and SCORCH_DISPATCH=`dispatch`); its output goes to tmp_path/out.pt ("y")."""
     import subprocess
     import sys
 
@@ -249,7 +249,7 @@ def _run_saved(tmp_path, model_path, inputs, script_text=_RUN_SAVED):
     script = tmp_path / "run.py"
     script.write_text(script_text)
     env = dict(os.environ, CXX="/nonexistent/c++", SCORCH_JIT="0", SCORCH_CACHE_DIR=str(tmp_path / "empty-cache"),
-               SCORCH_DISPATCH="sparse")
+               SCORCH_DISPATCH=dispatch)
     return subprocess.run([sys.executable, str(script), str(model_path), str(tmp_path / "in.pt"),
                            str(tmp_path / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
 
@@ -273,6 +273,29 @@ def test_saved_model_runs_without_a_compiler(tmp_path):
     r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,),
                    _RUN_SAVED.replace("jit.load(sys.argv[1])", "torch.jit.load(sys.argv[1])"))
     assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("child_dispatch", ["sparse", "auto"])
+def test_saved_model_has_the_kernels_of_its_dense_variants(tmp_path, child_dispatch):
+    # Rewritten under the default dispatch, fc2's region reads fc1's ReLU output compressed; on an input where
+    # that output is about half nonzero, the region reads it dense (a variant of its program, chosen per call
+    # by density). The bundle must hold that variant's kernel too: it once held only the program's own, and
+    # the saved model failed every such call where no compiler is.
+    model, case = _mlp()
+    x = case.make_inputs(4)[0]  # (at this batch fc1 stays dense: no other region needs that kernel)
+    mode = os.environ.pop("SCORCH_DISPATCH", None)
+    try:
+        new = jit.rewrite(model, (x,))
+        info = jit.save(new, tmp_path / "model.pt", (x,))
+    finally:
+        if mode is not None:
+            os.environ["SCORCH_DISPATCH"] = mode
+    x2 = torch.randn(8, x.shape[1])
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,), dispatch=child_dispatch)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with torch.no_grad():
+        _close(torch.load(tmp_path / "out.pt")["y"], model(x2))
+    assert len(info["kernels"]) >= 2
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "{\"kernels\": [\"x\"]}", "{not json", "{\"kernels\": [1], \"bundle\": 5}"])
