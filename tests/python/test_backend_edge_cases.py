@@ -346,3 +346,42 @@ def test_a_pruned_linear_result_viewed_far_downstream(how, scorch_dispatch):
         got, want = torch.compile(f, backend="scorch")(x), f(x)
     torch.testing.assert_close(got.reshape(-1), want.reshape(-1), rtol=1e-4, atol=1e-4)
     assert got.view(-1).shape == want.view(-1).shape
+
+
+class _AutocastProducts(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.fc1 = _pruned(nn.Linear(256, 512, bias=False))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if self.how == "linear":
+                return self.fc1(x)
+            if self.how == "matmul":
+                return x @ self.fc1.weight.t()
+            return torch.einsum("bk,nk->bn", x, self.fc1.weight)
+
+
+@pytest.mark.parametrize("how", ["linear", "matmul", "einsum"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_product_inside_an_autocast_span_keeps_eagers_dtype(how, grad, scorch_dispatch):
+    # Eager computes and rounds in bfloat16 there; a region would compute in float32 and return float32
+    # (helper-42). It stays dense, with a decision saying why.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _AutocastProducts(how)
+    x = torch.randn(64, 256)
+    reports = []
+    from scorch_backend.compiler import backend
+
+    backend._recorders.append(reports)
+    try:
+        with torch.set_grad_enabled(grad):
+            got = torch.compile(m, backend="scorch")(x)
+            want = m(x)
+    finally:
+        backend._recorders.remove(reports)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    assert any("autocast" in d.reason for rep in reports for d in rep.decisions)

@@ -216,6 +216,13 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
     dense, its gradients sparse). `addends`: values added to the result (after a linear's own bias), each
     broadcast to it: they join the program as operands of kind "add"."""
+    for n in [root, *members]:
+        # A product inside an autocast span (or of half-precision values) computes and rounds in that dtype in
+        # eager; the kernels compute in float32 or float64, so the result would differ in dtype and rounding.
+        v = example(n)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype not in (torch.float32, torch.float64):
+            raise FuseError(f"{n.name} computes in {v.dtype} (an autocast span, or half-precision values): "
+                            "eager rounds there, the kernels compute in float32")
     fuser = Fuser(members, attrs)
     view = op_of(root)
     bias = linear_bias(view)
