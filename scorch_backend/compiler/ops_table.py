@@ -468,6 +468,8 @@ def _rule_where(node, view, ctx):
     if len(view.args) != 3:
         return None
     cond, x, other = view.args
+    if isinstance(other, fx.Node) and op_of(other).name == "aten.zeros_like":
+        other = 0.0  # where(m, w, zeros_like(w)): the same zeros
     if not (_is_zero(other) or _is_neg_inf(other)):
         return None
     sup, d = _kept_where(cond, ctx, rank_of(node))
@@ -634,8 +636,10 @@ _op("aten.tanh", X, [torch.tanh], ["tanh"], rule=_rule_zero_preserving, between=
 _op("aten.abs", X, [torch.abs], ["abs"], rule=_rule_zero_preserving, between=True)
 _op("aten.clone", X, [], ["contiguous", "clone"], rule=_rule_zero_preserving, fusible=True, index=_index_same,
     grad=True)
-_op("aten._to_copy", X, [], ["to", "float", "double", "type"], rule=_rule_zero_preserving, fusible=_fusible_cast,
-    index=_index_same, grad=True)
+# (`dtype` a parameter: torch.nn.utils.prune's hook writes `mask.to(dtype=orig.dtype) * orig`, and a keyword
+# not in the table makes a node opaque. `type_as(y)` is `to(y)`.)
+_op("aten._to_copy", ["input|self", "dtype"], [], ["to", "float", "double", "type", "type_as"],
+    rule=_rule_zero_preserving, fusible=_fusible_cast, index=_index_same, grad=True)
 _op("aten.dropout", ["input", "p", "training"], [F.dropout, torch.dropout], inplace_flag=True,
     rule=_rule_zero_preserving, grad=True)
 _op("aten.detach", X, [torch.detach], ["detach"], grad=True)

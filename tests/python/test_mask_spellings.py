@@ -1,0 +1,83 @@
+"""The ways users write a masked (pruned) weight, each seen as sparse by torch.compile(backend="scorch") and
+matching eager: torch.nn.utils.prune's hook (`mask.to(dtype=...) * orig`), casts by keyword or by another
+tensor, and where() with a zeros_like branch (helper-42 found the first and the last two left dense)."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn as nn
+
+from scorch_backend.compiler import backend
+
+SPELLINGS = {
+    "float_mask": lambda s, x: s.mf * s.w,
+    "to_dtype_keyword": lambda s, x: s.mf.to(dtype=x.dtype) * s.w,
+    "to_dtype_positional": lambda s, x: s.mb.to(x.dtype) * s.w,
+    "to_tensor": lambda s, x: s.mb.to(x) * s.w,
+    "type_as": lambda s, x: s.mb.type_as(x) * s.w,
+    "where_zeros_like": lambda s, x: torch.where(s.mb, s.w, torch.zeros_like(s.w)),
+    "where_scalar": lambda s, x: torch.where(s.mb, s.w, 0.0),
+    "masked_fill": lambda s, x: s.w.masked_fill(~s.mb, 0.0),
+}
+
+
+class _Masked(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(512, 256, generator=g))
+        mb = torch.rand(512, 256, generator=g) < 0.05
+        self.register_buffer("mb", mb)
+        self.register_buffer("mf", mb.float())
+        self.how = how
+
+    def forward(self, x):
+        return nn.functional.linear(x, SPELLINGS[self.how](self, x))
+
+
+@contextlib.contextmanager
+def _reports():
+    got = []
+    backend._recorders.append(got)
+    try:
+        yield got
+    finally:
+        backend._recorders.remove(got)
+
+
+def _regions(reports) -> int:
+    return sum(len(r.regions) for r in reports)
+
+
+@pytest.mark.parametrize("how", list(SPELLINGS))
+@pytest.mark.parametrize("grad", [False, True])
+def test_each_spelling_of_a_masked_weight_is_a_region(how, grad):
+    torch._dynamo.reset()
+    m = _Masked(how)
+    x = torch.randn(64, 256)
+    with _reports() as reports, torch.set_grad_enabled(grad):
+        got = torch.compile(m, backend="scorch")(x)
+    torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-4)
+    assert _regions(reports) == 1, [d.reason for r in reports for d in r.decisions]
+
+
+def test_torch_nn_utils_prune_trains_as_a_region():
+    from torch.nn.utils import prune
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    prune.l1_unstructured(eager[0], "weight", amount=0.95)
+    twin = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    prune.l1_unstructured(twin[0], "weight", amount=0.95)
+    twin.load_state_dict(eager.state_dict())
+    x = torch.randn(64, 256)
+    with _reports() as reports:
+        compiled = torch.compile(twin, backend="scorch")
+        compiled(x).square().sum().backward()
+    eager(x).square().sum().backward()
+    assert _regions(reports) >= 1, [d.reason for r in reports for d in r.decisions]
+    torch.testing.assert_close(twin[0].weight_orig.grad, eager[0].weight_orig.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(twin[0].bias.grad, eager[0].bias.grad, rtol=1e-4, atol=1e-4)
