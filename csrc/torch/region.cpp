@@ -27,9 +27,11 @@
 #include "convert.h"
 #include "region_addends.h"
 #include "region_compress.h"
+#include "region_fingerprint.h"
 #include "region_kernels.h"
 #include "region_measure.h"
 #include "region_operands.h"
+#include "region_variants.h"
 #include "runtime/settings.h"
 
 namespace scorch::torch_glue {
@@ -38,7 +40,6 @@ namespace {
 // --- compressed operands, cached by tensor version (see scorch_backend/custom_ops/region.py for the contract) ---------
 constexpr size_t kMaxWeights = 512;  // most recently used parameters and buffers
 constexpr size_t kMaxInputs = 8;     // data inputs: a new batch is a new tensor
-constexpr int64_t kFingerprint = 32; // entries spread over a tensor (and a nonzero after each), compared on every hit unless frozen
 
 struct Entry {
   at::Tensor alias;  // keeps the memory from being reused by another tensor while the entry lives
@@ -107,66 +108,6 @@ std::string tensor_key(const at::Tensor& t) {
   k += '|';
   for (auto s : t.strides()) k += std::to_string(s) + ",";
   return k;
-}
-
-// The fingerprint: kFingerprint elements spread evenly over the tensor, and after each the first nonzero within
-// kSeek elements, as raw bytes (NaN-safe), read at element offsets fixed when the entry is made. The nonzeros
-// matter for pruned weights: a fused optimizer step (torch's fused Adam, AdamW, SGD) writes the parameter
-// without moving its version counter, and in a masked fine-tune it changes only the stored values, while the
-// spread entries of a 99%-zero weight are mostly zeros that never change.
-constexpr int64_t kSeek = 4096;
-
-// The element offset (in units of the element, from data_ptr) of flat index `flat` in row-major order.
-int64_t offset_of(int64_t flat, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  int64_t offset = 0;
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
-    offset += (flat % sizes[d]) * strides[d];
-    flat /= sizes[d];
-  }
-  return offset;
-}
-
-std::vector<int64_t> fingerprint_offsets(const at::Tensor& t, bool seek = true) {
-  std::vector<int64_t> out;
-  const int64_t n = t.numel();
-  if (n == 0) return out;
-  const int64_t k = std::min(kFingerprint, n);
-  const size_t elem = t.element_size();
-  const auto* base = static_cast<const uint8_t*>(t.data_ptr());
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
-  const bool contiguous = t.is_contiguous();
-  // (-0.0 is a zero: a pruned weight's zeros are often x * 0 of negative x. Little-endian: the sign bit is the
-  // last byte's top bit.)
-  const uint8_t last_mask = at::isFloatingType(t.scalar_type()) ? 0x7f : 0xff;
-  auto nonzero = [&](int64_t offset) {
-    const uint8_t* p = base + offset * static_cast<int64_t>(elem);
-    return (p[elem - 1] & last_mask) != 0 || std::any_of(p, p + elem - 1, [](uint8_t b) { return b != 0; });
-  };
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t flat = i * (n - 1) / std::max<int64_t>(k - 1, 1);
-    const int64_t offset = offset_of(flat, sizes, strides);
-    out.push_back(offset);
-    if (!seek || nonzero(offset)) continue;  // (the spread entry is itself a nonzero)
-    const int64_t end = std::min({n, flat + kSeek, i + 1 < k ? (i + 1) * (n - 1) / (k - 1) : n});
-    for (int64_t f = flat + 1; f < end; ++f) {
-      const int64_t o = contiguous ? f : offset_of(f, sizes, strides);
-      if (nonzero(o)) {
-        out.push_back(o);
-        break;
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int64_t>& offsets) {
-  const size_t elem = t.element_size();
-  const auto* base = static_cast<const uint8_t*>(t.data_ptr());
-  std::vector<uint8_t> out(offsets.size() * elem);
-  for (size_t i = 0; i < offsets.size(); ++i)
-    std::memcpy(&out[i * elem], base + offsets[i] * static_cast<int64_t>(elem), elem);
-  return out;
 }
 
 // The nonzeros are sought for weights only: the write they catch (a fused optimizer step) is a parameter's, and
@@ -523,81 +464,6 @@ at::Tensor run_path(const RegionProgram& p, const std::string& text, const Slots
   return run_einsum(p.kernel_equation, args, "strided", at::get_num_threads(), false, /*decide=*/false).result.values;
 }
 
-// A product of several compressed operands, one of them much denser than the others (a ReLU output at 0.5
-// times a 90%-pruned weight): co-iterating both costs far more than reading the denser one as a dense matrix
-// (on a 64x512x512 linear, 3 ms against 0.03 ms). The text of the same program with such operands read
-// dense, or null when there are none. Packed operands are never demoted. A pattern cannot be read dense (the
-// kernel would multiply by its values, not by 1); one on exactly the output's letters becomes a mask instead,
-// applied to the product's result (the sampled gradient of a pruned layer's ReLU input, pattern 0.5 against a
-// 0.1 weight: 64x512x512, 0.60-0.70 ms co-iterated, 0.14-0.16 ms as the product then the mask).
-constexpr double kDemoteDensity = 0.25;  // the denser operand holds at least this share of its entries
-constexpr double kDemoteRatio = 2.5;     // and at least this many times the sparsest compressed operand's density
-
-// The operands a variant may read dense in place of compressed: sparse ones compressed at run time, and
-// patterns over the output's letters (read as masks then); and how many operands are compressed in all.
-std::pair<std::vector<size_t>, int> demotable(const RegionProgram& p) {
-  std::vector<size_t> ks;
-  int compressed = 0;
-  auto on_output = [&](const RegionOperand& o) {  // the output's letters, each once, nothing broadcast
-    return o.expand == 0 && o.letters.size() == p.out.size() &&
-           std::all_of(p.out.begin(), p.out.end(), [&](char c) { return o.letters.find(c) != std::string::npos; });
-  };
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    const auto& o = p.operands[k];
-    if (o.kind != RegionOperand::Kind::sparse && o.kind != RegionOperand::Kind::pattern) continue;
-    ++compressed;
-    const bool maskable = o.kind == RegionOperand::Kind::pattern && on_output(o);
-    if ((o.kind == RegionOperand::Kind::sparse || maskable) && o.packed.empty()) ks.push_back(k);
-  }
-  return {ks, compressed};
-}
-
-// The program with the operands in `demoted` (a bit per operand) read dense. Built once per program and set
-// (its text then parsed once, as every program's).
-const std::string* variant_of(const RegionProgram& p, uint64_t demoted) {
-  static std::mutex mu;
-  static std::map<std::pair<const RegionProgram*, uint64_t>, std::string> variants;  // programs live forever
-  std::lock_guard lock(mu);
-  auto [it, fresh] = variants.try_emplace({&p, demoted});
-  if (fresh) {
-    RegionProgram v = p;
-    for (size_t k = 0; k < v.operands.size(); ++k) {
-      if (!(demoted >> k & 1)) continue;
-      RegionOperand& o = v.operands[k];
-      o.kind = o.kind == RegionOperand::Kind::pattern ? RegionOperand::Kind::mask : RegionOperand::Kind::dense;
-      o.col_major = false;
-      o.nonempty = 0;  // (checked by the program the variant comes from, before it is chosen)
-    }
-    it->second = v.text();
-  }
-  return &it->second;
-}
-
-// The variant this call runs, if any: compressed operands whose density came out high (a ReLU that is not
-// sparse on this input) are read dense, as long as one compressed operand is left.
-const std::string* demoted_variant(const RegionProgram& p, const std::vector<EntryPtr>& entries) {
-  if (p.operands.size() > 64) return nullptr;
-  const auto [ks, compressed] = demotable(p);
-  if (compressed < 2 || ks.empty()) return nullptr;
-  double sparsest = 2.0;
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    if (p.operands[k].kind != RegionOperand::Kind::sparse && p.operands[k].kind != RegionOperand::Kind::pattern) continue;
-    if (!p.operands[k].packed.empty()) sparsest = 0.0;  // packed: sparse by construction
-    else if (entries[k]) sparsest = std::min(sparsest, entries[k]->density);
-  }
-  uint64_t demoted = 0;
-  int left = compressed;
-  for (size_t k : ks) {
-    if (left <= 1) break;
-    if (!entries[k]) continue;
-    const double d = entries[k]->density;
-    if (d >= kDemoteDensity && d >= kDemoteRatio * sparsest) {
-      demoted |= uint64_t{1} << k;
-      --left;
-    }
-  }
-  return demoted ? variant_of(p, demoted) : nullptr;
-}
 
 }  // namespace
 
@@ -606,17 +472,7 @@ std::vector<std::pair<std::string, std::vector<Operand>>> region_sparse_calls(co
   const RegionProgram& p = region_program(text);
   if (p.has_addends()) return region_sparse_calls(p.product_text, product_args(p, operands));
   std::vector<std::pair<std::string, std::vector<Operand>>> calls{region_sparse_call(text, operands)};
-  // Every variant density may choose on some input: each set of demotable operands that leaves one compressed
-  // (demoted_variant). Programs have a handful of compressed operands; past 6 demotable ones, none is listed.
-  const auto [ks, compressed] = demotable(p);
-  if (compressed < 2 || ks.empty() || ks.size() > 6 || p.operands.size() > 64) return calls;
-  for (uint64_t subset = 1; subset < (uint64_t{1} << ks.size()); ++subset) {
-    if (__builtin_popcountll(subset) > compressed - 1) continue;
-    uint64_t demoted = 0;
-    for (size_t q = 0; q < ks.size(); ++q)
-      if (subset >> q & 1) demoted |= uint64_t{1} << ks[q];
-    calls.push_back(region_sparse_call(*variant_of(p, demoted), operands));
-  }
+  for (const std::string* v : all_variants(p)) calls.push_back(region_sparse_call(*v, operands));
   return calls;
 }
 
@@ -649,7 +505,9 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   const bool holds = !p.has_nonempty || patterns_hold(p, s);
   const auto entries = holds ? entries_of(p, operands) : std::vector<EntryPtr>(p.operands.size());
   if (holds && (force.empty() || force == "sparse")) {
-    if (const std::string* variant = demoted_variant(p, entries)) {
+    std::vector<double> densities;
+    for (const auto& e : entries) densities.push_back(e ? e->density : -1.0);
+    if (const std::string* variant = demoted_variant(p, densities)) {
       // The variant may store its result in another order; hand it back in this program's (its Meta kernel's).
       ++n_demoted;
       const at::Tensor r = run_region(*variant, all, force);

@@ -1,0 +1,19 @@
+// The fingerprint that catches writes behind a tensor's version counter (a fused optimizer step), for the
+// region op's cache of compressed operands (region.cpp): where to read it, and the bytes there.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace scorch::torch_glue {
+
+// Element offsets (from data_ptr, any strides) of 32 elements spread evenly over t, and, with `seek`, after
+// each one that is zero the first nonzero within the next 4096 elements (-0.0 counts as zero).
+std::vector<int64_t> fingerprint_offsets(const at::Tensor& t, bool seek = true);
+
+// The raw bytes of t's elements at `offsets` (NaN-safe: compared as bytes).
+std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int64_t>& offsets);
+
+}  // namespace scorch::torch_glue
