@@ -391,6 +391,62 @@ bool patterns_hold(const RegionProgram& p, const Slots& s) {
   return true;
 }
 
+// Whether t holds only finite values: its exponent bits never all set, OR-ed over the data (one vectorised
+// pass for float32 and float64; other dtypes and layouts through ATen).
+bool all_finite(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  const at::Tensor c = t.detach();
+  auto scan = [&](auto bits_type, uint64_t exponent) {
+    using U = decltype(bits_type);
+    const U* p = static_cast<const U*>(c.data_ptr());
+    const int64_t n = c.numel();
+    U bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad |= static_cast<U>((p[i] & exponent) == exponent);
+    return bad == 0;
+  };
+  if (c.is_contiguous() && c.scalar_type() == at::kFloat) return scan(uint32_t{}, 0x7f800000u);
+  if (c.is_contiguous() && c.scalar_type() == at::kDouble) return scan(uint64_t{}, 0x7ff0000000000000ull);
+  return !c.is_floating_point() || at::isfinite(c).all().item<bool>();
+}
+
+// Whether every value the product multiplies is finite. The kernels skip a compressed operand's zeros, where
+// eager multiplies them: a NaN or inf in another operand (or among its own values, when another compressed
+// operand skips its partner) would give NaN there in eager and nothing here. A region stands for dense code,
+// so it runs the dense product then (helper-42: one NaN in a pruned linear's input made 51 of 1024 outputs
+// NaN, eager all of them). One pass per operand, once per version of a cached one (a weight). Not checked:
+// addends (added, never multiplied), patterns and masks (their ones are read, not their values), packed
+// operands (sparse tensors of the caller's, whose unstored entries are never multiplied in eager either), and
+// a dense operand under a pattern (zero outside it by construction; the pattern's rows are checked apart).
+bool values_finite(const RegionProgram& p, const Slots& s) {
+  using Kind = RegionOperand::Kind;
+  bool compressed = false;
+  for (const auto& o : p.operands) {
+    compressed = compressed || o.kind == Kind::sparse || o.kind == Kind::pattern;
+    // A pattern or mask over the output's letters stands for a select (a ReLU's backward, masked_fill): eager
+    // gives 0 outside it whatever the product is there, as the sparse path does, while the dense path
+    // multiplies by it (inf * 0 = NaN). Such a program keeps its path.
+    if ((o.kind == Kind::pattern || o.kind == Kind::mask) && o.expand == 0 && o.letters.size() == p.out.size() &&
+        std::all_of(p.out.begin(), p.out.end(), [&](char c) { return o.letters.find(c) != std::string::npos; }))
+      return true;
+  }
+  if (!compressed) return true;  // (the dense path runs anyway)
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if ((o.kind != Kind::dense && o.kind != Kind::sparse) || !o.packed.empty()) continue;
+    const std::string letters = o.tensor_letters();
+    const bool under_pattern = o.kind == Kind::dense && std::any_of(p.operands.begin(), p.operands.end(), [&](const auto& q) {
+      const std::string ql = q.tensor_letters();
+      return q.kind == Kind::pattern && std::all_of(ql.begin(), ql.end(), [&](char c) { return letters.find(c) != std::string::npos; });
+    });
+    if (under_pattern) continue;
+    const at::Tensor& t = s.slots[k];
+    const at::Tensor finite = derived_of(t, "finite", [&] { return at::scalar_tensor(all_finite(t), at::kBool); },
+                                         o.cached, p.frozen && o.weight, o.weight);
+    if (!finite.item<bool>()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::pair<std::string, std::vector<Operand>> region_sparse_call(const std::string& text, at::TensorList operands) {
@@ -405,7 +461,7 @@ std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
   if (p.has_addends()) return region_choose(p.product_text, product_args(p, operands));
   const Slots s = split_operands(p, operands);
-  if (p.has_nonempty && !patterns_hold(p, s)) return "dense";
+  if ((p.has_nonempty && !patterns_hold(p, s)) || !values_finite(p, s)) return "dense";
   return choose_path(p, text, s, entries_of(p, s.slots));
 }
 
@@ -502,7 +558,8 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   const at::ScalarType dtype = region_dtype(p, operands);
   // A pattern that leaves a fiber empty where its factor is NaN, not zero (a fully masked softmax row): only
   // the dense product carries the NaN through, whatever path was asked for.
-  const bool holds = !p.has_nonempty || patterns_hold(p, s);
+  // So does a NaN or inf that eager would multiply by a zero the kernels skip (values_finite).
+  const bool holds = (!p.has_nonempty || patterns_hold(p, s)) && values_finite(p, s);
   const auto entries = holds ? entries_of(p, operands) : std::vector<EntryPtr>(p.operands.size());
   if (holds && (force.empty() || force == "sparse")) {
     std::vector<double> densities;

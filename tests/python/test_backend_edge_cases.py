@@ -385,3 +385,48 @@ def test_a_product_inside_an_autocast_span_keeps_eagers_dtype(how, grad, scorch_
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got, want)
     assert any("autocast" in d.reason for rep in reports for d in rep.decisions)
+
+
+class _PrunedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = _pruned(nn.Linear(256, 512), keep=0.05)
+        self.fc2 = _pruned(nn.Linear(512, 64), keep=0.1)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["input", "stored_weight", "pruned_weight"])
+@pytest.mark.parametrize("train", [False, True])
+def test_a_non_finite_value_spreads_as_in_eager(value, where, train, scorch_dispatch):
+    # Eager's dense product multiplies every value by the weight's zeros too (NaN * 0 = NaN, inf * 0 = NaN); the
+    # kernels skip those zeros, so a region holding a non-finite value runs the dense product (helper-42: 51
+    # of 1024 outputs NaN where eager had all).
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = _PrunedMLP()
+    twin = _PrunedMLP()
+    twin.load_state_dict(eager.state_dict())
+    compiled = torch.compile(twin, backend="scorch")
+    x = torch.randn(32, 256)
+    with torch.no_grad():
+        compiled(x)  # compiled on finite values
+        for m in (eager, twin):
+            w = m.fc1.weight
+            if where == "stored_weight":
+                w[tuple(w.nonzero()[0])] = value
+            elif where == "pruned_weight":
+                w[tuple((w == 0).nonzero()[0])] = value
+    if where == "input":
+        x[3, 7] = value
+    xe, xc = x.clone().requires_grad_(train), x.clone().requires_grad_(train)
+    with torch.set_grad_enabled(train):
+        want, got = eager(xe), compiled(xc)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+    if train:
+        want.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, equal_nan=True, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(twin.fc2.weight.grad, eager.fc2.weight.grad, equal_nan=True, rtol=1e-4, atol=1e-4)
