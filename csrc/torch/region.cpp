@@ -399,10 +399,14 @@ bool all_finite(const at::Tensor& t) {
   auto scan = [&](auto bits_type, uint64_t exponent) {
     using U = decltype(bits_type);
     const U* p = static_cast<const U*>(c.data_ptr());
-    const int64_t n = c.numel();
-    U bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad |= static_cast<U>((p[i] & exponent) == exponent);
-    return bad == 0;
+    std::atomic<bool> bad{false};
+    // (split across torch's threads past 256K values: an activation of a large batch is scanned at every call)
+    at::parallel_for(0, c.numel(), int64_t{1} << 18, [&](int64_t lo, int64_t hi) {
+      U b = 0;
+      for (int64_t i = lo; i < hi; ++i) b |= static_cast<U>((p[i] & exponent) == exponent);
+      if (b) bad.store(true, std::memory_order_relaxed);
+    });
+    return !bad.load();
   };
   if (c.is_contiguous() && c.scalar_type() == at::kFloat) return scan(uint32_t{}, 0x7f800000u);
   if (c.is_contiguous() && c.scalar_type() == at::kDouble) return scan(uint64_t{}, 0x7ff0000000000000ull);

@@ -430,3 +430,17 @@ def test_a_non_finite_value_spreads_as_in_eager(value, where, train, scorch_disp
         got.sum().backward()
         torch.testing.assert_close(xc.grad, xe.grad, equal_nan=True, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(twin.fc2.weight.grad, eager.fc2.weight.grad, equal_nan=True, rtol=1e-4, atol=1e-4)
+
+
+def test_a_non_finite_value_far_into_a_large_input_is_found(scorch_dispatch):
+    # Past 256K values the scan is split across threads: a NaN in the last share is found too.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    lin = _pruned(nn.Linear(256, 128), keep=0.05)
+    compiled = torch.compile(lin, backend="scorch")
+    x = torch.randn(1200, 256)
+    with torch.no_grad():
+        compiled(x)
+        x[-1, -1] = float("nan")
+        torch.testing.assert_close(compiled(x), lin(x), equal_nan=True, rtol=1e-4, atol=1e-4)
+        assert bool(compiled(x)[-1].isnan().all())
