@@ -444,3 +444,40 @@ def test_a_non_finite_value_far_into_a_large_input_is_found(scorch_dispatch):
         x[-1, -1] = float("nan")
         torch.testing.assert_close(compiled(x), lin(x), equal_nan=True, rtol=1e-4, atol=1e-4)
         assert bool(compiled(x)[-1].isnan().all())
+
+
+class _DropoutBetweenPruned(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.fc1 = _pruned(nn.Linear(256, 512), keep=0.05)
+        self.fc2 = _pruned(nn.Linear(512, 64), keep=0.05)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        if self.how == "dropout":
+            h = F.dropout(h, 0.5, training=True)
+        elif self.how == "randn_like":
+            h = h + 0.1 * torch.randn_like(h)
+        else:
+            h = h * (torch.rand_like(h) > 0.3)
+        return self.fc2(h)
+
+
+@pytest.mark.parametrize("how", ["dropout", "randn_like", "rand_like"])
+def test_random_ops_on_a_region_result_draw_as_in_eager(how, scorch_dispatch):
+    # The region stores fc1's result n-major; a random op fills its input's memory order, so it drew eager's
+    # numbers onto other elements (helper-42). Under Inductor's fallback_random, eager's draws are asked for.
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _DropoutBetweenPruned(how)
+    x = torch.randn(32, 256)
+    with inductor_config.patch(fallback_random=True), torch.no_grad():
+        compiled = torch.compile(m, backend="scorch")
+        torch.manual_seed(1)
+        want = m(x)
+        torch.manual_seed(1)
+        got = compiled(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -150,12 +150,21 @@ def _broadcast_patterns(operands: list, out: str) -> list:
 _VIEWS = {"view", "view_as"}
 
 
+# Ops that draw random numbers in the memory order of their input (a `*_like` op keeps its strides): on the
+# n-major layout they would give other elements the numbers eager gives (the same draws, a transposed mask;
+# helper-42 saw compiled dropout differ from eager's under Inductor's fallback_random).
+_RANDOM_IN_MEMORY_ORDER = {"dropout", "dropout_", "native_dropout", "alpha_dropout", "feature_alpha_dropout",
+                           "dropout1d", "dropout2d", "dropout3d", "rand_like", "randn_like", "randint_like",
+                           "bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "empty_like"}
+
+
 def _layout_matters(root: fx.Node) -> bool:
     """Must the region's result come back contiguous in its requested order? It is stored in the kernel's loop
     order (a pruned linear's y(b, n) as n-major, handed back as a transposed view), which every op but `view`
     takes as it is. Eager code never sees that layout: a `view` of the result fails, and so does one of a value
     that keeps its layout (a same-shape elementwise op on it, a reshape, unsqueeze or slice of it, any number of
-    them), in the graph or in the caller's code after the graph returns it."""
+    them), in the graph or in the caller's code after the graph returns it. Nor does a random op's draw order
+    (_RANDOM_IN_MEMORY_ORDER)."""
     seen, frontier = {root}, [root]
     while frontier:
         n = frontier.pop()
@@ -166,7 +175,7 @@ def _layout_matters(root: fx.Node) -> bool:
             if u.op == "output":
                 return True
             name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
-            if name in _VIEWS or str(u.target).startswith("aten.view"):
+            if name in _VIEWS or str(u.target).startswith("aten.view") or name in _RANDOM_IN_MEMORY_ORDER:
                 return True
             keeps = (u.op == "call_method" and u.target in ALIASING_METHODS) or \
                     (u.op == "call_function" and u.target in ALIASING_FUNCTIONS) or \
