@@ -512,6 +512,12 @@ def save(module: torch.nn.Module, path, example_inputs, *, target: str | None = 
     path = os.fspath(path)
     specs = kernel_specs(module, example_inputs) if isinstance(module, fx.GraphModule) else []
     scripted = module if isinstance(module, torch.jit.ScriptModule) else torch.jit.script(module)
+    if not isinstance(module, fx.GraphModule) and "scorch::" in str(scripted.inlined_graph):
+        # The kernels are found by running the rewritten GraphModule's regions (kernel_specs); a scripted or
+        # traced copy hides them, and a model saved without its bundle fails where there is no compiler.
+        raise ValueError("jit.save needs the GraphModule jit.rewrite returned, not a scripted or traced copy of "
+                         "it: the kernels its Scorch ops run are found by running the GraphModule (save scripts "
+                         "it itself)")
     extra = {"scorch.json": json.dumps({"kernels": specs, "bundle": os.path.basename(_bundle_path(path))})}
     torch.jit.save(scripted, path, _extra_files=extra)
     info = {"model": path, "kernels": specs, "bundle": None}
@@ -535,6 +541,9 @@ def load(path) -> torch.jit.ScriptModule:
         meta = json.loads(extra["scorch.json"]) if extra["scorch.json"] else {}
         if not isinstance(meta, dict) or (meta.get("kernels") and not isinstance(meta.get("bundle"), str)):
             raise ValueError("expected an object with the kernel bundle's file name under 'bundle'")
+        if meta.get("kernels") and (os.path.basename(meta["bundle"]) != meta["bundle"] or
+                                    meta["bundle"] in ("", ".", "..")):
+            raise ValueError(f"the bundle's name {meta['bundle']!r} is not a file name next to the model")
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{path}: its scorch.json (written by scorch_backend.compiler.jit.save) is damaged: {e}") \
             from None
@@ -542,6 +551,13 @@ def load(path) -> torch.jit.ScriptModule:
         bundle = os.path.join(os.path.dirname(path), meta["bundle"])
         if not os.path.exists(bundle):
             raise FileNotFoundError(f"{path} needs its kernel bundle {bundle} (written by scorch_backend.compiler.jit.save)")
+        # Checked as loading checks it, then against the model's list: another model's bundle loads as well,
+        # and would fail only at the first call that needs a kernel it lacks.
+        held = {spec for spec, _ in aot.bundle_info(bundle)["kernels"]}
+        missing = [k for k in meta["kernels"] if k not in held]
+        if missing:
+            raise ValueError(f"{bundle} lacks {len(missing)} of the {len(meta['kernels'])} kernels {path} needs "
+                             f"(is it another model's bundle?), first: {missing[0]}")
         aot.load_bundle(bundle)
     return module
 

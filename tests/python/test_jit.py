@@ -298,7 +298,40 @@ def test_saved_model_has_the_kernels_of_its_dense_variants(tmp_path, child_dispa
     assert len(info["kernels"]) >= 2
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", "{\"kernels\": [\"x\"]}", "{not json", "{\"kernels\": [1], \"bundle\": 5}"])
+def test_a_bundle_that_lacks_the_models_kernels_is_refused_at_load(tmp_path):
+    # Another model's bundle in its place loaded as well, and failed only at the first call that needed a kernel
+    # it lacks (helper-41): now named at load.
+    from scorch_backend.custom_ops import aot
+
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    info = jit.save(new, tmp_path / "model.pt", (x,))
+    assert len(info["kernels"]) >= 2
+    aot.build_bundle(info["kernels"][:1], info["bundle"])  # only the first, under the model's bundle name
+    with pytest.raises(ValueError, match=r"lacks \d+ of the \d+ kernels .* needs \(is it another model.s bundle"):
+        jit.load(tmp_path / "model.pt")
+
+
+def test_saving_a_scripted_copy_is_refused(tmp_path):
+    # Its kernels cannot be found without the GraphModule: once it saved no bundle (and deleted an earlier one),
+    # and the model failed at its first call where there is no compiler (helper-41).
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    info = jit.save(new, tmp_path / "model.pt", (x,))
+    for copy in (torch.jit.script(new), torch.jit.trace(new, (x,))):
+        with pytest.raises(ValueError, match="needs the GraphModule jit.rewrite returned"):
+            jit.save(copy, tmp_path / "model.pt", (x,))
+    assert os.path.exists(info["bundle"])
+    # A model without Scorch ops still saves, with no bundle.
+    plain = jit.save(torch.jit.script(nn.Linear(4, 2)), tmp_path / "plain.pt", (torch.randn(1, 4),))
+    assert plain["bundle"] is None and plain["kernels"] == []
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{\"kernels\": [\"x\"]}", "{not json", "{\"kernels\": [1], \"bundle\": 5}",
+                                  "{\"kernels\": [\"x\"], \"bundle\": \"../model.pt.kernels\"}",
+                                  "{\"kernels\": [\"x\"], \"bundle\": \"/etc/passwd\"}"])
 def test_a_damaged_scorch_json_is_named(tmp_path, text):
     model, case = _mlp()
     x = case.make_inputs(6)[0]
