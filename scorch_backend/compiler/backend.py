@@ -162,7 +162,7 @@ def _region_lines(regions, decisions) -> list[str]:
 
 
 def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphDump | None" = None, *,
-              attention: bool = True, chains: bool = True) -> GraphReport:
+              attention: bool = True, chains: bool = True, name_prefix: str = "") -> GraphReport:
     """Run the passes on `gm` in place and say what was done; with `dump`, write the graph after each pass.
     `attention` False leaves masked attention to the model's own code; `chains` False keeps every product a
     region of its own (the TorchScript rewrite asks for that: chain programs in rewritten models are not
@@ -195,10 +195,11 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     # again without any chain (taking the mixture of experts' chains with it), so it forms none there.
     sequences = chains and opts["sequences"] and not (training and mode == "direct")
     regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, chains,
-                                   sequences=sequences)
+                                   sequences=sequences, name_prefix=name_prefix)
     if chains and training and mode == "direct" and not all(
             _C.chain_direct_gradient(r.program_text) for r in regions if r.chain is not None):
-        regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, False)
+        regions, decisions = partition(gm, attrs, threshold, bool(opts["frozen_weights"]), training, False,
+                                       name_prefix=name_prefix)
     for r in regions:
         if r.chain is not None and training and _C.chain_direct_gradient(r.program_text):
             r.chain.program = dataclasses.replace(r.chain.program, keep=True)
@@ -218,8 +219,49 @@ def transform(gm: fx.GraphModule, example_inputs, opts: dict, dump: "_log.GraphD
     rewrite(gm, regions)
     if dump:
         dump.write("rewrite", _graph_and_table("after rewrite: what Inductor (or eager) gets", gm, attrs))
-    return GraphReport(regions, decisions, attrs, before, str(gm.graph), threshold, opts, dense_ops,
-                       grad_densities=grad_densities)
+    report = GraphReport(regions, decisions, attrs, before, str(gm.graph), threshold, opts, dense_ops,
+                         grad_densities=grad_densities)
+    for body, body_inputs in _checkpointed_bodies(gm, example_inputs):
+        # A block under torch.utils.checkpoint is a graph of its own, which the HOP runs forward and runs
+        # again in the backward pass: its regions are found in it, with the values the block gets.
+        sub = transform(body_inputs[0], body_inputs[1], opts, dump, attention=attention, chains=chains,
+                        name_prefix=f"{name_prefix}{body}.")
+        body_inputs[0].recompile()
+        report.regions += sub.regions
+        report.decisions += sub.decisions
+        report.dense_ops += sub.dense_ops
+        report.grad_densities.update(sub.grad_densities)
+    return report
+
+
+def _checkpointed_bodies(gm: fx.GraphModule, example_inputs) -> list:
+    """[(name, (body GraphModule, its example inputs))] for each block torch.utils.checkpoint wraps (Dynamo's
+    tag_activation_checkpoint calls), its inputs taken from a run of the graph on cloned example inputs (the
+    RNG state put back, as for the example run)."""
+    hop = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
+    calls = [n for n in gm.graph.nodes if hop is not None and n.op == "call_function" and n.target is hop
+             and n.args and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"]
+    if not calls:
+        return []
+    seen: dict = {}
+
+    class Catch(fx.Interpreter):
+        def run_node(self, n):
+            if n in calls and n.args[0].target not in seen:
+                args, _ = self.fetch_args_kwargs_from_env(n)
+                seen[n.args[0].target] = [
+                    a.detach().clone() if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
+                    else a for a in args[1:]]
+            return super().run_node(n)
+
+    state = torch.random.get_rng_state()
+    try:
+        with torch.no_grad():
+            Catch(gm).run(*_cloned_inputs(example_inputs))
+    finally:
+        torch.random.set_rng_state(state)
+    return [(name, (getattr(gm, name), inputs)) for name, inputs in seen.items()
+            if isinstance(getattr(gm, name, None), fx.GraphModule)]
 
 
 # --- kernels compiled ahead of the first call, with progress on a terminal ----------------------------------

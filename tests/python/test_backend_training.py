@@ -139,3 +139,55 @@ def test_a_write_through_data_to_only_a_weights_nonzeros_is_seen():
         w.data[w != 0] *= 2.0  # not through w's version counter, and only where it is nonzero
         torch.testing.assert_close(R.run(text, [x, w], "sparse"), x @ w.T, rtol=1e-4, atol=1e-4)
         assert R.stats["compressions"] == before + 1  # compressed again
+
+
+class _CheckpointedBlocks(nn.Module):
+    """Two pruned blocks under torch.utils.checkpoint (non-reentrant), with a residual around each."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.blocks = nn.ModuleList()
+        for _ in range(2):
+            fc1, fc2 = nn.Linear(128, 512), nn.Linear(512, 128)
+            with torch.no_grad():
+                for lin in (fc1, fc2):
+                    lin.weight.mul_(torch.rand(lin.weight.shape, generator=g) < 0.05)
+            self.blocks.append(nn.Sequential(fc1, nn.ReLU(), fc2))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for b in self.blocks:
+            x = x + checkpoint(b, x, use_reentrant=False)
+        return x
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_checkpointed_blocks_get_regions_and_train_as_eager(train):
+    # Dynamo hands a checkpointed block to the backend as a graph of its own (tag_activation_checkpoint); its
+    # pruned products were left dense, every gain lost (helper-42). Their regions run forward and again in the
+    # backward pass's recomputation.
+    from scorch_backend.compiler import backend
+
+    torch._dynamo.reset()
+    eager = _CheckpointedBlocks()
+    twin = copy.deepcopy(eager)
+    x = torch.randn(64, 128)
+    reports = []
+    backend._recorders.append(reports)
+    try:
+        with torch.set_grad_enabled(train):
+            got = torch.compile(twin, backend="scorch")(x)
+    finally:
+        backend._recorders.remove(reports)
+    with torch.set_grad_enabled(train):
+        want = eager(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    names = [r.name for rep in reports for r in rep.regions]
+    assert sum(n.startswith("wrap_body") for n in names) >= 4, names
+    if train:
+        got.square().sum().backward()
+        want.square().sum().backward()
+        for (name, p), q in zip(twin.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)

@@ -252,13 +252,14 @@ _logger = _log.get("passes.partition")
 
 
 def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool = False,
-              chains: bool | None = None, sequences: bool = False):
+              chains: bool | None = None, sequences: bool = False, name_prefix: str = ""):
     """(regions, decisions): regions to rewrite, and why each other contraction stays dense. `chains` False
     keeps every product a region of its own; None (the backend's default) joins chains in inference graphs
-    only (a chain's gradient recomputes its forward pass; see _chains)."""
+    only (a chain's gradient recomputes its forward pass; see _chains). `name_prefix` starts every region's
+    name (the regions of a checkpointed block's graph: "wrap_body_0.region0")."""
     if chains is None:
         chains = not training
-    regions, decisions = _partition(gm, attrs, threshold, frozen, training, chains, sequences)
+    regions, decisions = _partition(gm, attrs, threshold, frozen, training, chains, sequences, name_prefix)
     if _logger.isEnabledFor(10):
         for r in regions:
             _logger.debug("%s: %d op(s), estimated speedup %.2fx", r.title, len(r.members), r.estimated_speedup)
@@ -268,7 +269,7 @@ def partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, t
 
 
 def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, training: bool, chains: bool,
-               sequences: bool = False):
+               sequences: bool = False, name_prefix: str = ""):
     regions, decisions, spares = [], [], []
     writes = Writes(gm)
     taken = writes.mutated()  # values written in place stay where they are
@@ -286,7 +287,7 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
                                       f"for a call (estimated speedup {est:.2f}x)"))
             continue
         ordered = sorted(members, key=order.get)
-        regions.append(Region(f"region{len(regions)}", node, ordered, None, est,
+        regions.append(Region(f"{name_prefix}region{len(regions)}", node, ordered, None, est,
                               [describe(m) for m in ordered], (q, k, v, mask, scale),
                               source_label(node, ordered)))
         taken.update(m.name for m in members)
@@ -313,7 +314,7 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
             addends.append(other)
             members.add(user)
             root = user
-        name = f"region{len(regions)}"
+        name = f"{name_prefix}region{len(regions)}"
         ordered = sorted(members, key=order.get)
         label = source_label(node, ordered)
         # In training, a product whose output's gradient is mostly zeros (it feeds a ReLU or a top-k that
