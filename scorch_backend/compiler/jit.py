@@ -313,6 +313,13 @@ def _check_static_sizes(graph: fx.Graph, x: fx.Node, captured: fx.Node, name: st
     """Sizes Dynamo fixed (sizes 0 and 1, and any size when not dynamic) are asserted at the top of the new
     forward, so another size fails with a clear message instead of deep inside a region."""
     ev = captured.meta.get("example_value")
+    if isinstance(ev, torch.Tensor):
+        # The rank first: the graph is traced for it (a region's letters, an attention's batch dimensions), and
+        # another one failed deep inside (helper-41: "list index out of range").
+        ok = graph.call_function(operator.eq, (graph.call_method("dim", (x,)), ev.dim()))
+        graph.call_function(torch._assert, (ok, f"input {name} must have {ev.dim()} dimensions, as in the example "
+                                                "inputs (the rewrite fixed the rank; rewrite with an example of "
+                                                "this rank)"))
     for d, size in enumerate(getattr(ev, "shape", ())):
         if isinstance(size, int):
             ok = graph.call_function(operator.eq, (graph.call_method("size", (x, d)), size))

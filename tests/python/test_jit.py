@@ -113,6 +113,22 @@ def test_a_size_fixed_by_the_example_is_asserted():
         new(case.make_inputs(3)[0])
 
 
+def test_an_input_of_another_rank_is_a_clear_error(tmp_path):
+    # The rewrite traces one rank; another failed inside a region (or with "list index out of range" in the
+    # attention's) instead of naming the input (helper-41). Checked in the rewritten module and once saved.
+    model, case = _mlp()
+    x = case.make_inputs(6)[0]
+    new, _ = _rewrite(model, (x,))
+    for bad in (x[0], x[None]):
+        with pytest.raises(Exception, match="must have 2 dimensions, as in the example inputs"):
+            new(bad)
+    jit.save(new, tmp_path / "model.pt", (x,))
+    loaded = jit.load(tmp_path / "model.pt")
+    with pytest.raises(Exception, match="must have 2 dimensions"):
+        loaded(x[0])
+    _close(loaded(x), model(x))
+
+
 def test_graph_break_is_a_clear_error():
     class Breaks(nn.Module):
         def __init__(self):
