@@ -239,6 +239,16 @@ void* load_library_bytes(const std::string& library, const std::string& path, st
         return h;  // fd stays open: see above
       }
       memfd_error = ::dlerror();
+      // The library itself is bad (a forged or damaged one whose hash was made to match): refused here, not
+      // loaded a second time from a copy written into the cache directory (which SCORCH_JIT=0 promises not to
+      // touch). Only a memfd that may not be mapped executable (a noexec policy) falls back to the copy.
+      const bool mapping_refused = memfd_error.find("failed to map segment") != std::string::npos ||
+                                   memfd_error.find("Operation not permitted") != std::string::npos ||
+                                   memfd_error.find("Permission denied") != std::string::npos;
+      if (!mapping_refused) {
+        ::close(fd);
+        refuse(path, fmt::format("its library does not load: {}", memfd_error));
+      }
     } else {
       memfd_error = std::string("writing the memfd: ") + std::strerror(errno);
     }

@@ -246,6 +246,26 @@ def test_library_not_matching_its_manifest_is_refused(tmp_path):
     assert "refused:" in out.stdout and "index" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("library", [b"", b"\x7fELF" + b"\0" * 4000, bytes(range(256)) * 80])
+def test_a_library_that_does_not_load_is_refused_without_touching_the_cache(tmp_path, library):
+    # A forged library with its hash resealed: refused with the loader's reason. It was loaded a second time
+    # from a copy written into the cache directory, which SCORCH_JIT=0 promises to leave alone (helper-41).
+    a = tmp_path / "a.kernels"
+    aot.build_bundle(specs_of_workload()[:1], a)
+    _, manifest, _ = split(a.read_bytes())
+    forged = tmp_path / "forged.kernels"
+    forged.write_bytes(reseal(manifest, library))
+    cache = tmp_path / "c"
+    out = subprocess.run([sys.executable, "-c", "import sys, scorch_backend.custom_ops.aot as aot\n"
+                          "try:\n    aot.load_bundle(sys.argv[1])\nexcept ValueError as e:\n    print('refused:', e)\n",
+                          str(forged)], env=dict(os.environ, SCORCH_CACHE_DIR=str(cache), SCORCH_JIT="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "does not load" in out.stdout, out.stdout + out.stderr
+    assert "private copy" not in out.stdout
+    assert not any(p.name.startswith("bundle-") for p in cache.rglob("*")), list(cache.rglob("*"))
+
+
 def test_bundle_for_a_bigger_cpu_is_refused_here(tmp_path):
     if sb.target_info("native")["arch"] != "x86_64":
         pytest.skip("x86-64 targets")
