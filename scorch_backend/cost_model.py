@@ -305,7 +305,7 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
     if forced in ("sparse", "dense"):
         return forced == "dense", f"SCORCH_DISPATCH={forced}"
     if not densities:
-        return False, "no sparse operand"
+        return True, "no sparse operand: dense ATen code"
     combined = math.prod(densities)
     threshold = crossover_density()
     if dense_elements <= TINY_DENSE_ELEMENTS:

@@ -140,14 +140,24 @@ std::vector<int> ndims_of(const std::vector<Operand>& ops) {
 }
 
 // The operands as dense tensors of the result's dtype: what the dense path multiplies.
+// The dtype the dense path multiplies in: float16 in float32 (ATen's float16 products on a CPU are scalar
+// loops: helper-43 saw 35-65x the kernel's time), cast back after; others as they are.
+at::ScalarType dense_dtype(at::ScalarType result) { return result == at::kHalf ? at::kFloat : result; }
+
 TensorVec dense_operands(const std::vector<Operand>& ops, at::ScalarType result) {
   TensorVec t;
   t.reserve(ops.size());
+  const at::ScalarType as = dense_dtype(result);
   for (const auto& o : ops) {
     at::Tensor x = o.to_dense();
-    t.push_back(x.scalar_type() == result ? x : x.to(result));
+    t.push_back(x.scalar_type() == as ? x : x.to(as));
   }
   return t;
+}
+
+at::Tensor dense_product(const std::string& equation, const std::vector<Operand>& ops, at::ScalarType result) {
+  at::Tensor out = dense_einsum(equation, dense_operands(ops, result));
+  return out.scalar_type() == result ? out : out.to(result);
 }
 
 at::ScalarType index_dtype(const std::vector<Operand>& ops) {
@@ -339,7 +349,10 @@ Decision choose_by_density(const std::vector<double>& densities, int64_t element
   }
   const auto override_ = dense_crossover_override();  // read (and checked) whenever the cost model decides
   if (densities.empty()) {
-    if (explain) d.why = "no sparse operand";
+    // Nothing to skip: ATen's dense products (BLAS) are what the kernel would be at best (helper-43: a 1024^3
+    // matmul through sb.einsum ran the generated loops 200x slower than torch.einsum).
+    d.dense = true;
+    if (explain) d.why = "no sparse operand: dense ATen code";
     return d;
   }
   if (elements <= kTinyDenseElements) {
@@ -452,7 +465,8 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   for (int64_t n : entry.plan.out_shape) out_elements *= n;
   if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
 
-  const std::vector<int64_t> key = bucket_key(&entry, 0, sizes, densities, threads);
+  // (the plan is shared by float32 and the half types, which ATen multiplies at very different speeds)
+  const std::vector<int64_t> key = bucket_key(&entry, static_cast<int64_t>(result_dtype(ops)), sizes, densities, threads);
   if (auto known = eager_decisions().known(key)) {
     // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
     if (*known && !d.dense && !all_finite(ops)) return d;
@@ -466,7 +480,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   const at::ScalarType result = result_dtype(ops);
   at::NoGradGuard no_grad;
   auto kernel = [&] { run_kernel(entry, ops, threads, result); };
-  auto dense = [&] { dense_einsum(equation, dense_operands(ops, result)); };
+  auto dense = [&] { dense_product(equation, ops, result); };
   Timing t;
   const bool chosen_dense = eager_decisions().measure(key, kernel, dense, &t);
   if (explain)
@@ -588,7 +602,7 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   }
   ++routed_dense;
   out.route = Route::dense;
-  out.result = Operand{nullptr, entry->plan.out_shape, {}, dense_einsum(equation, dense_operands(ops, result))};
+  out.result = Operand{nullptr, entry->plan.out_shape, {}, dense_product(equation, ops, result)};
   return out;
 }
 

@@ -13,13 +13,13 @@
 
 namespace scorch::torch_glue {
 
-// The parts of a bucket key: a size by power of two, a density by 5%.
+// The parts of a bucket key: a size by power of two, a density by a third of an octave.
 int64_t size_bucket(int64_t n);
 int64_t density_bucket(double density);
 
 // A decision's bucket: what is decided (`owner`, an interned program or plan, and a `tag` of the caller's),
-// each index letter's size bucket, each compressed operand's density bucket, the thread count. Integers: a
-// key is looked up on every call.
+// each index letter's size bucket, each compressed operand's density bucket, the thread count, and the kernels'
+// target. Integers: a key is looked up on every call. Callers put the dtype into `tag`.
 std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<char, int64_t>& sizes,
                                 const std::vector<double>& densities, int64_t threads);
 

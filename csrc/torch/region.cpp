@@ -591,7 +591,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
       const std::string better = measured_region_path(
           p, sizes, densities, "grouped", "sparse",
           [&] { run_path(p, text, s, entries, dtype, "grouped", false); },
-          [&] { run_path(p, text, s, entries, dtype, "sparse", false); }, &t, &fresh);
+          [&] { run_path(p, text, s, entries, dtype, "sparse", false); }, &t, &fresh, dtype);
       if (fresh && hooks.note_measured)
         hooks.note_measured(text, better == "grouped" ? "grouped>sparse" : "sparse>grouped", t.kernel_ms, t.dense_ms);
       path = better;
@@ -599,7 +599,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
     const std::string chosen = measured_region_path(
         p, sizes, densities, path, "dense",
         [&] { run_path(p, text, s, entries, dtype, path, false); },
-        [&] { run_path(p, text, s, entries, dtype, "dense", false); }, &t, &fresh);
+        [&] { run_path(p, text, s, entries, dtype, "dense", false); }, &t, &fresh, dtype);
     if (fresh && hooks.note_measured)
       hooks.note_measured(text, chosen == "dense" ? "dense>" + path : chosen, t.kernel_ms, t.dense_ms);
     path = chosen;

@@ -22,9 +22,10 @@ MeasuredChoices& table() {
 std::string measured_region_path(const RegionProgram& p, const std::map<char, int64_t>& sizes,
                                  const std::vector<double>& densities, const std::string& path,
                                  const std::string& other, const std::function<void()>& run_path,
-                                 const std::function<void()>& run_other, Timing* timing, bool* fresh) {
-  // the program (interned: its address names it) and the two paths
-  const int64_t tag = path == "grouped" ? (other == "sparse" ? 2 : 1) : 0;
+                                 const std::function<void()>& run_other, Timing* timing, bool* fresh,
+                                 at::ScalarType dtype) {
+  // the program (interned: its address names it), the two paths and the dtype (one text runs in any)
+  const int64_t tag = (path == "grouped" ? (other == "sparse" ? 2 : 1) : 0) + 4 * static_cast<int64_t>(dtype);
   const std::vector<int64_t> key = bucket_key(&p, tag, sizes, densities, at::get_num_threads());
   *fresh = false;
   if (auto second = table().known(key)) return *second ? other : path;

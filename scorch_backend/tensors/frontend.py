@@ -446,7 +446,9 @@ def _run_dense(equation: str, ops_, plan: dict, dtype: torch.dtype):
     (so gradients reach every operand) at the positions the kernel could write: the structural support of
     the product, where no sparse factor is unstored. Entries there that happen to be 0 keep their gradient."""
     equation = "".join(equation.split())  # torch.einsum takes spaces between subscripts, not tabs or newlines
-    out = torch.einsum(equation, *[(o.tensor.to_dense() if o.sparse else o.tensor).to(dtype) for o in ops_])
+    # (float16 multiplied in float32, as the executor does: ATen's float16 products on a CPU are scalar loops)
+    as_ = torch.float32 if dtype == torch.float16 else dtype
+    out = torch.einsum(equation, *[(o.tensor.to_dense() if o.sparse else o.tensor).to(as_) for o in ops_]).to(dtype)
     if plan["out_format"] == "strided":
         return out
     fmt = Format(plan["out_format"], out.dim())

@@ -117,7 +117,14 @@ def _add_like(sign):
             return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
         idx = ",".join(_LETTERS[: x.dim()])
         acc = f"({idx})" if x.dim() else ""
-        return compute(f"out{acc} = X{acc} + a * Y{acc}", X=x, Y=y, a=sign * float(alpha))
+        out = compute(f"out{acc} = X{acc} + a * Y{acc}", X=x, Y=y, a=sign * float(alpha))
+        # (the scalar `a` is a float32 operand: the result of two half-precision terms is brought back to theirs)
+        want = torch.promote_types(x.dtype, y.dtype)
+        if out.dtype == want:
+            return out
+        if isinstance(out, SparseTensor):  # (below autograd here: the values are cast, the pattern kept)
+            return SparseTensor(out.format, out.shape, out._buffer_list(), out.stored_values.to(want), validate=False)
+        return out.to(want)
 
     return apply
 

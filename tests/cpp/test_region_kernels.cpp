@@ -171,10 +171,16 @@ TEST(MeasuredChoices, TimingTakesTheBestAndFlagsASpread) {
   EXPECT_EQ(glue::size_bucket(1), 0);
   EXPECT_EQ(glue::size_bucket(64), 6);
   EXPECT_EQ(glue::size_bucket(65), 7);
-  EXPECT_EQ(glue::density_bucket(0.07), 1);
+  // Densities by a third of an octave: 4.5% and 0.1% apart (a 5% bucket held both), 0 on its own.
+  EXPECT_EQ(glue::density_bucket(1.0), 0);
+  EXPECT_EQ(glue::density_bucket(0.5), -3);
+  EXPECT_EQ(glue::density_bucket(0.11), glue::density_bucket(0.12));
+  EXPECT_NE(glue::density_bucket(0.045), glue::density_bucket(0.001));
+  EXPECT_NE(glue::density_bucket(0.001), glue::density_bucket(0.00005));
+  EXPECT_LT(glue::density_bucket(0.0), glue::density_bucket(1e-12));
   const int owner = 0;
   const auto key = glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.11}, 2);
-  EXPECT_EQ(key, glue::bucket_key(&owner, 0, {{'i', 120}, {'j', 64}}, {0.14}, 2));  // same buckets
+  EXPECT_EQ(key, glue::bucket_key(&owner, 0, {{'i', 120}, {'j', 64}}, {0.12}, 2));  // same buckets
   EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 130}, {'j', 60}}, {0.11}, 2));  // i: 128 < 130
   EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.16}, 2));
   EXPECT_NE(key, glue::bucket_key(&owner, 1, {{'i', 100}, {'j', 60}}, {0.11}, 2));

@@ -181,3 +181,44 @@ def test_thread_grain_bad_value_is_a_clear_error(monkeypatch):
     a = sb.sparse(torch.eye(4), "csr")
     with pytest.raises(ValueError, match="SCORCH_THREAD_GRAIN"):
         sb.einsum("ij,jk->ik", a, torch.ones(4, 2))
+
+
+def test_an_einsum_without_sparse_operands_runs_dense_aten_code_by_default(monkeypatch):
+    # Nothing to skip: the generated loops ran a 1024^3 matmul 200x slower than torch.einsum (helper-43).
+    monkeypatch.setenv("SCORCH_DISPATCH", "auto")
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 48, generator=g), torch.randn(48, 40, generator=g)
+    runs = _count_dense_runs(monkeypatch)
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", a, b), a @ b)
+    torch.testing.assert_close(sb.einsum("bij,bjk->bik", a[None], b[None]), (a @ b)[None])
+    assert len(runs) == 2
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")  # forced: the kernel, as the tests of the loops want
+    runs = _count_dense_runs(monkeypatch)
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert len(runs) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_dense_path_of_half_types_gives_their_dtype(monkeypatch, dtype):
+    # float16 is multiplied in float32 there (ATen's float16 products on a CPU are scalar loops) and cast back.
+    monkeypatch.setenv("SCORCH_DISPATCH", "dense")
+    a = random_dense((40, 30), 0.5, seed=3).to(dtype)
+    b = torch.randn(30, 20, generator=torch.Generator().manual_seed(4)).to(dtype)
+    A = sb.sparse(a, "csr")
+    got = sb.einsum("ij,jk->ik", A, b)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-2)
+    s = sb.einsum("ij,ij->ij", A, A)  # a sparse result through the Python path's dense run
+    assert s.stored_values.dtype == dtype
+    torch.testing.assert_close(s.to_dense().float(), (a * a).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sums_of_half_precision_sparse_tensors_keep_their_dtype(dtype):
+    # The scalar of `X + a * Y` is a float32 operand: A + B and A - B came back float32 (helper-43).
+    a = random_dense((16, 12), 0.3, seed=5).to(dtype)
+    b = random_dense((16, 12), 0.3, seed=6).to(dtype)
+    A, B = sb.sparse(a, "csr"), sb.sparse(b, "csr")
+    for got, want in ((A + B, a + b), (A - B, a - b), (A + A, a + a)):
+        assert got.stored_values.dtype == dtype
+        torch.testing.assert_close(got.to_dense(), want)
