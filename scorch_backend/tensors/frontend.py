@@ -393,6 +393,10 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
         # there). Deciding here would read a density that may be symbolic (a guard on the number of stored
         # entries, or an error formatting it).
         choose, why = False, "traced: the choice is made when the graph runs"
+    if choose and plan["out_format"] != "strided" and len(plan["var_sizes"]) == len(plan["out_shape"]) and \
+            config.dispatch_mode() == "auto":
+        # (as the executor: an elementwise product with a sparse result visits only stored entries)
+        choose, why = False, "an elementwise product with a sparse result: the kernel visits only stored entries"
     if choose:
         dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
                                              sum(math.prod(o.tensor.shape) for o in ops_))
