@@ -491,6 +491,9 @@ std::vector<std::vector<int64_t>> broadcast_shapes(const std::string& equation,
   for (size_t t = 0; t < terms.size(); ++t)
     for (size_t d = 0; d < keys[t].size(); ++d) {
       const int64_t s = shapes[t][d];
+      // A letter repeated in one term (a diagonal) must have one size there: torch.einsum does not stretch it.
+      for (size_t e = 0; e < d; ++e)
+        if (keys[t][e] == keys[t][d] && shapes[t][e] != s) return {};
       auto [it, fresh] = size.emplace(keys[t][d], s);
       if (fresh || s == 1 || it->second == s) continue;
       if (it->second != 1) return {};

@@ -30,8 +30,9 @@ std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<c
   for (const auto& [letter, n] : sizes) key.push_back(static_cast<int64_t>(letter) * 64 + size_bucket(n));
   for (double d : densities) key.push_back(density_bucket(d));
   key.push_back(threads);
-  // The kernels' target (helper-43: a decision measured under `scalar` held under `native`, 3x slower).
-  key.push_back(static_cast<int64_t>(std::hash<std::string>{}(current_target().name)));
+  // The kernels' target by name, not resolved: resolving runs the compiler, which a deployed process lacks
+  // (helper-43: a decision measured under `scalar` held under `native`, 3x slower).
+  key.push_back(static_cast<int64_t>(std::hash<std::string>{}(target_name())));
   return key;
 }
 

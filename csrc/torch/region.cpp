@@ -47,6 +47,7 @@ struct Entry {
   std::vector<uint8_t> fingerprint;
   std::vector<int64_t> fingerprint_at;  // the element offsets it was read at (fingerprint_offsets)
   double density = -1;  // < 0: not measured (known so far only as a dense operand)
+  int finite = -1;       // < 0: not checked; else whether every value is finite (values_finite)
   std::map<std::string, Operand> sparse;   // (kind, dtype, broadcast sizes) -> compressed
   std::map<std::string, at::Tensor> layouts;  // (permutation, dtype) -> dense copy in that order
   // Nonzeros per row (int32, the last dimension a row), counted with the density when the tensor is a
@@ -415,35 +416,21 @@ bool all_finite(const at::Tensor& t) {
 
 // Whether every value the product multiplies is finite. The kernels skip a compressed operand's zeros, where
 // eager multiplies them: a NaN or inf in another operand (or among its own values, when another compressed
-// operand skips its partner) would give NaN there in eager and nothing here. A region stands for dense code,
-// so it runs the dense product then (helper-42: one NaN in a pruned linear's input made 51 of 1024 outputs
-// NaN, eager all of them). One pass per operand, once per version of a cached one (a weight). Not checked:
-// addends (added, never multiplied), patterns and masks (their ones are read, not their values), packed
-// operands (sparse tensors of the caller's, whose unstored entries are never multiplied in eager either), and
-// a dense operand under a pattern (zero outside it by construction; the pattern's rows are checked apart).
-bool values_finite(const RegionProgram& p, const Slots& s) {
-  using Kind = RegionOperand::Kind;
-  bool compressed = false;
-  for (const auto& o : p.operands) {
-    compressed = compressed || o.kind == Kind::sparse || o.kind == Kind::pattern;
-    // A pattern or mask over the output's letters stands for a select (a ReLU's backward, masked_fill): eager
-    // gives 0 outside it whatever the product is there, as the sparse path does, while the dense path
-    // multiplies by it (inf * 0 = NaN). Such a program keeps its path.
-    if ((o.kind == Kind::pattern || o.kind == Kind::mask) && o.expand == 0 && o.letters.size() == p.out.size() &&
-        std::all_of(p.out.begin(), p.out.end(), [&](char c) { return o.letters.find(c) != std::string::npos; }))
-      return true;
-  }
-  if (!compressed) return true;  // (the dense path runs anyway)
-  for (size_t k = 0; k < p.operands.size(); ++k) {
-    const RegionOperand& o = p.operands[k];
-    if ((o.kind != Kind::dense && o.kind != Kind::sparse) || !o.packed.empty()) continue;
-    const std::string letters = o.tensor_letters();
-    const bool under_pattern = o.kind == Kind::dense && std::any_of(p.operands.begin(), p.operands.end(), [&](const auto& q) {
-      const std::string ql = q.tensor_letters();
-      return q.kind == Kind::pattern && std::all_of(ql.begin(), ql.end(), [&](char c) { return letters.find(c) != std::string::npos; });
-    });
-    if (under_pattern) continue;
+// operand skips its partner) would give NaN there in eager and nothing here (helper-42: one NaN in a pruned
+// linear's input made 51 of 1024 outputs NaN, eager all of them). A region stands for dense code, so such a
+// call runs densely (run_region). One pass per operand in RegionProgram::finite_checked: once per entry of a
+// compressed one (cached per version for a weight), once per version of a cached dense one, at every call for
+// an activation.
+bool values_finite(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries) {
+  for (int k : p.finite_checked) {
     const at::Tensor& t = s.slots[k];
+    if (const EntryPtr& e = entries[k]) {
+      std::lock_guard lock(e->mu);
+      if (e->finite < 0) e->finite = all_finite(t) ? 1 : 0;
+      if (!e->finite) return false;
+      continue;
+    }
+    const RegionOperand& o = p.operands[k];
     const at::Tensor finite = derived_of(t, "finite", [&] { return at::scalar_tensor(all_finite(t), at::kBool); },
                                          o.cached, p.frozen && o.weight, o.weight);
     if (!finite.item<bool>()) return false;
@@ -465,8 +452,10 @@ std::string region_choose(const std::string& text, at::TensorList operands) {
   const RegionProgram& p = region_program(text);
   if (p.has_addends()) return region_choose(p.product_text, product_args(p, operands));
   const Slots s = split_operands(p, operands);
-  if ((p.has_nonempty && !patterns_hold(p, s)) || !values_finite(p, s)) return "dense";
-  return choose_path(p, text, s, entries_of(p, s.slots));
+  if (p.has_nonempty && !patterns_hold(p, s)) return "dense";
+  const auto entries = entries_of(p, s.slots);
+  if (!values_finite(p, s, entries) && !p.selects_on_output) return "dense";
+  return choose_path(p, text, s, entries);
 }
 
 namespace {
@@ -562,16 +551,22 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   const at::ScalarType dtype = region_dtype(p, operands);
   // A pattern that leaves a fiber empty where its factor is NaN, not zero (a fully masked softmax row): only
   // the dense product carries the NaN through, whatever path was asked for.
-  // So does a NaN or inf that eager would multiply by a zero the kernels skip (values_finite).
-  const bool holds = (!p.has_nonempty || patterns_hold(p, s)) && values_finite(p, s);
-  const auto entries = holds ? entries_of(p, operands) : std::vector<EntryPtr>(p.operands.size());
-  if (holds && (force.empty() || force == "sparse")) {
+  const bool patterns_ok = !p.has_nonempty || patterns_hold(p, s);
+  const auto entries = patterns_ok ? entries_of(p, operands) : std::vector<EntryPtr>(p.operands.size());
+  // So does a NaN or inf that eager would multiply by a zero the kernels skip (values_finite). A program that
+  // selects on an output pattern (a ReLU's backward) runs its every compressed operand dense then, the pattern
+  // as a mask that zeroes outside it, as eager's select does; when it cannot, it keeps its path (zero outside
+  // the pattern, as eager; inside, a skipped zero's NaN is lost).
+  const bool finite = !patterns_ok || force == "dense" || values_finite(p, s, entries);
+  const std::string* exact = !finite && p.selects_on_output ? fully_demoted(p) : nullptr;
+  const bool holds = patterns_ok && (finite || (p.selects_on_output && !exact));
+  if (exact || (holds && (force.empty() || force == "sparse"))) {
     std::vector<double> densities;
     for (const auto& e : entries) densities.push_back(e ? e->density : -1.0);
-    if (const std::string* variant = demoted_variant(p, densities)) {
+    if (const std::string* variant = exact ? exact : demoted_variant(p, densities)) {
       // The variant may store its result in another order; hand it back in this program's (its Meta kernel's).
       ++n_demoted;
-      const at::Tensor r = run_region(*variant, all, force);
+      const at::Tensor r = run_region(*variant, all, exact ? "dense" : force);
       if (p.requested_order || region_program(*variant).storage == p.storage) return r;
       std::vector<int64_t> to_storage;
       for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));

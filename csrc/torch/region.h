@@ -87,6 +87,11 @@ struct RegionProgram {
   bool has_masks = false;
   bool has_relu = false;  // some operand is relu(tensor) (RegionOperand::relu)
   bool has_nonempty = false;  // some pattern must keep an entry in every fiber (RegionOperand::nonempty)
+  // What the finiteness check reads (region.cpp: values_finite): the operands whose values are multiplied by
+  // a compressed operand's skipped zeros (dense ones not under a pattern, and compressed ones; not packed), none
+  // when no operand is compressed. `selects_on_output`: a pattern over the output's letters (a select in eager).
+  std::vector<int> finite_checked;
+  bool selects_on_output = false;
   // The same program with every relu flag cleared (its operands then take the ReLU's output): the text autograd
   // differentiates. Empty when no operand has the flag.
   std::string plain_text;

@@ -113,6 +113,33 @@ void read_packed(const JsonObject& o, RegionOperand& r) {
   r.packed_buffers = fr.format.buffer_count();
 }
 
+// RegionProgram::finite_checked and selects_on_output. Addends are added, never multiplied; patterns and masks
+// are read for their ones; packed operands are the caller's sparse tensors (unstored entries are never
+// multiplied in eager either); a dense operand under a pattern is zero outside it by construction.
+void finite_operands(RegionProgram& p) {
+  using Kind = RegionOperand::Kind;
+  bool compressed = false;
+  for (const auto& o : p.operands) {
+    compressed = compressed || o.kind == Kind::sparse || o.kind == Kind::pattern;
+    p.selects_on_output = p.selects_on_output ||
+                          ((o.kind == Kind::pattern || o.kind == Kind::mask) && o.expand == 0 &&
+                           o.letters.size() == p.out.size() &&
+                           std::all_of(p.out.begin(), p.out.end(), [&](char c) { return o.letters.find(c) != std::string::npos; }));
+  }
+  if (!compressed) return;  // (the dense path runs anyway)
+  for (size_t k = 0; k < p.operands.size(); ++k) {
+    const RegionOperand& o = p.operands[k];
+    if ((o.kind != Kind::dense && o.kind != Kind::sparse) || !o.packed.empty()) continue;
+    const std::string letters = o.tensor_letters();
+    const bool under_pattern = o.kind == Kind::dense && std::any_of(p.operands.begin(), p.operands.end(), [&](const auto& q) {
+      const std::string ql = q.tensor_letters();
+      return q.kind == Kind::pattern &&
+             std::all_of(ql.begin(), ql.end(), [&](char c) { return letters.find(c) != std::string::npos; });
+    });
+    if (!under_pattern) p.finite_checked.push_back(static_cast<int>(k));
+  }
+}
+
 RegionProgram parse_text(const std::string& text) {
   const Json doc = JsonReader(text).document();
   const auto& o = as<JsonObject>(doc, "an object expected");
@@ -255,6 +282,7 @@ RegionProgram parse_text(const std::string& text) {
     p.product_operands.clear();
   }
   derive(p);
+  finite_operands(p);
   if (p.has_relu) {
     RegionProgram plain = p;
     for (auto& r : plain.operands) r.relu = false;

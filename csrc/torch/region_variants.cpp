@@ -86,6 +86,15 @@ const std::string* demoted_variant(const RegionProgram& p, const std::vector<dou
   return demoted ? variant_of(p, demoted) : nullptr;
 }
 
+const std::string* fully_demoted(const RegionProgram& p) {
+  if (p.operands.size() > 64) return nullptr;
+  const auto [ks, compressed] = demotable(p);
+  if (ks.empty() || static_cast<int>(ks.size()) != compressed) return nullptr;
+  uint64_t demoted = 0;
+  for (size_t k : ks) demoted |= uint64_t{1} << k;
+  return variant_of(p, demoted);
+}
+
 std::vector<const std::string*> all_variants(const RegionProgram& p) {
   std::vector<const std::string*> out;
   const auto [ks, compressed] = demotable(p);

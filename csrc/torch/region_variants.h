@@ -19,6 +19,11 @@ const std::string* variant_of(const RegionProgram& p, uint64_t demoted);
 // The variant this call runs, or null: `densities` per operand (< 0 where not measured).
 const std::string* demoted_variant(const RegionProgram& p, const std::vector<double>& densities);
 
+// The variant with every compressed operand read dense (patterns on the output's letters as masks), or null
+// when some compressed operand cannot be (packed, or a pattern over other letters): eager's exact semantics
+// when a value is not finite (region.cpp: values_finite).
+const std::string* fully_demoted(const RegionProgram& p);
+
 // Every variant some call may run: each set of demotable operands that leaves one compressed. Programs have a
 // handful of compressed operands; past 6 demotable ones, none is listed.
 std::vector<const std::string*> all_variants(const RegionProgram& p);

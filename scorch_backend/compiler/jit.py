@@ -523,8 +523,9 @@ def save(module: torch.nn.Module, path, example_inputs, *, target: str | None = 
         # The kernels are found by running the rewritten GraphModule's regions (kernel_specs); a scripted or
         # traced copy hides them, and a model saved without its bundle fails where there is no compiler.
         raise ValueError("jit.save needs the GraphModule jit.rewrite returned, not a scripted or traced copy of "
-                         "it: the kernels its Scorch ops run are found by running the GraphModule (save scripts "
-                         "it itself)")
+                         "it (nor a module holding one): the kernels its Scorch ops run are found by running the "
+                         "GraphModule, and save scripts it itself. A model jit.load gave back is saved again with "
+                         "torch.jit.save, its .kernels bundle copied next to it")
     extra = {"scorch.json": json.dumps({"kernels": specs, "bundle": os.path.basename(_bundle_path(path))})}
     torch.jit.save(scripted, path, _extra_files=extra)
     info = {"model": path, "kernels": specs, "bundle": None}

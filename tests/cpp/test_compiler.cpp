@@ -100,6 +100,7 @@ TEST(Parser, BroadcastShapesFollowTorchEinsum) {
   EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 5}, {4}}, {true, false}).empty());
   EXPECT_TRUE(ir::broadcast_shapes("ij,j->i", {{6, 5, 2}, {1}}, {true, false}).empty());
   EXPECT_TRUE(ir::broadcast_shapes("ij,j,k->i", {{6, 5}, {1}}, {true, false}).empty());
+  EXPECT_TRUE(ir::broadcast_shapes("ii,i->i", {{1, 6}, {6}}, {false, false}).empty());  // a diagonal: one size
   // A sparse operand that would change is named.
   const std::string e = error_of([] { ir::broadcast_shapes("ij,ij->ij", {{1, 5}, {6, 5}}, {true, false}); });
   EXPECT_NE(e.find("operand 0 is sparse and would have to broadcast from shape [1, 5] to [6, 5]"), std::string::npos) << e;

@@ -459,12 +459,14 @@ class _DropoutBetweenPruned(nn.Module):
             h = F.dropout(h, 0.5, training=True)
         elif self.how == "randn_like":
             h = h + 0.1 * torch.randn_like(h)
+        elif self.how == "multinomial":
+            return torch.multinomial(torch.softmax(self.fc2(h), -1), 4)
         else:
             h = h * (torch.rand_like(h) > 0.3)
         return self.fc2(h)
 
 
-@pytest.mark.parametrize("how", ["dropout", "randn_like", "rand_like"])
+@pytest.mark.parametrize("how", ["dropout", "randn_like", "rand_like", "multinomial"])
 def test_random_ops_on_a_region_result_draw_as_in_eager(how, scorch_dispatch):
     # The region stores fc1's result n-major; a random op fills its input's memory order, so it drew eager's
     # numbers onto other elements (helper-42). Under Inductor's fallback_random, eager's draws are asked for.

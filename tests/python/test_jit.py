@@ -291,8 +291,8 @@ def test_saved_model_runs_without_a_compiler(tmp_path):
     assert r.returncode != 0 and info["kernels"][0] in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("child_dispatch", ["sparse", "auto"])
-def test_saved_model_has_the_kernels_of_its_dense_variants(tmp_path, child_dispatch):
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])  # the child's (the rewrite runs under the default)
+def test_saved_model_has_the_kernels_of_its_dense_variants(tmp_path, dispatch):
     # Rewritten under the default dispatch, fc2's region reads fc1's ReLU output compressed; on an input where
     # that output is about half nonzero, the region reads it dense (a variant of its program, chosen per call
     # by density). The bundle must hold that variant's kernel too: it once held only the program's own, and
@@ -307,7 +307,7 @@ def test_saved_model_has_the_kernels_of_its_dense_variants(tmp_path, child_dispa
         if mode is not None:
             os.environ["SCORCH_DISPATCH"] = mode
     x2 = torch.randn(8, x.shape[1])
-    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,), dispatch=child_dispatch)
+    r = _run_saved(tmp_path, tmp_path / "model.pt", (x2,), dispatch=dispatch)
     assert r.returncode == 0, r.stderr[-2000:]
     with torch.no_grad():
         _close(torch.load(tmp_path / "out.pt")["y"], model(x2))

@@ -71,6 +71,19 @@ def test_mask_zeroes_what_the_product_puts_outside_it(monkeypatch):
     torch.testing.assert_close(out[keep], ((g @ w) * (h != 0))[keep], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("pattern_density", [0.05, 0.5])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_non_finite_value_under_an_output_pattern_is_eagers_select(monkeypatch, dispatch, pattern_density, value):
+    # Eager: the dense product (inf times the weight's zeros is NaN), then a select on the pattern (0 outside).
+    # The sampled kernel skipped those zeros and kept inside the pattern what eager makes NaN (helper-44).
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    g, w, h = _operands(64, 512, 512, pattern_density, seed=10)
+    g[3, 7] = value
+    out = torch.ops.scorch.region(_sampled(f"nonfinite{pattern_density}{dispatch}{value}"), [g, w, h])
+    torch.testing.assert_close(out, torch.where(h != 0, g @ w, 0.0), equal_nan=True, rtol=1e-4, atol=1e-4)
+
+
 def test_sparse_pattern_keeps_the_sampled_kernel(monkeypatch):
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
     g, w, h = _operands(48, 64, 40, 0.02, seed=30, g_density=0.1)  # nothing else dense enough to demote

@@ -155,7 +155,8 @@ _VIEWS = {"view", "view_as"}
 # helper-42 saw compiled dropout differ from eager's under Inductor's fallback_random).
 _RANDOM_IN_MEMORY_ORDER = {"dropout", "dropout_", "native_dropout", "alpha_dropout", "feature_alpha_dropout",
                            "dropout1d", "dropout2d", "dropout3d", "rand_like", "randn_like", "randint_like",
-                           "bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "empty_like"}
+                           "bernoulli", "bernoulli_", "normal_", "uniform_", "exponential_", "empty_like",
+                           "multinomial"}
 
 
 def _layout_matters(root: fx.Node) -> bool:
