@@ -19,6 +19,7 @@ the tensor and giving the largest absolute difference.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Any, Iterable
@@ -214,3 +215,16 @@ def check_model(case_or_model, inputs: tuple | None = None, *, backend: Any = "s
             extra = tuple(extra) if isinstance(extra, list) else (extra,)
         report.update(_run_and_compare(eager, compiled, extra, train, rtol, atol, f"extra_inputs[{k}]"))
     return report
+
+
+@contextlib.contextmanager
+def recorded_reports():
+    """The backend's GraphReports of the graphs compiled inside the block (regions, decisions), in a list."""
+    from scorch_backend.compiler import backend
+
+    reports: list = []
+    backend._recorders.append(reports)
+    try:
+        yield reports
+    finally:
+        backend._recorders.remove(reports)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model_check import check_model
+from model_check import check_model, recorded_reports
 from scorch_backend import _C
 from scorch_backend.custom_ops import region as R
 
@@ -305,14 +305,8 @@ def test_a_value_written_in_place_inside_a_region_span_is_read_as_eager_reads_it
         lin = _pruned(torch.nn.Linear(256, 256))
         f = _scalar_factor_then_write(lin) if case == "scalar_factor" else _addend_after_write(lin)
         args = (torch.randn(32, 256),) if case == "scalar_factor" else (torch.randn(32, 256), torch.randn(32, 256))
-        reports = []
-        from scorch_backend.compiler import backend
-
-        backend._recorders.append(reports)
-        try:
+        with recorded_reports() as reports:
             got = torch.compile(f, backend="scorch")(*[a.clone() for a in args])
-        finally:
-            backend._recorders.remove(reports)
         want = f(*[a.clone() for a in args])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert any("in place" in d.reason for rep in reports for d in rep.decisions)
@@ -372,16 +366,9 @@ def test_a_product_inside_an_autocast_span_keeps_eagers_dtype(how, grad, scorch_
     torch.manual_seed(0)
     m = _AutocastProducts(how)
     x = torch.randn(64, 256)
-    reports = []
-    from scorch_backend.compiler import backend
-
-    backend._recorders.append(reports)
-    try:
-        with torch.set_grad_enabled(grad):
-            got = torch.compile(m, backend="scorch")(x)
-            want = m(x)
-    finally:
-        backend._recorders.remove(reports)
+    with recorded_reports() as reports, torch.set_grad_enabled(grad):
+        got = torch.compile(m, backend="scorch")(x)
+        want = m(x)
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got, want)
     assert any("autocast" in d.reason for rep in reports for d in rep.decisions)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import scorch_backend as sb
-from model_check import check_model
+from model_check import check_model, recorded_reports
 from scorch_backend.custom_ops import region as R
 
 DISPATCH_MODES = ("sparse", "auto")  # every test under the forced kernels and the default dispatch (conftest.py)
@@ -168,19 +168,12 @@ def test_checkpointed_blocks_get_regions_and_train_as_eager(train):
     # Dynamo hands a checkpointed block to the backend as a graph of its own (tag_activation_checkpoint); its
     # pruned products were left dense, every gain lost (helper-42). Their regions run forward and again in the
     # backward pass's recomputation.
-    from scorch_backend.compiler import backend
-
     torch._dynamo.reset()
     eager = _CheckpointedBlocks()
     twin = copy.deepcopy(eager)
     x = torch.randn(64, 128)
-    reports = []
-    backend._recorders.append(reports)
-    try:
-        with torch.set_grad_enabled(train):
-            got = torch.compile(twin, backend="scorch")(x)
-    finally:
-        backend._recorders.remove(reports)
+    with recorded_reports() as reports, torch.set_grad_enabled(train):
+        got = torch.compile(twin, backend="scorch")(x)
     with torch.set_grad_enabled(train):
         want = eager(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

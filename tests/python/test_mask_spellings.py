@@ -3,13 +3,11 @@ matching eager: torch.nn.utils.prune's hook (`mask.to(dtype=...) * orig`), casts
 tensor, and where() with a zeros_like branch (helper-42 found the first and the last two left dense)."""
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn as nn
 
-from scorch_backend.compiler import backend
+from model_check import recorded_reports
 
 SPELLINGS = {
     "float_mask": lambda s, x: s.mf * s.w,
@@ -37,16 +35,6 @@ class _Masked(nn.Module):
         return nn.functional.linear(x, SPELLINGS[self.how](self, x))
 
 
-@contextlib.contextmanager
-def _reports():
-    got = []
-    backend._recorders.append(got)
-    try:
-        yield got
-    finally:
-        backend._recorders.remove(got)
-
-
 def _regions(reports) -> int:
     return sum(len(r.regions) for r in reports)
 
@@ -57,7 +45,7 @@ def test_each_spelling_of_a_masked_weight_is_a_region(how, grad):
     torch._dynamo.reset()
     m = _Masked(how)
     x = torch.randn(64, 256)
-    with _reports() as reports, torch.set_grad_enabled(grad):
+    with recorded_reports() as reports, torch.set_grad_enabled(grad):
         got = torch.compile(m, backend="scorch")(x)
     torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-4)
     assert _regions(reports) == 1, [d.reason for r in reports for d in r.decisions]
@@ -74,7 +62,7 @@ def test_torch_nn_utils_prune_trains_as_a_region():
     prune.l1_unstructured(twin[0], "weight", amount=0.95)
     twin.load_state_dict(eager.state_dict())
     x = torch.randn(64, 256)
-    with _reports() as reports:
+    with recorded_reports() as reports:
         compiled = torch.compile(twin, backend="scorch")
         compiled(x).square().sum().backward()
     eager(x).square().sum().backward()
