@@ -392,25 +392,40 @@ bool patterns_hold(const RegionProgram& p, const Slots& s) {
   return true;
 }
 
-// Whether t holds only finite values: its exponent bits never all set, OR-ed over the data (one vectorised
-// pass for float32 and float64; other dtypes and layouts through ATen).
+// Whether n values hold an exponent with all bits set (an inf or a NaN). Built for AVX2 and the baseline, the
+// loader picking one by the CPU: the torch glue is compiled for the baseline, where this loop ran at a fraction
+// of the bandwidth (it runs on every call for an activation).
+__attribute__((target_clones("avx2", "default"))) bool any_non_finite32(const uint32_t* p, int64_t n) {
+  uint32_t b = 0;
+  for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7f800000u) == 0x7f800000u ? 0xffffffffu : 0u;
+  return b != 0;
+}
+
+__attribute__((target_clones("avx2", "default"))) bool any_non_finite64(const uint64_t* p, int64_t n) {
+  uint64_t b = 0;
+  for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull ? ~0ull : 0ull;
+  return b != 0;
+}
+
+// Whether t holds only finite values (split across torch's threads past 256K values: an activation of a large
+// batch is scanned at every call).
 bool all_finite(const at::Tensor& t) {
   if (t.numel() == 0) return true;
   const at::Tensor c = t.detach();
-  auto scan = [&](auto bits_type, uint64_t exponent) {
-    using U = decltype(bits_type);
-    const U* p = static_cast<const U*>(c.data_ptr());
+  // Any permutation of a dense layout (a region's result comes back transposed) covers numel() elements from
+  // data_ptr() on: scanned as they lie. ATen's isfinite costs tens of microseconds per call on such a view.
+  const bool dense = c.is_contiguous() || c.is_non_overlapping_and_dense();
+  if (dense && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble)) {
+    const bool f32 = c.scalar_type() == at::kFloat;
+    const void* base = c.data_ptr();
     std::atomic<bool> bad{false};
-    // (split across torch's threads past 256K values: an activation of a large batch is scanned at every call)
     at::parallel_for(0, c.numel(), int64_t{1} << 18, [&](int64_t lo, int64_t hi) {
-      U b = 0;
-      for (int64_t i = lo; i < hi; ++i) b |= static_cast<U>((p[i] & exponent) == exponent);
+      const bool b = f32 ? any_non_finite32(static_cast<const uint32_t*>(base) + lo, hi - lo)
+                         : any_non_finite64(static_cast<const uint64_t*>(base) + lo, hi - lo);
       if (b) bad.store(true, std::memory_order_relaxed);
     });
     return !bad.load();
-  };
-  if (c.is_contiguous() && c.scalar_type() == at::kFloat) return scan(uint32_t{}, 0x7f800000u);
-  if (c.is_contiguous() && c.scalar_type() == at::kDouble) return scan(uint64_t{}, 0x7ff0000000000000ull);
+  }
   return !c.is_floating_point() || at::isfinite(c).all().item<bool>();
 }
 
@@ -421,6 +436,9 @@ bool all_finite(const at::Tensor& t) {
 // call runs densely (run_region). One pass per operand in RegionProgram::finite_checked: once per entry of a
 // compressed one (cached per version for a weight), once per version of a cached dense one, at every call for
 // an activation.
+// Set while run_region runs a variant of a program whose values it has just found finite.
+thread_local bool variant_of_checked = false;
+
 bool values_finite(const RegionProgram& p, const Slots& s, const std::vector<EntryPtr>& entries) {
   for (int k : p.finite_checked) {
     const at::Tensor& t = s.slots[k];
@@ -431,6 +449,10 @@ bool values_finite(const RegionProgram& p, const Slots& s, const std::vector<Ent
       continue;
     }
     const RegionOperand& o = p.operands[k];
+    if (!o.cached || t.is_inference()) {  // (an activation: no cache entry to keep the answer in)
+      if (!all_finite(t)) return false;
+      continue;
+    }
     const at::Tensor finite = derived_of(t, "finite", [&] { return at::scalar_tensor(all_finite(t), at::kBool); },
                                          o.cached, p.frozen && o.weight, o.weight);
     if (!finite.item<bool>()) return false;
@@ -557,7 +579,7 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
   // selects on an output pattern (a ReLU's backward) runs its every compressed operand dense then, the pattern
   // as a mask that zeroes outside it, as eager's select does; when it cannot, it keeps its path (zero outside
   // the pattern, as eager; inside, a skipped zero's NaN is lost).
-  const bool finite = !patterns_ok || force == "dense" || values_finite(p, s, entries);
+  const bool finite = !patterns_ok || force == "dense" || variant_of_checked || values_finite(p, s, entries);
   const std::string* exact = !finite && p.selects_on_output ? fully_demoted(p) : nullptr;
   const bool holds = patterns_ok && (finite || (p.selects_on_output && !exact));
   if (exact || (holds && (force.empty() || force == "sparse"))) {
@@ -566,7 +588,16 @@ at::Tensor run_region(const std::string& text, at::TensorList all, const std::st
     if (const std::string* variant = exact ? exact : demoted_variant(p, densities)) {
       // The variant may store its result in another order; hand it back in this program's (its Meta kernel's).
       ++n_demoted;
-      const at::Tensor r = run_region(*variant, all, exact ? "dense" : force);
+      // (the variant reads the same tensors, just checked: it need not scan them again)
+      variant_of_checked = finite;
+      at::Tensor r;
+      try {
+        r = run_region(*variant, all, exact ? "dense" : force);
+      } catch (...) {
+        variant_of_checked = false;
+        throw;
+      }
+      variant_of_checked = false;
       if (p.requested_order || region_program(*variant).storage == p.storage) return r;
       std::vector<int64_t> to_storage;
       for (char c : p.storage) to_storage.push_back(static_cast<int64_t>(p.out.find(c)));
