@@ -392,16 +392,21 @@ bool patterns_hold(const RegionProgram& p, const Slots& s) {
   return true;
 }
 
-// Whether n values hold an exponent with all bits set (an inf or a NaN). Built for AVX2 and the baseline, the
-// loader picking one by the CPU: the torch glue is compiled for the baseline, where this loop ran at a fraction
+// Whether n values hold an exponent with all bits set (an inf or a NaN). On x86-64 built for AVX2 and the
+// baseline, the loader picking one by the CPU: the torch glue is compiled for the baseline, where this loop ran at a fraction
 // of the bandwidth (it runs on every call for an activation).
-__attribute__((target_clones("avx2", "default"))) bool any_non_finite32(const uint32_t* p, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SCORCH_SCAN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SCORCH_SCAN_CLONES  // other architectures: the compiler's baseline for them
+#endif
+SCORCH_SCAN_CLONES bool any_non_finite32(const uint32_t* p, int64_t n) {
   uint32_t b = 0;
   for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7f800000u) == 0x7f800000u ? 0xffffffffu : 0u;
   return b != 0;
 }
 
-__attribute__((target_clones("avx2", "default"))) bool any_non_finite64(const uint64_t* p, int64_t n) {
+SCORCH_SCAN_CLONES bool any_non_finite64(const uint64_t* p, int64_t n) {
   uint64_t b = 0;
   for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull ? ~0ull : 0ull;
   return b != 0;
