@@ -97,28 +97,16 @@ def _buffer_view(x: SparseTensor, name: str) -> torch.Tensor:
     return aten.alias.default(b) if b.dtype == torch.int64 else b.to(torch.int64)
 
 
-@_rule(aten.crow_indices.default)
-def _crow_indices(x):
-    _needs_layout(x, "crow_indices", "csr")
-    return _buffer_view(x, "pos1")
+# torch's compressed accessors: (op, its name, the layout it needs, the level buffer it reads)
+for _op, _name, _layout, _buffer in ((aten.crow_indices.default, "crow_indices", "csr", "pos1"),
+                                     (aten.col_indices.default, "col_indices", "csr", "crd1"),
+                                     (aten.ccol_indices.default, "ccol_indices", "csc", "pos1"),
+                                     (aten.row_indices.default, "row_indices", "csc", "crd1")):
+    def _accessor(x, _name=_name, _layout=_layout, _buffer=_buffer):
+        _needs_layout(x, _name, _layout)
+        return _buffer_view(x, _buffer)
 
-
-@_rule(aten.col_indices.default)
-def _col_indices(x):
-    _needs_layout(x, "col_indices", "csr")
-    return _buffer_view(x, "crd1")
-
-
-@_rule(aten.ccol_indices.default)
-def _ccol_indices(x):
-    _needs_layout(x, "ccol_indices", "csc")
-    return _buffer_view(x, "pos1")
-
-
-@_rule(aten.row_indices.default)
-def _row_indices(x):
-    _needs_layout(x, "row_indices", "csc")
-    return _buffer_view(x, "crd1")
+    _rule(_op)(_accessor)
 
 
 @_rule(aten.values.default, aten._values.default)
