@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include <time.h>
+
 #include "common/error.h"
 #include "runtime/target.h"
 
@@ -38,39 +40,65 @@ std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<c
 
 namespace {
 
-double ms_of(const std::function<void()>& f) {
+// One timed run: its wall time and the CPU time the whole process spent meanwhile (every thread's, system
+// time included), both in ms.
+struct Run {
+  double wall = 0, cpu = 0;
+  // The process got much less CPU than the run's wall time: it was stopped or preempted for most of it (another
+  // process on the core, a SIGSTOP, a swapped-out page), so the run says little about the path. A run doing
+  // its work holds a core for its whole time; a short run is not judged (the clocks' granularity).
+  bool stalled() const { return wall > MeasuredChoices::kStallMinMs && cpu < MeasuredChoices::kStallCpuShare * wall; }
+};
+
+double cpu_ms_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+Run run_of(const std::function<void()>& f) {
+  const double c0 = cpu_ms_now();
   const auto t0 = std::chrono::steady_clock::now();
   f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return {wall, cpu_ms_now() - c0};
 }
 
 }  // namespace
 
-Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms) {
+Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms, bool stalled) {
   SCORCH_CHECK(!kernel_ms.empty() && !dense_ms.empty(), "timing_of: no runs");
   const auto [k_lo, k_hi] = std::minmax_element(kernel_ms.begin(), kernel_ms.end());
   const auto [d_lo, d_hi] = std::minmax_element(dense_ms.begin(), dense_ms.end());
   const double spread = MeasuredChoices::kContendedSpread;
-  return {*k_lo, *d_lo, *k_hi > spread * *k_lo || *d_hi > spread * *d_lo};
+  return {*k_lo, *d_lo, stalled || *k_hi > spread * *k_lo || *d_hi > spread * *d_lo};
 }
 
 Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense) {
   kernel();  // warm-up: compiles or loads the kernel, fills the caches
   // The dense warm-up is timed too: it is an upper bound of the dense path's time (no compile in it).
-  const double d0 = ms_of(dense);
-  std::vector<double> k{ms_of(kernel)}, d;
+  const Run d0 = run_of(dense);
+  const Run k0 = run_of(kernel);
+  std::vector<double> k{k0.wall}, d;
+  bool stalled = d0.stalled() || k0.stalled();
   // A path many times slower than the other is not run again: the answer cannot change, and repeating it
   // would cost a user seconds (a dense gradient that measured 13.7 s against 17 ms, timed four times, and
-  // again on each re-measurement of a decision that looked contended). Such a timing is not contended.
+  // again on each re-measurement of a decision that looked contended). Such a timing is not contended. Unless
+  // that one run was stalled: then it is no evidence (helper-43: a stop during the kernel's first timed run
+  // kept the dense path for good, 2-4x slower), and both paths are timed in full.
   const double far = MeasuredChoices::kDecisiveRatio;
-  if (d0 > far * k[0]) return {k[0], d0, false};
-  d.push_back(ms_of(dense));
-  if (k[0] > far * std::min(d0, d[0])) return {k[0], std::min(d0, d[0]), false};
+  if (d0.wall > far * k0.wall && !d0.stalled()) return {k0.wall, d0.wall, false};
+  const Run d1 = run_of(dense);
+  d.push_back(d1.wall);
+  stalled = stalled || d1.stalled();
+  if (k0.wall > far * std::min(d0.wall, d1.wall) && !k0.stalled()) return {k0.wall, std::min(d0.wall, d1.wall), false};
   for (int r = 1; r < MeasuredChoices::kRepeats; ++r) {
-    k.push_back(ms_of(kernel));
-    d.push_back(ms_of(dense));
+    const Run kr = run_of(kernel), dr = run_of(dense);
+    k.push_back(kr.wall);
+    d.push_back(dr.wall);
+    stalled = stalled || kr.stalled() || dr.stalled();
   }
-  return timing_of(k, d);
+  return timing_of(k, d, stalled);
 }
 
 std::optional<bool> MeasuredChoices::known(const std::vector<int64_t>& key) {

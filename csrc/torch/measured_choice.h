@@ -45,6 +45,11 @@ class MeasuredChoices {
   static constexpr double kContendedSpread = 1.5;
   // A path whose first timed run took more than this times the other path's is decided on that run alone.
   static constexpr double kDecisiveRatio = 8.0;
+  // A timed run during which the process had less than this share of one CPU's time, over its wall time, was
+  // stalled (stopped or preempted): it decides nothing alone and makes the timing contended. Runs shorter than
+  // kStallMinMs are not judged.
+  static constexpr double kStallCpuShare = 0.5;
+  static constexpr double kStallMinMs = 0.5;
   // A contended decision is measured again on a later call at least this long after, at most this often.
   static constexpr std::chrono::milliseconds kRemeasureAfter{1000};
   static constexpr int kMaxRemeasures = 3;
@@ -81,10 +86,11 @@ class MeasuredChoices {
 };
 
 // Times two ways of running one call: one warm-up each, then kRepeats timed runs of each, interleaved; a path
-// kDecisiveRatio times slower than the other at its first timed run (dense: its warm-up) is not run again.
+// kDecisiveRatio times slower than the other at its first timed run (dense: its warm-up) is not run again,
+// unless that run was stalled (the process off the CPU for most of it).
 Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense);
 // The timing those runs give (each path's best; contended when a path's slowest run took more than
-// kContendedSpread times its fastest).
-Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms);
+// kContendedSpread times its fastest, or when `stalled`: a run was stalled).
+Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms, bool stalled = false);
 
 }  // namespace scorch::torch_glue
