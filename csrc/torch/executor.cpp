@@ -465,8 +465,17 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
   for (int64_t n : entry.plan.out_shape) out_elements *= n;
   if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
 
+  // Decisions belong to the equation and its operands' formats, not to the plan entry: a plan's key holds
+  // each operand's exact shape and entry count, so another matrix of the same size and density (a graph's
+  // next batch) would be measured again (helper-43 F6: 74-138 ms first calls), and a freed entry's address
+  // could pass a stale decision to a new plan. Sizes and densities come into the key by bucket.
   // (the plan is shared by float32 and the half types, which ATen multiplies at very different speeds)
-  const std::vector<int64_t> key = bucket_key(&entry, static_cast<int64_t>(result_dtype(ops)), sizes, densities, threads);
+  std::string owner = equation;
+  for (const auto& o : ops) {
+    owner += '|';
+    owner += text_of(o.format);
+  }
+  const std::vector<int64_t> key = bucket_key(owner, static_cast<int64_t>(result_dtype(ops)), sizes, densities, threads);
   if (auto known = eager_decisions().known(key)) {
     // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
     if (*known && !d.dense && !all_finite(ops)) return d;

@@ -38,6 +38,13 @@ std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<c
   return key;
 }
 
+std::vector<int64_t> bucket_key(const std::string& owner, int64_t tag, const std::map<char, int64_t>& sizes,
+                                const std::vector<double>& densities, int64_t threads) {
+  std::vector<int64_t> key = bucket_key(nullptr, tag, sizes, densities, threads);
+  key[0] = static_cast<int64_t>(std::hash<std::string>{}(owner));
+  return key;
+}
+
 namespace {
 
 // One timed run: its wall time and the CPU time the whole process spent meanwhile (every thread's, system

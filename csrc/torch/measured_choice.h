@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace scorch::torch_glue {
@@ -21,6 +22,9 @@ int64_t density_bucket(double density);
 // each index letter's size bucket, each compressed operand's density bucket, the thread count, and the kernels'
 // target. Integers: a key is looked up on every call. Callers put the dtype into `tag`.
 std::vector<int64_t> bucket_key(const void* owner, int64_t tag, const std::map<char, int64_t>& sizes,
+                                const std::vector<double>& densities, int64_t threads);
+// The same with the owner named by a text (an equation and its operands' formats, say), not an address.
+std::vector<int64_t> bucket_key(const std::string& owner, int64_t tag, const std::map<char, int64_t>& sizes,
                                 const std::vector<double>& densities, int64_t threads);
 
 // One measurement: the best time of each path (ms) and whether it looked contended (the machine busy: the

@@ -51,6 +51,23 @@ def test_near_the_crossover_measures_once_per_bucket(auto, fmt):
     assert measured() == before + 2
 
 
+def test_another_matrix_of_the_same_size_and_density_uses_the_kept_decision(auto):
+    # A graph's next batch, a weight re-pruned: same shape and density bucket, another pattern and entry count.
+    # Measured once, not once per matrix (helper-43 F6: the decision was keyed by the plan, whose key holds the
+    # exact entry count: 74-138 ms again on each new matrix).
+    B = torch.randn(80, 40)
+    ws = [random_dense((96, 80), 0.45, seed=s) for s in (11, 12, 13)]
+    mats = [sb.sparse(w, "csr") for w in ws]
+    assert len({m.nnz for m in mats}) == 3
+    before = measured()
+    for w, S in zip(ws, mats):
+        torch.testing.assert_close(sb.einsum("ij,jk->ik", S, B), w @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
+    # Another format of the same matrix is another decision.
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", sb.sparse(ws[0], "csc"), B), ws[0] @ B, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 2
+
+
 def test_far_from_the_crossover_trusts_the_rule(auto):
     S = sb.sparse(random_dense((128, 128), 0.02, seed=2), "csr")  # 0.02 < 0.3 / 3: clearly sparse
     B = torch.randn(128, 32)
