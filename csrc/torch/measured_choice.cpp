@@ -57,18 +57,10 @@ struct Run {
   bool stalled() const { return wall > MeasuredChoices::kStallMinMs && cpu < MeasuredChoices::kStallCpuShare * wall; }
 };
 
-double cpu_ms_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-Run run_of(const std::function<void()>& f) {
-  const double c0 = cpu_ms_now();
-  const auto t0 = std::chrono::steady_clock::now();
+Run run_of(const std::function<void()>& f, const Clocks& clocks) {
+  const double c0 = clocks.cpu_ms(), w0 = clocks.wall_ms();
   f();
-  const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return {wall, cpu_ms_now() - c0};
+  return {clocks.wall_ms() - w0, clocks.cpu_ms() - c0};
 }
 
 }  // namespace
@@ -81,11 +73,24 @@ Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>
   return {*k_lo, *d_lo, stalled || *k_hi > spread * *k_lo || *d_hi > spread * *d_lo};
 }
 
-Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense) {
+const Clocks& real_clocks() {
+  static const Clocks clocks{
+      [] {
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      },
+      [] {
+        timespec ts{};
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+      }};
+  return clocks;
+}
+
+Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense, const Clocks& clocks) {
   kernel();  // warm-up: compiles or loads the kernel, fills the caches
   // The dense warm-up is timed too: it is an upper bound of the dense path's time (no compile in it).
-  const Run d0 = run_of(dense);
-  const Run k0 = run_of(kernel);
+  const Run d0 = run_of(dense, clocks);
+  const Run k0 = run_of(kernel, clocks);
   std::vector<double> k{k0.wall}, d;
   bool stalled = d0.stalled() || k0.stalled();
   // A path many times slower than the other is not run again: the answer cannot change, and repeating it
@@ -95,12 +100,12 @@ Timing time_both(const std::function<void()>& kernel, const std::function<void()
   // kept the dense path for good, 2-4x slower), and both paths are timed in full.
   const double far = MeasuredChoices::kDecisiveRatio;
   if (d0.wall > far * k0.wall && !d0.stalled()) return {k0.wall, d0.wall, false};
-  const Run d1 = run_of(dense);
+  const Run d1 = run_of(dense, clocks);
   d.push_back(d1.wall);
   stalled = stalled || d1.stalled();
   if (k0.wall > far * std::min(d0.wall, d1.wall) && !k0.stalled()) return {k0.wall, std::min(d0.wall, d1.wall), false};
   for (int r = 1; r < MeasuredChoices::kRepeats; ++r) {
-    const Run kr = run_of(kernel), dr = run_of(dense);
+    const Run kr = run_of(kernel, clocks), dr = run_of(dense, clocks);
     k.push_back(kr.wall);
     d.push_back(dr.wall);
     stalled = stalled || kr.stalled() || dr.stalled();

@@ -92,7 +92,14 @@ class MeasuredChoices {
 // Times two ways of running one call: one warm-up each, then kRepeats timed runs of each, interleaved; a path
 // kDecisiveRatio times slower than the other at its first timed run (dense: its warm-up) is not run again,
 // unless that run was stalled (the process off the CPU for most of it).
-Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense);
+// The clocks a timing reads, in ms: wall time, and the CPU time of the whole process (every thread's, system
+// time included). Tests give clocks of their own.
+struct Clocks {
+  std::function<double()> wall_ms, cpu_ms;
+};
+const Clocks& real_clocks();
+Timing time_both(const std::function<void()>& kernel, const std::function<void()>& dense,
+                 const Clocks& clocks = real_clocks());
 // The timing those runs give (each path's best; contended when a path's slowest run took more than
 // kContendedSpread times its fastest, or when `stalled`: a run was stalled).
 Timing timing_of(const std::vector<double>& kernel_ms, const std::vector<double>& dense_ms, bool stalled = false);

@@ -187,60 +187,79 @@ TEST(MeasuredChoices, TimingTakesTheBestAndFlagsASpread) {
   EXPECT_NE(key, glue::bucket_key(&owner, 0, {{'i', 100}, {'j', 60}}, {0.11}, 1));
 }
 
-// Busy for `ms` of wall time, on the CPU throughout (a path doing work); a sleep stands in for a stall.
-static void spin_ms(double ms) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < ms) {
-  }
-}
+// Clocks the paths below move by hand: `work` spends wall and CPU time alike, `stall` only wall time (the
+// process off the CPU: another process on the core, a SIGSTOP), so the tests do not depend on the machine's load.
+struct FakeClocks {
+  double wall = 0, cpu = 0;
+  glue::Clocks clocks{[this] { return wall; }, [this] { return cpu; }};
+  void work(double ms) { wall += ms, cpu += ms; }
+  void stall(double ms) { wall += ms; }
+};
 
 // A path many times slower than the other at its first timed run is not run again (it would cost seconds),
-// and such a timing is not contended. Busy loops stand in for the two paths.
+// and such a timing is not contended.
 TEST(MeasuredChoices, AFarSlowerPathRunsOnce) {
+  FakeClocks c;
   int kernel_runs = 0, dense_runs = 0;
-  const glue::Timing slow_dense = glue::time_both([&] { ++kernel_runs; spin_ms(1); },
-                                                  [&] { ++dense_runs; spin_ms(30); });
+  const glue::Timing slow_dense = glue::time_both([&] { ++kernel_runs, c.work(1); },
+                                                  [&] { ++dense_runs, c.work(30); }, c.clocks);
   EXPECT_EQ(dense_runs, 1);  // its warm-up, timed
   EXPECT_EQ(kernel_runs, 2);  // warm-up and one timed run
-  EXPECT_LT(slow_dense.kernel_ms, slow_dense.dense_ms);
+  EXPECT_DOUBLE_EQ(slow_dense.kernel_ms, 1);
+  EXPECT_DOUBLE_EQ(slow_dense.dense_ms, 30);
   EXPECT_FALSE(slow_dense.contended);
   kernel_runs = dense_runs = 0;
-  const glue::Timing slow_kernel = glue::time_both([&] { ++kernel_runs; spin_ms(30); },
-                                                   [&] { ++dense_runs; spin_ms(1); });
+  const glue::Timing slow_kernel = glue::time_both([&] { ++kernel_runs, c.work(30); },
+                                                   [&] { ++dense_runs, c.work(1); }, c.clocks);
   EXPECT_EQ(kernel_runs, 2);
   EXPECT_EQ(dense_runs, 2);
   EXPECT_GT(slow_kernel.kernel_ms, slow_kernel.dense_ms);
   EXPECT_FALSE(slow_kernel.contended);
   kernel_runs = dense_runs = 0;
-  glue::time_both([&] { ++kernel_runs; spin_ms(2); }, [&] { ++dense_runs; spin_ms(3); });  // close: all runs
+  glue::time_both([&] { ++kernel_runs, c.work(2); }, [&] { ++dense_runs, c.work(3); }, c.clocks);  // close: all runs
+  EXPECT_EQ(kernel_runs, 1 + glue::MeasuredChoices::kRepeats);
+  EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
+  // The real clocks: a close call runs every repeat whatever the machine's load.
+  kernel_runs = dense_runs = 0;
+  glue::time_both([&] { ++kernel_runs; }, [&] { ++dense_runs; });
   EXPECT_EQ(kernel_runs, 1 + glue::MeasuredChoices::kRepeats);
   EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
 }
 
-// A run during which the process was off the CPU (a sleep here; another process or a SIGSTOP in life) decides
-// nothing alone: the faster path is still found, from full timings marked contended (measured again later).
-// helper-43 F7: a stop during the kernel's first timed run kept the dense path for good.
+// A run during which the process was off the CPU decides nothing alone: the faster path is still found, from
+// full timings marked contended (measured again later). helper-43 F7: a stop during the kernel's first timed
+// run kept the dense path for good.
 TEST(MeasuredChoices, AStalledRunIsNoEvidence) {
+  FakeClocks c;
   int kernel_runs = 0, dense_runs = 0;
   const glue::Timing kernel_stalled = glue::time_both(
       [&] {
-        if (++kernel_runs == 2) std::this_thread::sleep_for(std::chrono::milliseconds(40));  // its first timed run
-        else spin_ms(1);
+        if (++kernel_runs == 2) c.stall(40), c.work(0.6);  // its first timed run
+        else c.work(1);
       },
-      [&] { ++dense_runs; spin_ms(3); });
+      [&] { ++dense_runs, c.work(3); }, c.clocks);
   EXPECT_EQ(kernel_runs, 1 + glue::MeasuredChoices::kRepeats);
   EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
-  EXPECT_LT(kernel_stalled.kernel_ms, kernel_stalled.dense_ms);
+  EXPECT_DOUBLE_EQ(kernel_stalled.kernel_ms, 1);
+  EXPECT_DOUBLE_EQ(kernel_stalled.dense_ms, 3);
   EXPECT_TRUE(kernel_stalled.contended);
   kernel_runs = dense_runs = 0;
-  const glue::Timing dense_stalled = glue::time_both([&] { ++kernel_runs; spin_ms(3); },
+  const glue::Timing dense_stalled = glue::time_both([&] { ++kernel_runs, c.work(3); },
                                                      [&] {
-                                                       if (++dense_runs == 1) std::this_thread::sleep_for(std::chrono::milliseconds(40));
-                                                       else spin_ms(1);
-                                                     });
+                                                       if (++dense_runs == 1) c.stall(40), c.work(0.6);
+                                                       else c.work(1);
+                                                     },
+                                                     c.clocks);
   EXPECT_EQ(dense_runs, 1 + glue::MeasuredChoices::kRepeats);
   EXPECT_GT(dense_stalled.kernel_ms, dense_stalled.dense_ms);
   EXPECT_TRUE(dense_stalled.contended);
+  // A run with its CPU share just above the line, or too short to judge, is evidence.
+  kernel_runs = dense_runs = 0;
+  glue::time_both([&] { ++kernel_runs, c.stall(15), c.work(16); }, [&] { ++dense_runs, c.work(1); }, c.clocks);
+  EXPECT_EQ(kernel_runs, 2);
+  kernel_runs = dense_runs = 0;
+  glue::time_both([&] { ++kernel_runs, c.stall(0.4); }, [&] { ++dense_runs, c.work(0.01); }, c.clocks);
+  EXPECT_EQ(kernel_runs, 2);
   EXPECT_TRUE(glue::timing_of({1.0}, {2.0}, true).contended);
 }
 

@@ -38,13 +38,58 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
         if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
-        for (int64_t i0 = lo0; i0 < hi0; ++i0) {
-          {
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-            for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-              const int64_t k0l1 = p0l1;
-              const int64_t i1 = t0_crd1[k0l1];
-              o[0] += t0_vals[k0l1];
+        const bool medium_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)12 * (hi0 - lo0);
+        if (medium_rows) {
+          for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+            {
+              val_t lacc = 0;
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              {
+                val_t lacc1 = (val_t)0, lacc2 = (val_t)0, lacc3 = (val_t)0;
+                int64_t p0l1 = k0l1;
+                for (; p0l1 + 4 <= ke0l1; p0l1 += 4) {
+                  {
+                    const int64_t k0l1 = p0l1;
+                    const int64_t i1 = t0_crd1[k0l1];
+                    lacc += t0_vals[k0l1];
+                  }
+                  {
+                    const int64_t k0l1 = (p0l1 + 1);
+                    const int64_t i1 = t0_crd1[k0l1];
+                    lacc1 += t0_vals[k0l1];
+                  }
+                  {
+                    const int64_t k0l1 = (p0l1 + 2);
+                    const int64_t i1 = t0_crd1[k0l1];
+                    lacc2 += t0_vals[k0l1];
+                  }
+                  {
+                    const int64_t k0l1 = (p0l1 + 3);
+                    const int64_t i1 = t0_crd1[k0l1];
+                    lacc3 += t0_vals[k0l1];
+                  }
+                }
+                for (; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i1 = t0_crd1[k0l1];
+                  lacc += t0_vals[k0l1];
+                }
+                lacc += (lacc1 + lacc2 + lacc3);
+              }
+              o[0] += lacc;
+            }
+          }
+        } else {
+          for (int64_t i0 = lo0; i0 < hi0; ++i0) {
+            {
+              val_t lacc = 0;
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                const int64_t k0l1 = p0l1;
+                const int64_t i1 = t0_crd1[k0l1];
+                lacc += t0_vals[k0l1];
+              }
+              o[0] += lacc;
             }
           }
         }
