@@ -99,7 +99,10 @@ def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dt
     if plan["out_format"] == "strided":
         return values.to(result_dtype)
     fmt = Format(plan["out_format"], len(shape))
-    return SparseTensor(fmt, shape, buffers, values.to(result_dtype), validate=False)
+    values = values.to(result_dtype)
+    if values.requires_grad:  # (the result requires grad itself: SparseTensor.with_values)
+        return SparseTensor(fmt, shape, buffers, values.detach(), validate=False).with_values(values)
+    return SparseTensor(fmt, shape, buffers, values, validate=False)
 
 
 # --- calls traced by torch.compile, with symbolic sizes ---------------------------------------------------------

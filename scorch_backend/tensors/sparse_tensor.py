@@ -588,8 +588,14 @@ def _wrap_result(text: str, shape, buffers, values, versions) -> SparseTensor:
     r._buffer_names = names
     for name, b in zip(names, buffers):
         setattr(r, name, b)
-    r._values = values
     r._checked_versions = versions
+    if values.requires_grad:
+        # A result with a gradient to carry requires grad itself, as every SparseTensor op's result: its values
+        # connected through _FromValues. Its values alone carrying the graph, `result * 2` or `result + x`
+        # (torch's dispatch, below autograd) dropped the gradient without a word.
+        r._values = values.detach()
+        return _FromValues.apply(r, values)
+    r._values = values
     return r
 
 

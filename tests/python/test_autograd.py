@@ -358,3 +358,27 @@ def test_a_zero_dimensional_leaf_takes_a_dense_gradient():
     A.backward(torch.tensor(2.0))
     assert A.grad.stored_values.shape == A.stored_values.shape
     torch.testing.assert_close(A.grad.to_dense(), torch.tensor(2.0))
+
+
+@pytest.mark.parametrize("eq", ["ij,ij->ij", "ij,ik,jk->ij"])
+def test_operators_on_a_sparse_einsum_result_keep_its_gradient(scorch_dispatch, eq):
+    # An eager einsum's sparse result carried its graph in its values only; the SparseTensor itself did not
+    # require grad, so an operator on it (torch's dispatch, below autograd) dropped the gradient silently.
+    a = random_dense((9, 7), 0.4, dtype=torch.float64, seed=31)
+    b = random_dense((9, 7), 0.5, dtype=torch.float64, seed=32)
+    P0, Q0 = torch.randn(9, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    A = sb.sparse(a, "csr").requires_grad_()
+    P, Q = P0.clone().requires_grad_(), Q0.clone().requires_grad_()
+    args = (A, sb.sparse(b, "csr")) if eq == "ij,ij->ij" else (A, P, Q)
+    r = sb.einsum(eq, *args)
+    assert isinstance(r, sb.SparseTensor) and r.requires_grad
+    loss = (r * 2).to_dense().pow(2).sum() + (r + r).sum() + r.sum()
+    loss.backward()
+    Ad = a.clone().requires_grad_()
+    Pr, Qr = P0.clone().requires_grad_(), Q0.clone().requires_grad_()
+    rd = Ad * b if eq == "ij,ij->ij" else Ad * (Pr @ Qr.t())
+    ((rd * 2).pow(2).sum() + (rd + rd).sum() + rd.sum()).backward()
+    torch.testing.assert_close(A.grad.to_dense(), torch.where(a != 0, Ad.grad, torch.zeros_like(a)))
+    if eq != "ij,ij->ij":
+        torch.testing.assert_close(P.grad, Pr.grad)
+        torch.testing.assert_close(Q.grad, Qr.grad)
