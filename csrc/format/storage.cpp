@@ -362,13 +362,22 @@ void validate(const Format& f, std::span<const int64_t> shape, std::span<const I
 
 std::vector<int64_t> unpack(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
                             int64_t value_count) {
+  std::vector<int64_t> out(static_cast<size_t>(f.ndim() * std::max<int64_t>(value_count, 0)), 0);
+  unpack_into(f, shape, buffers, value_count, out);
+  return out;
+}
+
+void unpack_into(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                 int64_t value_count, std::span<int64_t> out) {
   const auto sizes = f.level_sizes(shape);
   const auto per_level = split_buffers(f, buffers);
   const auto counts = check_levels(f, sizes, per_level);
   SCORCH_CHECK(value_count == (counts.empty() ? 1 : counts.back()), "values has {} entries, buffers describe {}",
                value_count, counts.empty() ? 1 : counts.back());
   const int nd = f.ndim();
-  std::vector<int64_t> out(static_cast<size_t>(nd * value_count), 0);
+  SCORCH_ASSERT(out.size() == static_cast<size_t>(nd * value_count), "unpack_into: {} slots for {} coordinates",
+                out.size(), nd * value_count);
+  std::fill(out.begin(), out.end(), 0);
   const Walk w = walk(f, sizes, per_level, counts);
   std::vector<int64_t> lc(f.levels().size());
   for (int64_t q = 0; q < value_count; ++q) {
@@ -379,7 +388,32 @@ std::vector<int64_t> unpack(const Format& f, std::span<const int64_t> shape, std
       slot += e.part == LevelExpr::Part::outer ? lc[l] * e.block : lc[l];
     }
   }
-  return out;
+}
+
+std::vector<int64_t> dense_offsets(const Format& f, std::span<const int64_t> shape, std::span<const IndexSpan> buffers,
+                                   int64_t value_count) {
+  const auto sizes = f.level_sizes(shape);
+  const auto per_level = split_buffers(f, buffers);
+  const auto counts = check_levels(f, sizes, per_level);
+  SCORCH_CHECK(value_count == (counts.empty() ? 1 : counts.back()), "values has {} entries, buffers describe {}",
+               value_count, counts.empty() ? 1 : counts.back());
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * shape[d];
+  std::vector<int64_t> above{0}, here;  // the offsets of the positions of the level above, and of this one
+  for (size_t l = 0; l < f.levels().size(); ++l) {
+    const LevelExpr& e = f.levels()[l].expr;
+    const int64_t step = (e.part == LevelExpr::Part::outer ? e.block : 1) * stride[static_cast<size_t>(e.dim)];
+    here.assign(static_cast<size_t>(counts[l]), 0);
+    for (int64_t p = 0; p < static_cast<int64_t>(above.size()); ++p) {
+      const int64_t base = above[static_cast<size_t>(p)];
+      f.levels()[l].kind->for_each_child(per_level[l], sizes[l], p, [&](int64_t coord, int64_t pos) {
+        SCORCH_ASSERT(pos >= 0 && pos < counts[l], "child position {} out of range", pos);
+        here[static_cast<size_t>(pos)] = base + coord * step;
+      });
+    }
+    std::swap(above, here);
+  }
+  return above;
 }
 
 }  // namespace scorch

@@ -105,20 +105,33 @@ at::Tensor unpack_op(at::TensorList buffers, const at::Tensor& values, c10::IntA
     const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
     const auto bufs = checked_index_buffers(buffers, f.buffer_names());
     const auto spans = spans_of(bufs);
-    auto coords = unpack(f, shape, spans, value_count);
-    return at::tensor(coords, at::kLong).reshape({static_cast<int64_t>(shape.size()), value_count});
+    at::Tensor coords = at::empty({static_cast<int64_t>(shape.size()), value_count}, at::kLong);
+    unpack_into(f, shape, spans, value_count, {coords.data_ptr<int64_t>(), static_cast<size_t>(coords.numel())});
+    return coords;
   });
 }
 
 at::Tensor to_dense_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                        c10::string_view format) {
-  at::Tensor coords = unpack_op(buffers, values, size, format);
-  at::Tensor dense = at::zeros(size, values.options());
-  if (values.numel() == 0) return dense;
+  const int64_t value_count = values.size(0);
+  const std::vector<int64_t> offsets = translate_errors([&] {
+    const auto shape = to_vec(size);
+    const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
+    const auto bufs = checked_index_buffers(buffers, f.buffer_names());
+    return dense_offsets(f, shape, spans_of(bufs), value_count);
+  });
   if (size.empty()) return values.reshape({}).clone();
-  c10::List<std::optional<at::Tensor>> index;
-  for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
-  return dense.index_put_(index, values, /*accumulate=*/true);
+  at::Tensor dense = at::zeros(size, values.options());
+  if (value_count == 0) return dense;
+  // Each stored value added at its offset (a non-unique format's duplicates sum, as index_put_ with
+  // accumulate summed them), in storage order: one pass, no coordinate tensors.
+  const at::Tensor v = values.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "scorch::to_dense", [&] {
+    scalar_t* out = dense.data_ptr<scalar_t>();
+    const scalar_t* in = v.const_data_ptr<scalar_t>();
+    for (int64_t q = 0; q < value_count; ++q) out[offsets[static_cast<size_t>(q)]] += in[q];
+  });
+  return dense;
 }
 
 // --- to_dense below and above autograd ----------------------------------------------------------------------

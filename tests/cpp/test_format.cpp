@@ -219,6 +219,14 @@ TEST(Pack, RandomRoundTrips) {
       for (int64_t k = 0; k < nnz; ++k)
         for (int d = 0; d < nd; ++d)
           ASSERT_EQ(back[d * p.value_count + p.value_pos[k]], coords[d * nnz + k]) << c.fmt;
+      // Each position's row-major dense offset (what to_dense scatters to) is its unpacked coordinates'.
+      const auto offsets = dense_offsets(f, c.shape, s, p.value_count);
+      ASSERT_EQ(offsets.size(), static_cast<size_t>(p.value_count)) << c.fmt;
+      for (int64_t q = 0; q < p.value_count; ++q) {
+        int64_t off = 0;
+        for (int d = 0; d < nd; ++d) off = off * c.shape[d] + back[d * p.value_count + q];
+        ASSERT_EQ(offsets[q], off) << c.fmt << " position " << q;
+      }
       // Formats without dense levels store exactly the distinct tuples.
       if (f.str().find("dense") == std::string::npos)
         EXPECT_EQ(p.value_count, static_cast<int64_t>(uniq.size())) << c.fmt;
