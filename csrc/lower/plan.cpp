@@ -42,6 +42,25 @@ std::string level_text(const Level& l, int dim) {
   return l.kind->name() + (props.empty() ? "" : "[" + props + "]") + fmt::format("({})", dim);
 }
 
+// Level l of f as text for a format that stores another dimension order or another pattern (a conversion to
+// loop order, an output): a singleton level under a unique parent (or first) holds exactly one entry per
+// parent, a promise about this pattern in this order only, so it is written compressed there (helper-45: a
+// row-unique `compressed(0),singleton(1)` converted to column order, or copied for the union A + B, failed
+// with "a singleton level needs exactly one coordinate per parent"). Under a non-unique parent (COO) each
+// entry has a parent of its own, and the level keeps its kind.
+std::string retargeted_level_text(const Format& f, size_t l, int dim) {
+  const Level& lvl = f.levels()[l];
+  const bool unique_parent = l == 0 || f.levels()[l - 1].kind->properties().unique;
+  if (lvl.kind->one_child_per_parent() && unique_parent) return fmt::format("compressed({})", dim);
+  return level_text(lvl, dim);
+}
+
+// Whether an expression adds or subtracts terms (a union of patterns), not only multiplies.
+bool has_sum(const ir::Expr& e) {
+  if (e.kind == ir::ExprKind::add || e.kind == ir::ExprKind::sub) return true;
+  return (e.a && has_sum(*e.a)) || (e.b && has_sum(*e.b));
+}
+
 // A compilable format holding the same data: dense levels first in their order, the rest compressed.
 std::string compilable_equivalent(const Format& f) {
   std::vector<int> dims;
@@ -215,7 +234,7 @@ void choose_by_cost(const ir::Statement& st, const std::vector<OperandDesc>& ops
       std::iota(dims.begin(), dims.end(), 0);
       std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) { return at(a->vars[x]) < at(a->vars[y]); });
       std::string text;
-      for (size_t l = 0; l < f.levels().size(); ++l) text += (l ? "," : "") + level_text(f.levels()[l], dims[l]);
+      for (size_t l = 0; l < f.levels().size(); ++l) text += (l ? "," : "") + retargeted_level_text(f, l, dims[l]);
       trial.operands[t].format = Format::parse(text, f.ndim());
       changed.push_back(static_cast<int>(t));
       conversions += conversion_cost(nnz[t]);
@@ -400,7 +419,7 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
         return std::find(order.begin(), order.end(), a->vars[x]) < std::find(order.begin(), order.end(), a->vars[y]);
       });
       std::string text;
-      for (size_t l = 0; l < f.levels().size(); ++l) text += (l ? "," : "") + level_text(f.levels()[l], dims[l]);
+      for (size_t l = 0; l < f.levels().size(); ++l) text += (l ? "," : "") + retargeted_level_text(f, l, dims[l]);
       Format g = Format::parse(text, f.ndim());
       plan.reasons.push_back(fmt::format("{} converted from {} to {} so that one loop order walks every sparse operand "
                                          "in storage order (it stores {} values, the fewest to re-sort)",
@@ -440,6 +459,11 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
         std::sort(x.begin(), x.end());
         std::sort(y.begin(), y.end());
         if (x != y || std::adjacent_find(x.begin(), x.end()) != x.end()) continue;
+        // The result has exactly this operand's pattern when it is the only sparse factor of a product (each of
+        // its entries written once); a union or an intersection with another sparse operand need not fit a
+        // level that promises one entry per parent.
+        const bool same_pattern = !has_sum(*st.rhs) &&
+                                  std::count(sparse_operand.begin(), sparse_operand.end(), true) == 1;
         std::string text;
         for (size_t l = 0; l < s.format->levels().size(); ++l) {
           const auto& lvl = s.format->levels()[l];
@@ -447,7 +471,9 @@ Plan make_plan(const ir::Statement& st, const std::vector<OperandDesc>& ops, con
           const int d = static_cast<int>(std::find(st.out_vars.begin(), st.out_vars.end(), v) - st.out_vars.begin());
           // A cursor level (a bitmap) is walked but not assembled inside the kernel: the output stores its
           // coordinates compressed, so the kernel writes it directly (a bitmap output would be streamed and packed).
-          text += (l ? "," : "") + (lvl.kind->coordinate_cursor() ? fmt::format("compressed({})", d) : level_text(lvl, d));
+          text += (l ? "," : "") + (lvl.kind->coordinate_cursor() ? fmt::format("compressed({})", d)
+                                    : same_pattern           ? level_text(lvl, d)
+                                                             : retargeted_level_text(*s.format, l, d));
         }
         out = text;
         plan.reasons.push_back(fmt::format("output takes the format of {}, which has the output's indices",

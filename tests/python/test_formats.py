@@ -295,3 +295,29 @@ def test_all_dense_blocked_formats(dispatch, fmt, monkeypatch):
     torch.testing.assert_close(out.to_dense(), D)
     with pytest.raises(ValueError, match="divisible"):
         sb.sparse(random_dense((5, 8), 0.5, seed=1), "dense(0/2),dense(1),dense(0%2)")
+
+
+@pytest.mark.parametrize("dispatch", ["sparse", "auto"])
+@pytest.mark.parametrize("fmt", ["compressed(0),singleton(1)", "dense(0),singleton(1)"])
+def test_one_entry_per_row_formats_in_unions_products_and_other_orders(monkeypatch, dispatch, fmt):
+    # A singleton level under a unique parent promises one entry per row: the result of a union, of a product
+    # with another sparse operand, or the operand converted to another dimension order, need not keep that
+    # promise (helper-45: "a singleton level needs exactly one coordinate per parent"); each is stored
+    # compressed then. A product with dense operands keeps the operand's own pattern and format.
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    x = torch.zeros(5, 6, dtype=torch.float64)
+    x[0, 1], x[1, 1], x[2, 3], x[3, 0], x[4, 5] = 1, 2, 3, 4, 5  # one entry in every row (dense(0) needs it)
+    z = torch.zeros(5, 6, dtype=torch.float64)
+    z[0, 2], z[1, 1], z[2, 0], z[3, 4], z[4, 5] = 6, 7, 8, 9, 10
+    A, B = sb.sparse(x, fmt), sb.sparse(z, fmt)
+    full = torch.randn(5, 6, dtype=torch.float64)
+    C, T = sb.sparse(z, "csr"), sb.sparse(full, "csc")
+    for got, want in [(A + A, 2 * x), (A + B, x + z), (A + C, x + z), (C + A, x + z), (A - B, x - z),
+                      (sb.einsum("ij,ij->ij", T, A), full * x), (sb.einsum("ij,ij->ij", A, C), x * z),
+                      (sb.einsum("ij,ij->ij", A, full), x * full)]:
+        torch.testing.assert_close(got.to_dense() if isinstance(got, sb.SparseTensor) else got, want)
+    y = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(sb.einsum("ji,jk->ik", A, y), x.t() @ y)
+    torch.testing.assert_close(sb.einsum("ij,kj->ik", A, B).to_dense(), x @ z.t())
+    same = sb.einsum("ij,ij->ij", A, full)
+    assert not isinstance(same, sb.SparseTensor) or same.nnz == A.nnz
