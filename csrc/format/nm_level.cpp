@@ -58,7 +58,7 @@ class NmLevel final : public LevelKind {
         for (int64_t u = t; u < end && coords[u] < hi; ++u) bits |= uint32_t{1} << (coords[u] - lo);
         int64_t count = std::popcount(bits);
         SCORCH_CHECK(count <= slots(g, size),
-                     "not {}:{} sparse: coordinates {}..{} under parent position {} hold {} nonzeros, an {}:{} level "
+                     "not {}:{} sparse: coordinates {}..{} under parent position {} hold {} nonzeros; a {}:{} level "
                      "stores at most {} of every {}",
                      n_, m_, lo, hi - 1, p, count, n_, m_, n_, m_);
         // Padding: the lowest free coordinates, stored as zeros.

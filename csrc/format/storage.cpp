@@ -55,7 +55,7 @@ std::optional<long double> cgroup_limit(const std::string& path) {
 // level below them builds an array of that many entries + 1 (a CSR's pos), in int64, which the torch layer
 // copies once more. A dense extent of billions (a (2^31, 2^31) CSR) would need tens of GiB: refuse it up front
 // with an error that says so, instead of letting the out-of-memory handler kill the process. Levels below the
-// first sparse one follow the stored entries (the caller's own data) and are not estimated.
+// first sparse one follow the stored entries: check_level_memory checks each as it is packed.
 void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> sizes) {
   const auto& levels = f.levels();
   long double positions = 1;
@@ -77,6 +77,28 @@ void check_pack_memory(const Format& f, std::span<const int64_t> shape, std::spa
                fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB),
                static_cast<double>(positions),
                fixed > 0 ? fmt::format(" and the {:.0f} entries the next level stores under each", static_cast<double>(fixed)) : "",
+               static_cast<double>(have / GiB));
+}
+
+// What level l stores under each of its `parents` (the stored prefixes above it) whatever the data: a bitmap's
+// or n:m's words, a dense level's whole extent (its positions, and the values padded with zeros below it).
+// Checked before the level is packed, from the real parent count (helper-45: `compressed(0),bitmap(1)` of two
+// entries in 2^38 columns raised std::bad_alloc, where `dense(0),bitmap(1)` named the size; without a memory
+// limit, the OOM killer).
+void check_level_memory(const Format& f, std::span<const int64_t> shape, std::span<const int64_t> sizes, size_t l,
+                        int64_t parents) {
+  const LevelKind& kind = *f.levels()[l].kind;
+  const long double n = static_cast<long double>(parents), size = static_cast<long double>(sizes[l]);
+  const long double need = n * static_cast<long double>(kind.fixed_entries_per_parent(sizes[l])) * 24 +
+                           (kind.walk() == LevelWalk::locate ? n * size * 16 : 0);
+  static const long double have = memory_limit_bytes();
+  if (have <= 0 || need <= have) return;
+  constexpr long double GiB = 1024.0L * 1024.0L * 1024.0L;
+  SCORCH_CHECK(false,
+               "packing a tensor of shape ({}) in format {} needs about {:.0f} GiB for what {} stores under each of "
+               "its {} parents whatever the data, more than the {:.0f} GiB of memory this process may use; a "
+               "compressed level there stores only the nonempty entries",
+               fmt::join(shape, ", "), f.short_name(), static_cast<double>(need / GiB), level_name(f, l), parents,
                static_cast<double>(have / GiB));
 }
 
@@ -220,6 +242,7 @@ Packed pack(const Format& f, std::span<const int64_t> shape, std::span<const int
       const auto& kind = *f.levels()[l].kind;
       for (size_t g = 0; g + 1 < start.size(); ++g) col[g] = lc[l][first[start[g]]];
       std::vector<std::vector<int64_t>> bufs(kind.buffer_names().size());
+      check_level_memory(f, shape, sizes, l, static_cast<int64_t>(gparts.size()) - 1);
       gparts = kind.pack(gparts, col, sizes[l], bufs);
       for (auto& b : bufs) out.buffers.push_back(std::move(b));
     }

@@ -255,6 +255,14 @@ resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # if the check let i
 n = 2**40
 sb.from_coordinates(torch.tensor([[5], [1]]), torch.tensor([2.0]), (n, 2**20), "csr")
 """, ValueError, r"needs about \d+ GiB for the index arrays of its leading dense levels.*dcsr, coo"),
+    # Below a compressed level too: what a bitmap, n:m or dense level stores under each stored row (helper-45:
+    # std::bad_alloc here, the OOM killer without a limit).
+    **{f"huge_level_under_a_compressed_one_refused_{k}": case(f"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+sb.from_coordinates(torch.tensor([[0, 3], [0, 2**38 - 1]]), torch.tensor([1.0, 2.0]), (4, 2**38), "{fmt}")
+""", ValueError, r"needs about \d+ GiB for what level 1 .* stores under each of its 2 parents") for k, fmt in enumerate(
+        ["compressed(0),bitmap(1)", "compressed(0),nm[2:4](1)", "compressed(0),dense(1)"])},
     "kernel_op_asks_for_100000_threads": case("""
 torch.manual_seed(0)
 A = sb.sparse(torch.randn(300, 300).relu(), "csr")
