@@ -25,6 +25,10 @@ Options:
                     ops and sharing a sparse factor run as one chain region (docs/backend.md, "Chains")
   sequences         True (default): where chains are on, a product left dense joins the region that reads its
                     ReLU output compressed (linear -> ReLU -> linear as one chain)
+  redecide          True (default): a graph that took weights as dense looks at them again now and then (at
+                    most every 0.5 s) and compiles again where one has become sparse: a pruned checkpoint
+                    loaded after torch.compile, another instance of the class with pruned weights
+                    (compiler/redecide.py)
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from torch import fx
 
 from .. import _C, config, cost_model
 from .. import log as _log
+from . import redecide
 from ..custom_ops import attention, region
 from .passes import discover, example_run, partition, propagate, rewrite
 from .passes.partition import grad_density
@@ -47,7 +52,7 @@ from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
 
 DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
-                   "measure_inputs": True, "chains": "direct", "sequences": True}
+                   "measure_inputs": True, "chains": "direct", "sequences": True, "redecide": True}
 # "chains": where products joined by elementwise ops run as one chain region (passes/partition.py): "direct"
 # (graphs compiled without grad, and training graphs whose every chain gets its gradient directly as grouped
 # products: csrc/torch/grouped_backward.cpp, the mixture of experts), "inference" (graphs compiled without grad
@@ -88,8 +93,9 @@ def _options(options) -> dict:
         opts.update(options)
     if opts["fallback"] not in ("inductor", "eager"):
         raise ValueError(f"option 'fallback' must be 'inductor' or 'eager', got {opts['fallback']!r}")
-    if not isinstance(opts["sequences"], bool):
-        raise ValueError(f"option 'sequences' must be True or False, got {opts['sequences']!r}")
+    for key in ("sequences", "redecide"):
+        if not isinstance(opts[key], bool):
+            raise ValueError(f"option '{key}' must be True or False, got {opts[key]!r}")
     if opts["chains"] not in ("direct", "inference", "always", "never"):
         raise ValueError(f"option 'chains' must be 'direct', 'inference', 'always' or 'never', got {opts['chains']!r}")
     t = opts["sparse_threshold"]
@@ -351,6 +357,18 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
                          "own options (CUDA graphs, autotuning); leave mode unset, and give Scorch's settings as "
                          f"options={{...}} (keys: {', '.join(DEFAULT_OPTIONS)})")
     opts = _options(options)
+    # The graph as Dynamo gave it, kept only where a weight taken as dense may later be sparse (redecide.py).
+    pristine = redecide.pristine_copy(gm) if opts["redecide"] and _all_cpu(example_inputs) else None
+    compiled, report = _compile(gm, example_inputs, opts)
+    watch = redecide.watched_inputs(pristine, example_inputs, report.attrs) if pristine is not None and report else []
+    if not watch:
+        return compiled
+    return redecide.Redeciding(compiled, pristine, example_inputs, watch, float(opts["sparse_threshold"]),
+                               lambda g, inputs: _compile(g, inputs, opts)[0])
+
+
+def _compile(gm: fx.GraphModule, example_inputs, opts: dict):
+    """The compiled graph and what the passes did (None when they did not run)."""
     started = time.perf_counter()
     debug = _log.sync()
     report = None
@@ -373,10 +391,10 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
 
     route_sparse_calls(gm)
     if opts["fallback"] == "eager":
-        return gm.forward
+        return gm.forward, report
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs)
+    return compile_fx(gm, example_inputs), report
 
 
 try:  # also reachable without the entry point (a source checkout that is not installed)
