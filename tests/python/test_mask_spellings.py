@@ -1,6 +1,7 @@
 """The ways users write a masked (pruned) weight, each seen as sparse by torch.compile(backend="scorch") and
 matching eager: torch.nn.utils.prune's hook (`mask.to(dtype=...) * orig`), casts by keyword or by another
-tensor, and where() with a zeros_like branch (helper-42 found the first and the last two left dense)."""
+tensor, where() with a zeros_like branch, and a product with the bool mask itself (helper-42 found the
+first, the zeros_like branch and the bool products left dense)."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,8 @@ SPELLINGS = {
     "where_zeros_like": lambda s, x: torch.where(s.mb, s.w, torch.zeros_like(s.w)),
     "where_scalar": lambda s, x: torch.where(s.mb, s.w, 0.0),
     "masked_fill": lambda s, x: s.w.masked_fill(~s.mb, 0.0),
+    "bool_mask_times_weight": lambda s, x: s.mb * s.w,  # (helper-42: left dense, "not a float32/float64 tensor")
+    "weight_times_bool_mask": lambda s, x: s.w * s.mb,
 }
 
 

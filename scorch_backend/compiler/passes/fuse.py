@@ -74,6 +74,8 @@ class Fused:
     squeeze: list = field(default_factory=list)  # per leaf: its size-1 dimensions, squeezed before the region
     densities: list = field(default_factory=list)  # per operand: its estimated density (1.0 for dense ones)
     addends: list = field(default_factory=list)  # the leaves added to the product (operands of kind "add")
+    # per leaf: the dtype it is cast to before the region (a bool mask, read as 0/1 values), else None
+    casts: list = field(default_factory=list)
 
 
 class Fuser:
@@ -263,8 +265,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         if a.format is not None:
             raise FuseError(f"{leaf.name} is a SparseTensor: runs as a Scorch kernel through SparseTensor's "
                             "dispatch rules")
-        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float64):
-            raise FuseError(f"{leaf.name} is not a float32/float64 tensor")
+        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float64, torch.bool):
+            raise FuseError(f"{leaf.name} is not a float32/float64 tensor (or a bool mask)")
         if v.device.type != "cpu":
             raise FuseError(f"{leaf.name} is on {v.device}")
         # A value whose zeros are carried by another one is read densely under that one's pattern (below);
@@ -277,8 +279,10 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         # by its kernels without moving the version counter, and the fingerprint's 32 entries of two mostly
         # zero tensors often agree; so it is compressed on each call that reads it.
         masked = kind == "sparse" and zero_grad_outside(leaf)
-        operands.append(Operand(text, kind, cached=a.weight or leaf.op == "placeholder", weight=a.weight,
-                                masked_grad=masked))
+        # A bool mask (`w * mask`) is cast to the result's dtype before the region, which reads the cast: a new
+        # tensor on each call, so not cached (helper-42: such a product was left dense).
+        cached = (a.weight or leaf.op == "placeholder") and v.dtype != torch.bool
+        operands.append(Operand(text, kind, cached=cached, weight=a.weight, masked_grad=masked))
         leaves.append(leaf)
         squeeze.append(tuple(d for d, c in enumerate(letters) if c is None))
         per_operand.append(a.density if kind == "sparse" else 1.0)
@@ -310,8 +314,9 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
                 operands[k] = replace(operands[k], nonempty=nonempty)
             continue
         have[carrier.name, text] = len(operands)
-        operands.append(Operand(text, "pattern", cached=ca.weight or carrier.op == "placeholder", grad=False,
-                                weight=ca.weight, nonempty=nonempty))
+        bool_carrier = getattr(example(carrier), "dtype", None) == torch.bool
+        operands.append(Operand(text, "pattern", cached=(ca.weight or carrier.op == "placeholder") and not bool_carrier,
+                                grad=False, weight=ca.weight, nonempty=nonempty))
         leaves.append(carrier)
         squeeze.append(())
         densities.append(ca.density)
@@ -336,7 +341,13 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     density = min(densities) if densities else 1.0
     program = Program(tuple(operands), out, term.coef, frozen, name, label,
                       sparse_grad_out=sparse_grad_out and len(out) >= 2, requested_order=_layout_matters(root))
-    return Fused(program, leaves, unit_dims, None, density, squeeze, per_operand, list(addends))
+    casts = [None] * len(leaves)
+    for k, leaf in enumerate(leaves):
+        if getattr(example(leaf), "dtype", None) == torch.bool:
+            if not isinstance(result, torch.Tensor) or result.dtype not in (torch.float32, torch.float64):
+                raise FuseError(f"{leaf.name} is a bool mask of a result that is not float32/float64")
+            casts[k] = result.dtype
+    return Fused(program, leaves, unit_dims, None, density, squeeze, per_operand, list(addends), casts)
 
 
 @dataclass
@@ -354,6 +365,8 @@ def chain_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
     (custom_ops/region.py says why)."""
     leaves: list = []
     chain_steps = []
+    if any(c is not None for f in steps for c in f.casts):
+        raise FuseError("a step reads a bool mask (cast before its region)")
     for j, f in enumerate(steps):
         if f.addends or f.unit_dims or any(f.squeeze):
             raise FuseError("a step with a bias (an addend) or broadcast dimensions")
@@ -382,6 +395,8 @@ def sequence_of(steps: list, roots: list, betweens: list, name: str) -> Chained:
     betweens[k]) as one of its factors; each step runs as a region call. Raises FuseError when it cannot."""
     leaves: list = []
     chain_steps = []
+    if any(c is not None for f in steps for c in f.casts):
+        raise FuseError("a step reads a bool mask (cast before its region)")
     for j, f in enumerate(steps):
         if f.unit_dims or any(f.squeeze):
             raise FuseError("a step with broadcast dimensions")

@@ -42,6 +42,9 @@ def rewrite(gm: fx.GraphModule, regions) -> fx.GraphModule:
             continue
         leaves = [replaced.get(n, n) for n in f.leaves]
         with graph.inserting_before(root):
+            for k, dtype in enumerate(f.casts):
+                if dtype is not None:  # a bool mask, read as 0/1 values of the result's dtype
+                    leaves[k] = graph.call_function(torch.ops.aten._to_copy.default, (leaves[k],), {"dtype": dtype})
             for k, dims in enumerate(f.squeeze):
                 if dims:
                     leaves[k] = graph.call_function(torch.squeeze, (leaves[k], dims))
