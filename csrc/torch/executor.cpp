@@ -1,7 +1,8 @@
 #include "executor.h"
 #include "dense_einsum.h"
 #include "dense_first.h"
-#include "measured_choice.h"
+#include "eager_measure.h"
+#include "region_compress.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -390,113 +391,30 @@ Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) 
 
 namespace {
 
-// --- eager decisions corrected by measurement ----------------------------------------------------------------
-// The density rule compares the sparse operands' combined density with a crossover measured for a CSR SpMM.
-// That is an estimate, and a poor one where the format's kernel runs at another rate than CSR's (n:m and
-// blocked formats keep dense register blocks; a 2:4 operand at 50% density runs its native kernel about 10x
-// faster than densifying it on every call and multiplying dense), or where the call's shape is unlike the
-// calibration's. So, as the region op does, the first eager call of a plan in a size bucket (each index's size
-// by power of two, each sparse operand's density by 5%, the thread count) whose combined density is within a
-// factor of kMeasureWindow of the crossover times the kernel and the dense path on its real operands (one
-// warm-up each, then the best of three, interleaved) and keeps the faster for the bucket. Only under
-// SCORCH_DISPATCH=auto with SCORCH_MEASURE on, for dense outputs of at most two operands, and only where the
-// dense path is cheap to try: every operand and the result densified stay under kMeasureMaxElements, and the
-// dense product (the product of all index sizes) under kMeasureMaxFlops.
-constexpr double kMeasureWindow = 3.0;
-constexpr int64_t kMeasureMaxElements = int64_t{1} << 25;
-constexpr double kMeasureMaxFlops = 4.0e9;
-MeasuredChoices& eager_decisions() {
-  static MeasuredChoices t;
-  return t;
-}
-
-// Each index letter's size, from the equation's input terms and the operands' shapes; empty when the
-// equation has an ellipsis or does not match the shapes (then nothing is measured).
-std::map<char, int64_t> letter_sizes(const std::string& equation, const std::vector<Operand>& ops) {
-  std::map<char, int64_t> sizes;
-  const auto arrow = equation.find("->");
-  const std::string lhs = equation.substr(0, arrow);
-  if (lhs.find('.') != std::string::npos) return {};
-  size_t op = 0, dim = 0;
-  for (char c : lhs) {
-    if (c == ' ') continue;
-    if (c == ',') {
-      ++op;
-      dim = 0;
-      continue;
-    }
-    if (op >= ops.size() || dim >= ops[op].shape.size()) return {};
-    sizes[c] = ops[op].shape[dim++];
-  }
-  return sizes;
-}
-
-}  // namespace
-
-EagerMeasureStats eager_measure_stats() {
-  const MeasureStats m = eager_decisions().stats();
-  return {m.measured, m.kept_dense, m.contended, m.remeasured};
-}
-
-namespace {
-
+// The eager measurement (eager_measure.cpp) for calls of at most two operands with a dense result, or a sparse
+// one with a summed index (SpGEMM: the rule multiplies densities as for an SpMM, and at 0.5-0.8 the kernel ran
+// 2.4-5.5x slower than the dense product and its compression, helper-43 F9). An elementwise product with a
+// sparse result always takes the kernel (run_einsum).
 Decision measured_choice(const std::string& equation, const PlanEntry& entry, const std::vector<Operand>& ops,
                          int64_t threads, bool explain, Decision d) {
-  if (dispatch_mode() != DispatchMode::automatic || !measure_regions() || entry.out || ops.size() > 2) return d;
-  std::vector<double> densities;
-  double combined = 1.0;
+  if (dispatch_mode() != DispatchMode::automatic || !measure_regions() || ops.size() > 2) return d;
   int64_t elements = 0;
-  for (const auto& o : ops) {
-    elements += o.numel();
-    if (o.sparse()) {
-      densities.push_back(o.density());
-      combined *= densities.back();
-    }
-  }
-  if (densities.empty() || elements <= kTinyDenseElements) return d;
+  for (const auto& o : ops) elements += o.numel();
+  if (elements <= kTinyDenseElements) return d;
   const auto override_ = dense_crossover_override();
-  const double threshold = override_ ? *override_ : calibrated_crossover(threads);
-  if (combined < threshold / kMeasureWindow || combined > threshold * kMeasureWindow) return d;
-  const auto sizes = letter_sizes(equation, ops);
-  if (sizes.empty()) return d;
-  double flops = 1.0;
-  for (const auto& [letter, n] : sizes) flops *= static_cast<double>(std::max<int64_t>(n, 1));
-  int64_t out_elements = 1;
-  for (int64_t n : entry.plan.out_shape) out_elements *= n;
-  if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
-
-  // Decisions belong to the equation and its operands' formats, not to the plan entry: a plan's key holds
-  // each operand's exact shape and entry count, so another matrix of the same size and density (a graph's
-  // next batch) would be measured again (helper-43 F6: 74-138 ms first calls), and a freed entry's address
-  // could pass a stale decision to a new plan. Sizes and densities come into the key by bucket.
-  // (the plan is shared by float32 and the half types, which ATen multiplies at very different speeds)
-  std::string owner = equation;
-  for (const auto& o : ops) {
-    owner += '|';
-    owner += text_of(o.format);
-  }
-  const std::vector<int64_t> key = bucket_key(owner, static_cast<int64_t>(result_dtype(ops)), sizes, densities, threads);
-  if (auto known = eager_decisions().known(key)) {
-    // Dense only where the values are finite (choose's contract: 0 * inf must not appear).
-    if (*known && !d.dense && !all_finite(ops)) return d;
-    if (explain && *known != d.dense)
-      d.why = fmt::format("{} (measured on an earlier call of this size and density: {} is faster)", d.why,
-                          *known ? "dense" : "the sparse kernel");
-    d.dense = *known;
-    return d;
-  }
-  if (!all_finite(ops)) return d;  // the rule keeps such calls on the kernel; nothing to measure
   const at::ScalarType result = result_dtype(ops);
-  at::NoGradGuard no_grad;
-  auto kernel = [&] { run_kernel(entry, ops, threads, result); };
-  auto dense = [&] { dense_product(equation, ops, result); };
-  Timing t;
-  const bool chosen_dense = eager_decisions().measure(key, kernel, dense, &t);
-  if (explain)
-    d.why = fmt::format("{}; measured on this call: kernel {:.3g} ms, dense {:.3g} ms (densifying included): {}", d.why,
-                        t.kernel_ms, t.dense_ms, chosen_dense ? "dense" : "sparse kernel");
-  d.dense = chosen_dense;
-  return d;
+  EagerCall c{equation, ops, entry.plan.out_shape};
+  c.sparse_out = entry.out != nullptr;
+  c.threads = threads;
+  c.explain = explain;
+  c.crossover = override_ ? *override_ : calibrated_crossover(threads);
+  c.kernel = [&] { run_kernel(entry, ops, threads, result); };
+  c.dense = [&] {
+    at::Tensor r = dense_product(equation, ops, result);
+    if (entry.out) compress(r);  // (the caller compresses a dense run's sparse result the same way)
+  };
+  c.finite = [&] { return all_finite(ops); };
+  return measured_eager_choice(c, std::move(d));
 }
 
 }  // namespace

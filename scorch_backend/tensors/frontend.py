@@ -330,7 +330,7 @@ def einsum(equation: str, *operands, out_format=None):
             if why:  # SCORCH_DEBUG >= 1
                 _explain(equation, why, plan if why.startswith("sparse") else None)
             return result
-        return _einsum_python(equation, operands, None, True)
+        return _einsum_python(equation, operands, None, True, executor_chose_dense=why != "python")
     if not isinstance(equation, str):
         raise TypeError(f"einsum: the equation must be a str such as 'ij,jk->ik', got {type(equation).__name__}")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -373,10 +373,14 @@ def _einsum(equation: str, operands, out_format, choose: bool):
                 if why:  # SCORCH_DEBUG >= 1
                     _explain(equation, why, plan if why.startswith("sparse") else None)
                 return result
+            return _einsum_python(equation, operands, out_format, choose, executor_chose_dense=why != "python")
     return _einsum_python(equation, operands, out_format, choose)
 
 
-def _einsum_python(equation: str, operands, out_format, choose: bool):
+def _einsum_python(equation: str, operands, out_format, choose: bool, executor_chose_dense: bool = False):
+    """The call in Python. `executor_chose_dense`: the executor chose the dense path (by its rule or by a
+    measurement) for a result stored sparse, which Python converts: deciding again by the density rule alone
+    would undo a measured choice (at 0.5-0.8 an SpGEMM ran the kernel 1.2-3.5x slower)."""
     ops_ = _broadcast(equation, [_operand(x, f"operand {k}") for k, x in enumerate(operands)])
     dtype = _result_dtype(ops_)
     idx = _index_dtype(ops_)
@@ -400,7 +404,9 @@ def _einsum_python(equation: str, operands, out_format, choose: bool):
             config.dispatch_mode() == "auto":
         # (as the executor: an elementwise product with a sparse result visits only stored entries)
         choose, why = False, "an elementwise product with a sparse result: the kernel visits only stored entries"
-    if choose:
+    if choose and executor_chose_dense:
+        dense, why = True, "the executor chose the dense path"
+    elif choose:
         dense, why = cost_model.choose_dense([o.tensor.density for o in ops_ if o.sparse],
                                              sum(math.prod(o.tensor.shape) for o in ops_))
         if dense and not _all_finite(ops_):
