@@ -102,7 +102,11 @@ std::optional<at::Tensor> dense_matmul_with_addends(const RegionProgram& p, at::
 // letters it lacks: one pass over the output, in this op call.
 at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList all) {
   const at::ScalarType dtype = region_dtype(p, all.slice(0, p.operands.size()));
-  if (out.scalar_type() != dtype) out = out.to(dtype);
+  // (a half-precision product comes in float32: the addends are added there, the sum rounded once)
+  const at::ScalarType acc = out.scalar_type() == at::kFloat && (dtype == at::kHalf || dtype == at::kBFloat16)
+                                 ? at::kFloat
+                                 : dtype;
+  if (out.scalar_type() != acc) out = out.to(acc);
   for (size_t k = 0; k < p.operands.size(); ++k) {
     if (p.operands[k].kind != RegionOperand::Kind::add) continue;
     const at::Tensor v = addend_view(p, k, all[k]);
@@ -110,9 +114,9 @@ at::Tensor add_addends(const RegionProgram& p, at::Tensor out, at::TensorList al
       SCORCH_CHECK(v.size(d) == 1 || v.size(d) == out.size(d),
                    "scorch::region {}: addend {} has size {} for letter '{}', the output {}", p.title, k, v.size(d),
                    p.out[static_cast<size_t>(d)], out.size(d));
-    out.add_(v.to(dtype));
+    out.add_(v.to(acc));
   }
-  return out;
+  return acc == dtype ? out : out.to(dtype);
 }
 
 namespace {

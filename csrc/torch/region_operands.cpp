@@ -107,13 +107,21 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
                  values.scalar_type() == dtype ? values.contiguous() : values.to(dtype)};
 }
 
+namespace {
+thread_local bool half_as_float = false;
+}  // namespace
+
+HalfAsFloat::HalfAsFloat() : before_(half_as_float) { half_as_float = true; }
+HalfAsFloat::~HalfAsFloat() { half_as_float = before_; }
+
 at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands) {
   std::optional<at::ScalarType> t;
   for (size_t k = 0; k < p.operands.size(); ++k) {
     if (p.operands[k].kind == RegionOperand::Kind::pattern || !operands[k].is_floating_point()) continue;
     t = t ? c10::promoteTypes(*t, operands[k].scalar_type()) : operands[k].scalar_type();
   }
-  return t.value_or(at::kFloat);
+  const at::ScalarType d = t.value_or(at::kFloat);
+  return half_as_float && (d == at::kHalf || d == at::kBFloat16) ? at::kFloat : d;
 }
 
 }  // namespace scorch::torch_glue

@@ -28,4 +28,18 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
 // The dtype a region computes in: its floating operands' promoted type (float32 when none).
 at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands);
 
+// While one lives on this thread, a half-precision program computes and returns float32 (region_dtype): a
+// product whose addends are added before its result is rounded (a bfloat16 linear's bias: the product rounded
+// first, then the bias added, cancelled to an exact 0 where eager's addmm gives 1e-4, and a ReLU after it then
+// passed no gradient where eager's did).
+struct HalfAsFloat {
+  HalfAsFloat();
+  ~HalfAsFloat();
+  HalfAsFloat(const HalfAsFloat&) = delete;
+  HalfAsFloat& operator=(const HalfAsFloat&) = delete;
+
+ private:
+  bool before_;
+};
+
 }  // namespace scorch::torch_glue

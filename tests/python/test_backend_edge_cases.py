@@ -374,6 +374,23 @@ def test_a_product_inside_an_autocast_span_keeps_eagers_dtype(how, grad, scorch_
     assert any("autocast" in d.reason for rep in reports for d in rep.decisions)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_half_precision_model_gets_regions_and_matches_eager(dtype, grad, scorch_dispatch):
+    # A model whose weights and inputs are all bfloat16 (or float16): its products accumulate in float32 in
+    # eager too, so a region computing in float32 and rounding its result once gives eager's values within an
+    # ulp or two. Such models had no regions at all (helper-42); the autocast case above still stays dense.
+    from model_check import check_model
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _PrunedMLP().to(dtype)
+    x = torch.randn(32, 256).to(dtype)
+    with recorded_reports() as reports:
+        check_model(m, (x,), backend="scorch", train=grad)
+    assert sum(len(rep.regions) for rep in reports) >= 1, [d.reason for rep in reports for d in rep.decisions]
+
+
 class _PrunedMLP(nn.Module):
     def __init__(self):
         super().__init__()

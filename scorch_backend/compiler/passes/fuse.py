@@ -60,6 +60,9 @@ class _Letters:
         return a
 
 
+_LEAF_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.bool})
+
+
 def _is_one(n) -> bool:
     return isinstance(n, int) and n == 1
 
@@ -228,18 +231,24 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     take it compressed, and a region with no sparse operand of its own is then allowed (its forward runs
     dense, its gradients sparse). `addends`: values added to the result (after a linear's own bias), each
     broadcast to it: they join the program as operands of kind "add"."""
-    for n in [root, *members]:
-        # A product inside an autocast span (or of half-precision values) computes and rounds in that dtype in
-        # eager; the kernels compute in float32 or float64, so the result would differ in dtype and rounding.
-        v = example(n)
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype not in (torch.float32, torch.float64):
-            raise FuseError(f"{n.name} computes in {v.dtype} (an autocast span, or half-precision values): "
-                            "eager rounds there, the kernels compute in float32")
     fuser = Fuser(members, attrs)
     view = op_of(root)
     bias = linear_bias(view)
     addends = ([bias] if bias is not None else []) + list(addends)
     term = fuser._build(root)
+    # Half precision: a region whose values are all of one half dtype (a bfloat16 model: bfloat16 weights and
+    # inputs) computes in float32 and rounds its result once, as eager's products do (they accumulate in
+    # float32); eager also rounds after each elementwise op the region joins, a difference of an ulp or two.
+    # A product inside an autocast span reads float32 values and computes and rounds in bfloat16, which the
+    # kernels cannot repeat (the dtype and the rounding of the result would differ): such a region stays dense.
+    floating = {v.dtype for v in (example(n) for n in [root, *members, *(leaf for leaf, _ in term.factors),
+                                                       *(a for a in addends if isinstance(a, fx.Node))])
+                if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    half = floating & {torch.float16, torch.bfloat16}
+    if half and len(floating) > 1:
+        n = next(m for m in [root, *members] if getattr(example(m), "dtype", None) in half)
+        raise FuseError(f"{n.name} computes in {next(iter(half))} from {sorted(map(str, floating - half))} values (an "
+                        "autocast span): eager rounds there, the kernels compute in float32")
     L = fuser.L
     chars: dict = {}
 
@@ -265,8 +274,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
         if a.format is not None:
             raise FuseError(f"{leaf.name} is a SparseTensor: runs as a Scorch kernel through SparseTensor's "
                             "dispatch rules")
-        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float64, torch.bool):
-            raise FuseError(f"{leaf.name} is not a float32/float64 tensor (or a bool mask)")
+        if not isinstance(v, torch.Tensor) or v.dtype not in _LEAF_DTYPES:
+            raise FuseError(f"{leaf.name} is not a floating-point tensor (or a bool mask)")
         if v.device.type != "cpu":
             raise FuseError(f"{leaf.name} is on {v.device}")
         # A value whose zeros are carried by another one is read densely under that one's pattern (below);
@@ -344,8 +353,8 @@ def fuse(root: fx.Node, members: set, attrs: dict, threshold: float, frozen: boo
     casts = [None] * len(leaves)
     for k, leaf in enumerate(leaves):
         if getattr(example(leaf), "dtype", None) == torch.bool:
-            if not isinstance(result, torch.Tensor) or result.dtype not in (torch.float32, torch.float64):
-                raise FuseError(f"{leaf.name} is a bool mask of a result that is not float32/float64")
+            if not isinstance(result, torch.Tensor) or result.dtype not in _LEAF_DTYPES - {torch.bool}:
+                raise FuseError(f"{leaf.name} is a bool mask of a result that is not floating-point")
             casts[k] = result.dtype
     return Fused(program, leaves, unit_dims, None, density, squeeze, per_operand, list(addends), casts)
 
