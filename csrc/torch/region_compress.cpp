@@ -128,6 +128,7 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
       (src.scalar_type() != at::kFloat && src.scalar_type() != at::kDouble))
     return std::nullopt;
   const int64_t cols = src.size(-1), rows = cols ? src.numel() / cols : 0;
+  std::atomic<bool> short_row{false};
   at::Tensor pos = at::empty({rows + 1}, at::kInt), crd, values;
   int32_t* p = pos.data_ptr<int32_t>();
   p[0] = 0;
@@ -156,7 +157,7 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
     over_rows(src, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         int64_t w = p[r];
-        const int64_t end = p[r + 1];  // (never passed: the counts are of the same entries)
+        const int64_t end = p[r + 1];  // (never passed: the counts are of the same entries, or written since)
         const scalar_t* row = x + r * cols;
         for (int64_t j0 = 0; j0 < cols && w < end; j0 += kWord) {
           const int64_t n = std::min<int64_t>(kWord, cols - j0);
@@ -166,11 +167,18 @@ std::optional<Operand> compress_rows(const at::Tensor& src, const FormatRef& f, 
             v[w++] = row[j];  // under a ReLU a kept entry is relu(y) = y
           }
         }
+        if (w < end) short_row.store(true, std::memory_order_relaxed);
       }
     });
     return true;
   });
   if (!done) return std::nullopt;
+  // A row holding fewer entries than it was counted with was written meanwhile (another thread pruning a
+  // weight in place while a call compresses it): the rest of its slots would hold whatever the allocation
+  // held (helper-46: coordinates like -1076831901, or NaN results). Compressed again from a snapshot, counted
+  // and filled from the same values: the old weight's entries, the new one's, or a mix, as a dense product
+  // racing with the write would read.
+  if (short_row.load()) return compress_rows(src.clone(), f, {}, relu);
   return Operand{&f, src.sizes().vec(), {pos, crd}, values};
 }
 

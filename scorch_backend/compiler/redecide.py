@@ -102,7 +102,10 @@ class Redeciding:
         return self._current(*args)
 
     def _check(self, args) -> None:
-        with self._lock:
+        # One thread checks (and compiles) at a time; the others go on with the graph they have meanwhile.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             self._next_check = time.monotonic() + RECHECK_S
             seen = [self._identity(args[k]) for k in self._watch]
             if seen == self._seen:
@@ -114,6 +117,21 @@ class Redeciding:
                 if len(self._variants) >= MAX_VARIANTS:
                     return
                 _log.get("backend").info("a weight compiled as dense is now sparse: compiling the graph again")
-                fn = self._compile_again(pristine_copy(self._pristine), list(args))
+                fn = _compile_beside_other_threads(self._compile_again, pristine_copy(self._pristine), list(args))
                 self._variants[decisions] = fn
             self._current = fn
+        finally:
+            self._lock.release()
+
+
+def _compile_beside_other_threads(compile_again, gm, args):
+    """Compile outside Dynamo while other threads may be running compiled code. AOTAutograd's tracing raises a
+    process-wide flag that Dynamo's wrapper reads on every thread: unless a compile session is open (as Dynamo
+    opens one for its own compiles), any compiled call starting meanwhile raised "Detected that you are using
+    FX to symbolically trace a dynamo-optimized function" (helper-46: 10% of a serving thread pool's calls for
+    4 s). The session is torch's private context manager; without it, the compile runs as before."""
+    import contextlib
+
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    with session() if session is not None else contextlib.nullcontext():
+        return compile_again(gm, args)
