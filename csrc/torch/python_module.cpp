@@ -337,7 +337,14 @@ py::tuple einsum_call(const std::string& equation, const py::sequence& operands,
   std::vector<glue::Operand> ops;
   if (!operands_from_py(operands, ops)) return py::make_tuple(py::none(), "python", py::none());
   explain = explain || scorch::debug_level() >= 1;
-  glue::Outcome o = glue::run_einsum(equation, ops, out_format, threads, explain, decide, /*dense_first=*/true);
+  glue::Outcome o;
+  {
+    // Without the GIL: a first call compiles a kernel (a quarter of a second or more), or waits for another
+    // process's compile of it, and every other Python thread stopped meanwhile (helper-46). The C++ side holds
+    // no Python object; its hooks into Python take the GIL themselves.
+    py::gil_scoped_release release;
+    o = glue::run_einsum(equation, ops, out_format, threads, explain, decide, /*dense_first=*/true);
+  }
   py::object plan = py::none();
   if (explain && o.plan) {  // the statement as the user's equation reads, operands named by position
     std::vector<int> ndims;
@@ -354,7 +361,12 @@ py::object compute_call(const std::string& text, const std::vector<std::string>&
                         const std::string& out_format, int64_t threads) {
   std::vector<glue::Operand> ops;
   if (!operands_from_py(operands, ops)) return py::none();
-  return result_to_py(glue::run_compute(text, names, ops, out_format, threads));
+  glue::Operand r;
+  {
+    py::gil_scoped_release release;  // (as einsum_call)
+    r = glue::run_compute(text, names, ops, out_format, threads);
+  }
+  return result_to_py(std::move(r));
 }
 
 // --- regions -----------------------------------------------------------------------------------------------

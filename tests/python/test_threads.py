@@ -122,3 +122,38 @@ def test_a_graph_compiled_again_while_other_threads_run_it(monkeypatch):
     assert calls[0] > 0 and not failures, (calls[0], failures[:3])
     with torch.no_grad():
         torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_an_eager_call_that_compiles_lets_other_threads_run(tmp_path):
+    # The eager entry points held the GIL for the whole call, a kernel's compile included (a quarter of a
+    # second, or a wait for another process's compile): every other Python thread stopped (helper-46: a 5 ms
+    # heartbeat's longest gap was the compile's 263 ms). A child process with an empty kernel cache times the
+    # longest gap of such a heartbeat during a call that compiles.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import threading, time, torch, scorch_backend as sb
+        A = sb.sparse(torch.randn(40, 30) * (torch.rand(40, 30) < 0.2), "csr")
+        gaps, stop = [], [False]
+        def beat():
+            last = time.perf_counter()
+            while not stop[0]:
+                time.sleep(0.002); now = time.perf_counter(); gaps.append(now - last); last = now
+        t = threading.Thread(target=beat); t.start()
+        time.sleep(0.05)
+        n0 = len(gaps)
+        t0 = time.perf_counter()
+        sb.einsum("ij,jk->ik", A, torch.randn(30, 7))  # compiles: the cache is empty
+        took = time.perf_counter() - t0
+        stop[0] = True; t.join()
+        print(took, max(gaps[n0:] or [0.0]))
+    """)
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "cache"), SCORCH_DISPATCH="sparse")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    took, gap = (float(v) for v in out.stdout.split()[-2:])
+    assert took > 0.05, took  # it compiled
+    assert gap < took / 4, (took, gap)
