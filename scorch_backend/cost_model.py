@@ -102,21 +102,36 @@ def _calibration_path(key: str) -> pathlib.Path:
     return pathlib.Path(_C.kernel_cache_dir()) / "calibration" / f"{key}.json"
 
 
-def _best_time(fn, repeat: int) -> float:
+class UnreliableMeasurement(RuntimeError):
+    pass
+
+
+def _best_time(fn, repeat: int, threads: int = 1) -> float:
     """The fastest of `repeat` calls after two warm-ups: another process on a core delays some calls by
-    whole scheduler slices, and the fastest call is the one least disturbed."""
+    whole scheduler slices, and the fastest call is the one least disturbed. Raises UnreliableMeasurement when
+    the process had less than half of the CPU time its `threads` threads could use over the calls: other
+    processes held the cores throughout, which the fastest call does not escape (helper-46: four processes
+    calibrating at once stored crossovers of 0.01, 0.64 and 1.0 where one alone measured 0.70, and every
+    later process read them)."""
     fn()
     fn()
     best = math.inf
+    wall = cpu = 0.0
     for _ in range(repeat):
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t)
+        elapsed = time.perf_counter() - t
+        wall, cpu = wall + elapsed, cpu + time.process_time() - c
+        best = min(best, elapsed)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    share = cpu / wall if wall > 0 else math.inf
+    if wall > 0.002 and share < 0.5 * min(threads, cores):
+        raise UnreliableMeasurement(f"this process had {share:.2f} CPUs of the {min(threads, cores)} its threads "
+                                    "could use while it measured: the machine is too busy to measure")
     return best
-
-
-class UnreliableMeasurement(RuntimeError):
-    pass
 
 
 def measure(threads: int) -> dict:
@@ -136,7 +151,7 @@ def measure(threads: int) -> dict:
         m, k, n = 1024, 1024, 64
         B = torch.randn(k, n, generator=g)
         dense_a = torch.randn(m, k, generator=g)
-        t_dense = _best_time(lambda: torch.mm(dense_a, B), 9)
+        t_dense = _best_time(lambda: torch.mm(dense_a, B), 9, threads)
         points = []
         compile_s = 0.0
         for d in (0.05, 0.4):
@@ -151,7 +166,7 @@ def measure(threads: int) -> dict:
             t_first = time.perf_counter()
             run()  # compiles (or loads) the kernel: kept out of the measurement's own time
             compile_s += time.perf_counter() - t_first
-            points.append((vals.numel() / (m * k), _best_time(run, 9)))
+            points.append((vals.numel() / (m * k), _best_time(run, 9, threads)))
         (d0, t0), (d1, t1) = points
         # Eight times the nonzeros must take clearly longer; if not, the timings measured something else (a
         # busy machine) and are not worth keeping.
