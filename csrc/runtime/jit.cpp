@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -182,6 +183,40 @@ std::vector<std::string> remove_orphans(const std::string& dir, const std::strin
 // compiles for at most the compile timeout; one that holds the lock much longer is stopped (Ctrl-Z) or hung,
 // so waiting ends after twice the timeout plus 10 s with an error naming the lock (no limit when the timeout
 // is 0, as compiles then have none either).
+// The descriptors of the key locks this process holds, for a child forked meanwhile: it inherits them
+// (O_CLOEXEC closes them on exec only), and the lock stays held as long as any holder's descriptor is open,
+// so a child that outlived its killed parent kept the key locked and every later process waited 610 s
+// (helper-46). The child closes them first thing (pthread_atfork). Slots, not a locked set: at a fork another
+// thread may hold any mutex for good in the child.
+constexpr int kLockSlots = 64;
+std::atomic<int> held_lock_fds[kLockSlots];
+
+void close_held_locks_in_child() {
+  for (auto& slot : held_lock_fds) {
+    const int fd = slot.exchange(-1);
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void note_held_lock(int fd) {
+  static const bool registered = [] {
+    for (auto& slot : held_lock_fds) slot.store(-1);
+    return pthread_atfork(nullptr, nullptr, close_held_locks_in_child) == 0;
+  }();
+  (void)registered;
+  for (auto& slot : held_lock_fds) {
+    int empty = -1;
+    if (slot.compare_exchange_strong(empty, fd)) return;
+  }  // (more than 64 at once: that one is not closed in a child)
+}
+
+void forget_held_lock(int fd) {
+  for (auto& slot : held_lock_fds) {
+    int mine = fd;
+    if (slot.compare_exchange_strong(mine, -1)) return;
+  }
+}
+
 class KeyLock {
  public:
   KeyLock(const std::string& path, double compile_timeout) {
@@ -210,8 +245,10 @@ class KeyLock {
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
+    note_held_lock(fd_);
   }
   ~KeyLock() {
+    forget_held_lock(fd_);
     ::flock(fd_, LOCK_UN);
     ::close(fd_);
   }

@@ -157,3 +157,44 @@ def test_an_eager_call_that_compiles_lets_other_threads_run(tmp_path):
     took, gap = (float(v) for v in out.stdout.split()[-2:])
     assert took > 0.05, took  # it compiled
     assert gap < took / 4, (took, gap)
+
+
+def test_a_child_forked_during_a_compile_holds_no_kernel_cache_lock(tmp_path):
+    # A child inherits the descriptors of the key locks its parent holds; one that outlived its killed parent
+    # kept the key locked, and every later process waited 2 x SCORCH_COMPILE_TIMEOUT + 10 s (helper-46). The
+    # child of a fork during a compile lists its open descriptors: none may be a kernel cache lock.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, sys, threading, time, torch, scorch_backend as sb
+        A = torch.randn(64, 48); A[torch.rand(64, 48) > 0.1] = 0
+        spec = sb.plan_einsum("ij,jk->ik", sb.sparse(A, format="csc"), torch.randn(48, 13))["spec"]
+        th = threading.Thread(target=lambda: sb.precompile([spec])); th.start()
+        time.sleep(0.1)  # the compile holds its key's lock now (it takes a quarter of a second or more)
+        def locks():
+            out = []
+            for f in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{f}")
+                except OSError:
+                    continue
+                if target.endswith(".lock"):
+                    out.append(target)
+            return out
+        held = locks()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, repr(locks()).encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent held", len(held), "child holds", os.read(r, 65536).decode())
+        th.join()
+    """)
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("parent held 1 ") and line.endswith("child holds []"), line
