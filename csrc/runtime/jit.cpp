@@ -223,6 +223,9 @@ class KeyLock {
     fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     SCORCH_CHECK_KIND(ErrorKind::runtime, fd_ >= 0, "cannot open the kernel cache lock {}: {}", path,
                       std::strerror(errno));
+    // Noted from the open on: a child forked while this waits for the lock would share it once taken
+    // (helper-47: the same hang as a child forked during the compile).
+    note_held_lock(fd_);
     const double limit = compile_timeout > 0 ? 2 * compile_timeout + 10 : 0;
     const auto start = std::chrono::steady_clock::now();
     auto pause = std::chrono::milliseconds(5);
@@ -230,11 +233,13 @@ class KeyLock {
       const int err = errno;
       if (err == EINTR) continue;
       if (err != EWOULDBLOCK) {
+        forget_held_lock(fd_);
         ::close(fd_);
         throw_error(ErrorKind::runtime, fmt::format("cannot lock {}: {}", path, std::strerror(err)));
       }
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (limit > 0 && waited > limit) {
+        forget_held_lock(fd_);
         ::close(fd_);
         throw_error(ErrorKind::runtime,
                     fmt::format("another process has held the kernel cache lock {} for {:.0f} s, longer than a "
@@ -245,7 +250,6 @@ class KeyLock {
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
-    note_held_lock(fd_);
   }
   ~KeyLock() {
     forget_held_lock(fd_);

@@ -113,13 +113,14 @@ at::Tensor unpack_op(at::TensorList buffers, const at::Tensor& values, c10::IntA
 
 at::Tensor to_dense_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                        c10::string_view format) {
-  const int64_t value_count = values.size(0);
   const std::vector<int64_t> offsets = translate_errors([&] {
+    check_values(values, "values");  // (a raw scatter follows: a 2-D values tensor must not pass)
     const auto shape = to_vec(size);
     const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
     const auto bufs = checked_index_buffers(buffers, f.buffer_names());
-    return dense_offsets(f, shape, spans_of(bufs), value_count);
+    return dense_offsets(f, shape, spans_of(bufs), values.size(0));
   });
+  const int64_t value_count = values.size(0);
   if (size.empty()) return values.reshape({}).clone();
   at::Tensor dense = at::zeros(size, values.options());
   if (value_count == 0) return dense;

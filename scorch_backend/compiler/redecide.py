@@ -62,6 +62,8 @@ def watched_inputs(gm: fx.GraphModule, example_inputs, attrs: dict) -> list[int]
             continue
         if isinstance(value, torch._subclasses.FakeTensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
             continue
+        if value.is_inference():  # no version counter: made under inference mode, not changed in place later
+            continue
         if value.dim() >= 2 and value.is_floating_point() and value.layout == torch.strided:
             out.append(k)
     return out
@@ -71,6 +73,9 @@ def pristine_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of the graph (and of its subgraphs: checkpointed blocks) that the passes' in-place rewrite leaves
     as Dynamo gave it; tensors held as attributes are shared, not copied."""
     out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    out.meta = copy.copy(gm.meta)  # (what Dynamo recorded: AOTAutograd reads it)
+    if hasattr(gm, "_param_name_to_source"):
+        out._param_name_to_source = gm._param_name_to_source
     for name, child in gm.named_children():
         if isinstance(child, fx.GraphModule):
             setattr(out, name, pristine_copy(child))
@@ -94,7 +99,8 @@ class Redeciding:
 
     @staticmethod
     def _identity(t: torch.Tensor):
-        return id(t), t._version, t.data_ptr()
+        # (an inference tensor has no version counter: another instance's weights made under inference mode)
+        return id(t), -1 if t.is_inference() else t._version, t.data_ptr()
 
     def __call__(self, *args):
         if time.monotonic() >= self._next_check:
@@ -117,7 +123,13 @@ class Redeciding:
                 if len(self._variants) >= MAX_VARIANTS:
                     return
                 _log.get("backend").info("a weight compiled as dense is now sparse: compiling the graph again")
-                fn = _compile_beside_other_threads(self._compile_again, pristine_copy(self._pristine), list(args))
+                try:
+                    fn = _compile_beside_other_threads(self._compile_again, pristine_copy(self._pristine),
+                                                       list(args))
+                except Exception as e:  # noqa: BLE001 - the graph in use is still right: keep it, say why
+                    _log.get("backend").warning("compiling the graph again for its sparse weights failed (%s: %s);"
+                                                " it keeps its dense decisions", type(e).__name__, e)
+                    fn = self._current
                 self._variants[decisions] = fn
             self._current = fn
         finally:
@@ -129,7 +141,10 @@ def _compile_beside_other_threads(compile_again, gm, args):
     process-wide flag that Dynamo's wrapper reads on every thread: unless a compile session is open (as Dynamo
     opens one for its own compiles), any compiled call starting meanwhile raised "Detected that you are using
     FX to symbolically trace a dynamo-optimized function" (helper-46: 10% of a serving thread pool's calls for
-    4 s). The session is torch's private context manager; without it, the compile runs as before."""
+    4 s). The session is torch's private context manager; without it, the compile runs as before. Like any
+    Dynamo compile, it makes `torch.compiler.is_compiling()` true on every thread meanwhile, so other threads'
+    eager Scorch calls take their traced paths for that time (the kernel without the cost model; a
+    SparseTensor's `layout` reads strided): the same values, at another speed (helper-47)."""
     import contextlib
 
     session = getattr(torch.compiler, "_compile_session_context", None)

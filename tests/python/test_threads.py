@@ -198,3 +198,52 @@ def test_a_child_forked_during_a_compile_holds_no_kernel_cache_lock(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("parent held 1 ") and line.endswith("child holds []"), line
+
+
+def test_a_child_forked_while_its_parent_waits_for_a_key_lock_holds_none(tmp_path):
+    # The parent waits for a key another process is compiling; a child forked meanwhile inherited the open lock
+    # descriptor, and once the parent took the lock the child shared it (helper-47: after the parent was
+    # killed, the key stayed locked). The test process holds the key's lock; the child lists its descriptors.
+    import fcntl
+    import glob
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, SCORCH_CACHE_DIR=str(cache))
+    spec_code = textwrap.dedent("""
+        import torch, scorch_backend as sb
+        A = torch.randn(64, 48); A[torch.rand(64, 48) > 0.1] = 0
+        spec = sb.plan_einsum("ij,jk->ik", sb.sparse(A, format="csc"), torch.randn(48, 13))["spec"]
+    """)
+    subprocess.run([sys.executable, "-c", spec_code + "sb.precompile([spec])"], env=env, check=True, timeout=300)
+    manifests = [p for p in glob.glob(f"{cache}/**/*.json", recursive=True) if "calibration" not in p]
+    key = max(manifests, key=os.path.getmtime)[:-5]
+    for ext in (".so", ".json", ".cpp"):
+        if os.path.exists(key + ext):
+            os.unlink(key + ext)
+    victim = spec_code + textwrap.dedent("""
+        import os, threading, time
+        threading.Thread(target=lambda: sb.precompile([spec]), daemon=True).start()
+        time.sleep(0.5)  # the thread waits for the key's lock now
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            held = []
+            for f in os.listdir("/proc/self/fd"):
+                try:
+                    held.append(os.readlink(f"/proc/self/fd/{f}"))
+                except OSError:
+                    pass
+            os.write(w, repr([h for h in held if h.endswith(".lock")]).encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        print("child holds", os.read(r, 65536).decode(), flush=True)
+        os._exit(0)
+    """)
+    with open(key + ".lock", "a+") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, "-c", victim], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "child holds []", out.stdout
