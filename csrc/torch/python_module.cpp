@@ -22,6 +22,7 @@
 #include "kernel_call.h"
 #include "region.h"
 #include "region_kernels.h"
+#include "region_compress.h"
 #include "tensor_version.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
@@ -659,6 +660,18 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("spec_info", &spec_info, py::arg("spec"), "Output variables, format and dtypes of a kernel spec.");
+  m.def("compress_rows", [](const at::Tensor& x) -> py::object {
+    // (the region op's compression: counted rows, then filled by words of kept-bits, in parallel)
+    std::optional<glue::Operand> r;
+    {
+      py::gil_scoped_release release;
+      r = glue::compress_rows(x, glue::region_compressed_format(static_cast<int>(x.dim())));
+    }
+    if (!r) return py::none();
+    return py::make_tuple(r->buffers, r->values, r->format->text);
+  }, py::arg("x"),
+        "A contiguous float32/float64 tensor of rank >= 2 stored with dense outer levels and its last dimension "
+        "compressed (CSR for a matrix), int32 indices: (buffers, values, format text); None for other tensors.");
   m.def("format_info", &format_info, py::arg("spec"), py::arg("ndim"),
         "Parse a format (preset name or canonical text) for an ndim-dimensional tensor and describe it.");
   m.def("broadcast_shapes", &scorch::ir::broadcast_shapes, py::arg("equation"), py::arg("shapes"), py::arg("sparse"),

