@@ -176,11 +176,14 @@ def test_thread_grain_never_changes_values(monkeypatch, grain):
 def test_thread_grain_bad_value_is_a_clear_error(monkeypatch):
     import scorch_backend as sb
 
+    a = sb.sparse(torch.eye(4), "csr")
     monkeypatch.setenv("SCORCH_THREAD_GRAIN", "lots")
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
-    a = sb.sparse(torch.eye(4), "csr")
     with pytest.raises(ValueError, match="SCORCH_THREAD_GRAIN"):
         sb.einsum("ij,jk->ik", a, torch.ones(4, 2))
+    # sb.sparse of a dense matrix compresses its rows in parallel too (sized by the grain): the same error
+    with pytest.raises(ValueError, match="SCORCH_THREAD_GRAIN"):
+        sb.sparse(torch.eye(4), "csr")
 
 
 def test_an_einsum_without_sparse_operands_runs_dense_aten_code_by_default(monkeypatch):
