@@ -23,6 +23,7 @@
 #include "region.h"
 #include "region_kernels.h"
 #include "region_compress.h"
+#include "log_queue.h"
 #include "tensor_version.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
@@ -150,42 +151,6 @@ py::object differentiate(const std::string& text, int num_tensors, int tensor, b
 }
 
 // Build many kernels at once, `workers` compiler processes at a time, without holding the GIL.
-// --- C++ messages for Python's `logging` -----------------------------------------------------------------
-// The runtime's messages (a kernel compiled or loaded, a bundle loaded) are queued here and handed to the
-// `scorch` logger by log.py (`_C.take_log_messages`), which drains the queue where Python logs anyway: when
-// a compile starts, after an eager call that explains itself, at exit. A queue rather than a call into
-// Python: messages come from compile workers and from inside the kernel cache's locks, where taking the GIL
-// could wait on a thread that waits on that lock. Bounded: past the limit the oldest are dropped and
-// counted.
-namespace log_queue {
-constexpr size_t kLimit = 1000;
-std::mutex mu;
-std::deque<std::tuple<int, std::string, std::string>> queue;
-size_t dropped = 0;
-
-void sink(int level, const char* name, const std::string& text) {
-  std::lock_guard lock(mu);
-  if (queue.size() >= kLimit) {
-    queue.pop_front();
-    ++dropped;
-  }
-  queue.emplace_back(level, name, text);
-}
-
-py::list take() {
-  std::deque<std::tuple<int, std::string, std::string>> out;
-  size_t lost = 0;
-  {
-    std::lock_guard lock(mu);
-    out.swap(queue);
-    std::swap(lost, dropped);
-  }
-  py::list l;
-  if (lost) l.append(py::make_tuple(30, "log", fmt::format("{} earlier messages were dropped (queue full)", lost)));
-  for (auto& [level, name, text] : out) l.append(py::make_tuple(level, name, text));
-  return l;
-}
-}  // namespace log_queue
 
 void compile_kernels(const std::vector<std::string>& specs, int workers) {
   py::gil_scoped_release release;
@@ -685,9 +650,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("statement_info", &statement_info, py::arg("text"), py::arg("num_tensors"));
   m.def("differentiate", &differentiate, py::arg("text"), py::arg("num_tensors"), py::arg("tensor"),
         py::arg("with_pattern"), "The compiler-derived gradient statement of one operand.");
-  m.def("queue_log_messages", [](bool on) { scorch::set_log_sink(on ? &log_queue::sink : nullptr); }, py::arg("on"),
+  m.def("queue_log_messages", [](bool on) { scorch::set_log_sink(on ? &scorch::torch_glue::log_queue::sink : nullptr); }, py::arg("on"),
         "Queue the runtime's messages for take_log_messages (on) or print them to stderr (off, the default).");
-  m.def("take_log_messages", &log_queue::take, "The queued runtime messages, oldest first: (level, name, text).");
+  m.def("take_log_messages", &scorch::torch_glue::log_queue::take, "The queued runtime messages, oldest first: (level, name, text).");
   m.def("compile_kernels", &compile_kernels, py::arg("specs"), py::arg("workers") = 2,
         "Compile (or load) kernels in parallel, ahead of their first use.");
   m.def("kernel_info", &kernel_info, py::arg("spec"), "Compile (or load) a kernel and describe it.");
