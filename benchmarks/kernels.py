@@ -35,7 +35,9 @@ operand's index buffers and values as Scorch stores them, a dense operand's elem
 once (a sparse result's index buffers and values, a dense result's elements). Achieved GB/s = bytes / median
 time, reported as a fraction of a STREAM triad (a = b + s*c on 2^25-element tensors, median of 10 runs,
 counting 3 arrays of traffic, the larger of float32 and float64) measured in the same run with the same
-thread count.
+thread count. The compute ceiling is measured too (runtime/fma_probe.h: independent chains of multiply-adds at
+the target's vector width, the same threads): the BSR cases are printed as fractions of it, with the ratio over
+Scorch's CSR kernel the peak would allow.
 
 JIT times are measured in subprocesses: a fresh SCORCH_CACHE_DIR gives the cold time (code generation and
 compilation) of the first call of each kernel; a second subprocess on the same directory gives the time of the
@@ -66,7 +68,7 @@ os.environ.setdefault("SCORCH_DISPATCH", "sparse")
 import scorch_backend as sb  # noqa: E402
 from scorch_backend.tools.timing import add_baseline_isa_argument, hold_baseline_isa  # noqa: E402
 from scorch_backend.tools import datasets  # noqa: E402
-from scorch_backend.tools.timing import measure_interleaved, stream_triad  # noqa: E402
+from scorch_backend.tools.timing import fma_peak, measure_interleaved, stream_triad  # noqa: E402
 from scorch_backend.tools.timing import OtherLoad, fmt_ratio, fmt_time, save_json  # noqa: E402
 from kernel_cases import (CONTENDERS, EQUATIONS, K_SDDMM, KERNELS, N_SPMM, RANK_MTTKRP, RTOL,  # noqa: E402
                           TORCH_OPS, Skip, block_pruned, check_dense, check_sparse, load_matrices, log,
@@ -220,6 +222,8 @@ def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
         log(f"  !! Scorch {kernel} on {name} failed: {res['error']}")
         return res
     res["scorch"] = times["scorch"].to_dict()
+    if kernel in FMA_KERNELS:  # one multiply-add per stored entry and column of B
+        res["flop"] = 2 * int(nnz) * N_SPMM
     res["bytes_moved"] = moved
     res["scorch_gbps"] = moved / res["scorch"]["median_s"] / 1e9
     for cname, e in failed.items():
@@ -448,6 +452,28 @@ def report_targets(summary, jit_summary) -> dict:
     return targets
 
 
+FMA_KERNELS = ("spmm", "bsr", "nm")  # whose work is counted in multiply-adds (2 * nnz * N_SPMM FLOP)
+
+
+def report_compute_bound(results, peak: dict) -> None:
+    """The BSR cases as fractions of the FMA peak, for them and the CSR kernel on the same weights: the BSR
+    kernel cannot run above the peak, so a ratio over the CSR kernel above peak / CSR's fraction cannot be
+    reached on this CPU and target, however the kernel is written."""
+    if not peak.get("gflops"):
+        return
+    rows = [r for r in results if r["kernel"] == "bsr" and "scorch" in r and "torch_coo" in r["contenders"]]
+    if not rows:
+        return
+    log(f"\nBSR SpMM against the FMA peak ({peak['gflops']:.0f} GFLOP/s, {peak['vector_bytes']}-byte vectors)")
+    for r in rows:
+        bsr = r["flop"] / r["scorch"]["median_s"] / 1e9 / peak["gflops"]
+        csr = r["flop"] / r["contenders"]["torch_coo"]["median_s"] / 1e9 / peak["gflops"]
+        r["fma_peak_fraction"] = {"bsr": bsr, "scorch_csr": csr}
+        log(f"  {r['matrix']:<44} BSR {100 * bsr:4.0f}% of peak, Scorch CSR {100 * csr:4.0f}%: "
+            f"{BSR_TARGET_VS_SCORCH_CSR:g}x over CSR needs {100 * BSR_TARGET_VS_SCORCH_CSR * csr:4.0f}%, "
+            f"at most {1 / csr:.2f}x is possible")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # main
 
@@ -576,6 +602,10 @@ def main(argv=None) -> int:
         f"(best {triad['float32']['best_gbps']:.1f} / {triad['float64']['best_gbps']:.1f}); reference "
         f"{triad_gbps:.1f} GB/s")
 
+    peak = fma_peak(args.threads)
+    log(f"FMA peak ({peak['vector_bytes']}-byte float32 vectors, {args.threads} threads, best of 5): "
+        + (f"{peak['gflops']:.0f} GFLOP/s" if peak["gflops"] else "n/a (no such instructions)"))
+
     jit = None
     if not args.no_jit:
         log("JIT: timing first calls in subprocesses (fresh cache, then the same cache from disk) ...")
@@ -606,6 +636,7 @@ def main(argv=None) -> int:
     summary = summarize(results, args.kernels, args.threads, triad_gbps)
     jit_summary = summarize_jit(jit, args.kernels) if jit is not None else None
     targets = report_targets(summary, jit_summary)
+    report_compute_bound(results, peak)
 
     mism = [f"{r['kernel']}/{r['matrix']}" for r in results if r.get("check", {}).get("ok") is False]
     fails = [f"{r['kernel']}/{r['matrix']}: {r['error']}" for r in results if "error" in r]
@@ -633,7 +664,7 @@ def main(argv=None) -> int:
                         "bytes_model": "every operand buffer read once + the result's buffers written once",
                         "ratio": "contender median time / Scorch median time (>1: Scorch faster)",
                         "torch_ops": TORCH_OPS, "scorch_calls": EQUATIONS},
-           "stream_triad": triad, "triad_gbps": triad_gbps, "results": results, "summary": summary,
+           "stream_triad": triad, "triad_gbps": triad_gbps, "fma_peak": peak, "results": results, "summary": summary,
            "jit": jit_summary, "targets": targets, "total_seconds": time.perf_counter() - t_start,
            "other_load": load.to_dict()}
     log(load.report())

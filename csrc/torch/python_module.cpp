@@ -35,6 +35,7 @@
 #include "lower/differentiate.h"
 #include "lower/plan.h"
 #include "runtime/bundle.h"
+#include "runtime/fma_probe.h"
 #include "runtime/jit.h"
 #include "runtime/target.h"
 
@@ -681,4 +682,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("target_info", [](const std::string& name) {
     return target_dict(name.empty() ? scorch::current_target() : scorch::resolve_target(name));
   }, py::arg("name") = "", "Resolve a target (default: the current one) and describe it.");
+  m.def("fma_peak_gflops", &scorch::fma_peak_gflops, py::arg("vector_bytes"), py::arg("threads"),
+        py::call_guard<py::gil_scoped_release>(), "Float32 multiply-add GFLOP/s of this CPU at a vector width "
+        "(runtime/fma_probe.h; 0 without the instructions).");
 }

@@ -208,6 +208,17 @@ def stream_triad_gbs(threads: int | None = None, log2n: int = 25) -> float:
     return max(t["float32"]["median_gbps"], t["float64"]["median_gbps"])
 
 
+def fma_peak(threads: int | None = None) -> dict:
+    """The float32 multiply-add ceiling of this CPU at the current target's vector width (runtime/fma_probe.h):
+    {"vector_bytes", "gflops"} (gflops None where the CPU or build has no such instruction). The ceiling of a
+    compute-bound kernel, as the triad is a memory-bound one's."""
+    from scorch_backend import _C
+
+    width = int(_C.target_info()["vector_bytes"])
+    gflops = _C.fma_peak_gflops(width, threads if threads is not None else torch.get_num_threads())
+    return {"vector_bytes": width, "gflops": gflops or None}
+
+
 def contention_probe(calls: int = 40, threshold_s: float = 1e-3) -> dict:
     """Median time of a small parallel torch op (an add of 2**18 floats). On an idle machine it takes tens
     of microseconds; when another process holds one of the cores torch uses, every parallel region waits for

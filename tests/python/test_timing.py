@@ -150,3 +150,29 @@ def test_other_load_sees_a_busy_process_and_counts_waited_children_as_own():
         spinner.wait()
     assert other >= 0.5 / ncpu, (other, ncpu)
     assert "other processes" in report and (other <= OtherLoad.WARN_SHARE or "shared" in report)
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def test_fma_peak_measures_the_widths_this_cpu_has_and_refuses_the_others():
+    from scorch_backend import _C
+    from scorch_backend.tools.timing import fma_peak
+
+    flags = _cpu_flags()
+    for width, needs in ((32, {"avx2", "fma"}), (64, {"avx512f"})):
+        got = _C.fma_peak_gflops(width, 1)
+        if needs <= flags:
+            assert got > 0 and got == got and got != float("inf"), (width, got)
+        else:
+            assert got == 0.0, (width, got)
+    for width in (0, 16, 48, 128):  # no multiply-add instruction of that width: nothing measured
+        assert _C.fma_peak_gflops(width, 2) == 0.0
+    peak = fma_peak(1)
+    assert peak["vector_bytes"] == sb._C.target_info()["vector_bytes"]
+    assert peak["gflops"] is None or peak["gflops"] > 0
