@@ -145,6 +145,8 @@ BundleInfo parse_kernel_bundle(const std::string& bytes, const std::string& path
   if (const std::string f = r.take("format"); f != kManifestFormat)
     refuse(path, fmt::format("its manifest has format '{}', this Scorch reads '{}'", shown(f), kManifestFormat));
   b.arch = r.take("arch");
+  if (b.arch.empty() || b.arch.find_first_of(" \t") != std::string::npos)
+    refuse(path, fmt::format("its manifest's arch '{}' is not one word (damaged?)", shown(b.arch, 20)));
   b.target = r.take("target");
   b.target_flags = r.take("target_flags");
   b.vector_bytes = r.number("vector_bytes", 1 << 12);
@@ -179,6 +181,9 @@ namespace {
 // Everything that needs no loading: the file, the architecture, this CPU's instruction set, and the source
 // this Scorch generates for each spec. Returns the library's bytes in `library`.
 std::string read_bundle_file(const std::string& path) {
+  // (open() would stop at a NUL and read another file than the one named)
+  SCORCH_CHECK(path.find('\0') == std::string::npos, "scorch: a kernel bundle path holds a NUL character: '{}'",
+               shown(path, 200));
   std::string bytes;
   if (!fileio::read_regular_file(path, kMaxBundleBytes, bytes, -1, /*follow_symlinks=*/true)) {
     struct stat sb;
@@ -195,6 +200,8 @@ BundleInfo check_bundle(const std::string& bytes, const std::string& path, std::
   BundleInfo b = parse_kernel_bundle(bytes, path, &library);
   if (b.arch != host_arch())
     refuse(path, fmt::format("it holds {} code, this process runs on {}", b.arch, host_arch()));
+  if (const std::string damaged = fileio::elf_problem(library); !damaged.empty())
+    refuse(path, "its library is damaged: " + damaged);
   const IsaCheck isa = check_cpu_features(b.isa);
   if (!isa.missing.empty())
     refuse(path, fmt::format("it was compiled for target '{}', whose code needs {} which this CPU lacks (its "

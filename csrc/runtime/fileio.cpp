@@ -1,6 +1,7 @@
 #include "runtime/fileio.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,12 +110,55 @@ std::string json_string(const std::string& s) {
   return o + "\"";
 }
 
+std::string elf_problem(const std::string& library) {
+#if defined(__x86_64__)
+  constexpr int kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr int kMachine = EM_AARCH64;
+#else
+  constexpr int kMachine = -1;  // not checked
+#endif
+  const uint64_t size = library.size();
+  Elf64_Ehdr h;
+  if (size < sizeof h) return fmt::format("it is {} bytes, shorter than an ELF header", size);
+  std::memcpy(&h, library.data(), sizeof h);
+  if (std::memcmp(h.e_ident, ELFMAG, SELFMAG) != 0) return "it is not an ELF file";
+  if (h.e_ident[EI_CLASS] != ELFCLASS64) return "it is not a 64-bit ELF file";
+  const bool little = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+  if (h.e_ident[EI_DATA] != (little ? ELFDATA2LSB : ELFDATA2MSB)) return "its byte order is not this machine's";
+  if (h.e_type != ET_DYN) return fmt::format("it is not a shared library (ELF type {})", h.e_type);
+  if (kMachine >= 0 && h.e_machine != kMachine)
+    return fmt::format("it holds code for ELF machine {}, not this one's ({})", h.e_machine, kMachine);
+  // [offset, offset + count * each) inside the file, without overflow
+  auto inside = [size](uint64_t offset, uint64_t count, uint64_t each) {
+    return offset <= size && (each == 0 || count <= (size - offset) / each);
+  };
+  if (h.e_phnum == 0 || h.e_phentsize != sizeof(Elf64_Phdr) || !inside(h.e_phoff, h.e_phnum, sizeof(Elf64_Phdr)))
+    return fmt::format("its program headers ({} of {} bytes at {}) do not fit in its {} bytes", h.e_phnum,
+                       h.e_phentsize, h.e_phoff, size);
+  if (h.e_shnum != 0 && (h.e_shentsize != sizeof(Elf64_Shdr) || !inside(h.e_shoff, h.e_shnum, sizeof(Elf64_Shdr))))
+    return fmt::format("its section headers ({} at {}) do not fit in its {} bytes: it is truncated", h.e_shnum,
+                       h.e_shoff, size);
+  for (uint16_t i = 0; i < h.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, library.data() + h.e_phoff + uint64_t(i) * sizeof ph, sizeof ph);
+    if (ph.p_filesz > ph.p_memsz && ph.p_type == PT_LOAD)
+      return fmt::format("its segment {} holds more bytes in the file than in memory", i);
+    if (ph.p_filesz != 0 && !inside(ph.p_offset, 1, ph.p_filesz))
+      return fmt::format("its segment {} (bytes {} to {}) ends past its {} bytes: it is truncated", i, ph.p_offset,
+                         ph.p_offset + ph.p_filesz, size);
+  }
+  return "";
+}
+
 // The copy is created here (O_EXCL, a name never used twice in the process), loaded, then unlinked: what
 // dlopen maps is exactly what was hashed, whatever happens to the original file meanwhile (replaced,
 // truncated in place). It goes next to the cache entry; when the cache cannot be written (a prebuilt cache on
 // a read-only file system), into TMPDIR (or /tmp) instead, so verified entries still load.
 void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
                         const std::string& what) {
+  const std::string damaged = elf_problem(library);
+  SCORCH_CHECK_KIND(ErrorKind::runtime, damaged.empty(), "scorch: cannot load {}: {}", what, damaged);
   static std::atomic<uint64_t> counter{0};
   const uint64_t n = counter++;
   auto create = [&](const std::string& path) {

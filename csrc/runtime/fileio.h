@@ -32,7 +32,14 @@ void make_dirs(const std::string& path);
 // A JSON string literal of s.
 std::string json_string(const std::string& s);
 
-// dlopen()s exactly these bytes: they are written to a new file private to this process in `dir`
+// Why `library` is not a whole shared library of this machine ("" when it is): the ELF header (64-bit, this
+// byte order and machine, a shared object) and every program and section header, with every segment's bytes,
+// inside it. dlopen maps a truncated library and faults (SIGBUS) on the first page past its end; a hash made to
+// match damaged bytes (a careless repack, a hand-edited manifest) must not get that far. Not a defence against a
+// forged library, which is code and runs whatever it holds.
+std::string elf_problem(const std::string& library);
+
+// dlopen()s exactly these bytes (refused with elf_problem's reason first): they are written to a new file private to this process in `dir`
 // ("<stem>.load.PID.N.so", O_EXCL, mode 0700), loaded, and unlinked. `what` names the library in errors.
 void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
                         const std::string& what);

@@ -127,9 +127,15 @@ std::string verify_entry(const std::string& lib_path, const std::string& manifes
     struct stat sb;
     if (::lstat(lib_path.c_str(), &sb) != 0) return "its library is missing";
     if (!S_ISREG(sb.st_mode)) return "its library is not a regular file";
+    if (sb.st_size == recorded) return fmt::format("its library cannot be read ({})", std::strerror(errno));
     return fmt::format("its library is {} bytes, the manifest records {}", sb.st_size, recorded);
   }
-  if (manifest == m.text(library)) return "";
+  if (manifest == m.text(library)) {
+    const std::string damaged = fileio::elf_problem(library);  // bytes that match a manifest made to match them
+    if (damaged.empty()) return "";
+    library.clear();
+    return "its library is damaged: " + damaged;
+  }
   const std::string reason =
       manifest_field(manifest, "key") != json_string(m.key) ? "its manifest is for another kernel (key differs)"
       : manifest_field(manifest, "library_hash") != json_string(content_hash(library))

@@ -19,6 +19,7 @@
 #include "common/hash.h"
 #include "runtime/bundle.h"
 #include "runtime/cpu_features.h"
+#include "runtime/fileio.h"
 #include "runtime/jit.h"
 #include "runtime/settings.h"
 #include "test_util.h"
@@ -209,16 +210,29 @@ TEST_F(Bundle, DamagedOrForeignBundlesAreRefused) {
   write_all(path_, rehashed(good, "scorch-kernel-bundle-3\n", "scorch-kernel-bundle-3\r\n"));
   e = error_of([&] { load_kernel_bundle(path_); });
   EXPECT_NE(e.find("has format 'scorch-kernel-bundle-3\\r'"), std::string::npos) << e;
-  // A library that is not one, its hash made consistent: refused (a ValueError), with the loader's reason.
+  // A library that is not one, or one cut short, its hash made consistent: refused (a ValueError) before
+  // dlopen, which faulted (SIGBUS) on the segments past the end of a truncated one.
   {
     const auto nl = good.find('\n');
     std::istringstream head(good.substr(0, nl));
     std::string magic, version, mbytes, lbytes, hash;
     head >> magic >> version >> mbytes >> lbytes >> hash;
-    const std::string body = good.substr(nl + 1, std::stoul(mbytes)) + std::string(4096, 'x');
-    write_all(path_, fmt::format("{} {} {} {} {}\n", magic, version, mbytes, 4096, content_hash(body)) + body);
+    const std::string manifest = good.substr(nl + 1, std::stoul(mbytes));
+    const std::string library = good.substr(nl + 1 + manifest.size());
+    auto resealed = [&](const std::string& lib) {
+      const std::string body = manifest + lib;
+      return fmt::format("{} {} {} {} {}\n", magic, version, mbytes, lib.size(), content_hash(body)) + body;
+    };
+    write_all(path_, resealed(std::string(4096, 'x')));
     e = error_of([&] { load_kernel_bundle(path_); });
-    EXPECT_NE(e.find("refused: its library does not load"), std::string::npos) << e;
+    EXPECT_NE(e.find("refused: its library is damaged: it is not an ELF file"), std::string::npos) << e;
+    for (size_t keep : {library.size() / 2, library.size() - 1, size_t{100}, size_t{10}}) {
+      write_all(path_, resealed(library.substr(0, keep)));
+      e = error_of([&] { load_kernel_bundle(path_); });
+      EXPECT_NE(e.find("refused: its library is damaged"), std::string::npos) << keep << ": " << e;
+      EXPECT_EQ(fileio::elf_problem(library.substr(0, keep)).empty(), false) << keep;
+    }
+    EXPECT_EQ(fileio::elf_problem(library), "");
   }
   // The gather form must be one of the two.
   write_all(path_, rehashed(good, "\ngathers ", "\ngathers sometimes-"));

@@ -261,9 +261,42 @@ def test_a_library_that_does_not_load_is_refused_without_touching_the_cache(tmp_
                           str(forged)], env=dict(os.environ, SCORCH_CACHE_DIR=str(cache), SCORCH_JIT="0"),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "refused:" in out.stdout and "does not load" in out.stdout, out.stdout + out.stderr
+    # (refused before loading when its ELF headers say what is wrong, by the loader otherwise)
+    assert "refused:" in out.stdout and ("does not load" in out.stdout or "is damaged" in out.stdout), \
+        out.stdout + out.stderr
     assert "private copy" not in out.stdout
     assert not any(p.name.startswith("bundle-") for p in cache.rglob("*")), list(cache.rglob("*"))
+
+
+@pytest.mark.parametrize("keep", ["half", "no section headers", "headers only"])
+def test_a_truncated_library_resealed_is_refused_before_loading(bundle, tmp_path, keep):
+    # Its hash made to match: dlopen mapped segments past the end of the bytes and the process (or
+    # scorch_deploy, or any process listing it in SCORCH_KERNEL_BUNDLES) died of SIGBUS (helper-49).
+    _, manifest, library = split(bundle.read_bytes())
+    cut = {"half": len(library) // 2, "no section headers": len(library) - 64, "headers only": 512}[keep]
+    forged = tmp_path / "forged.kernels"
+    forged.write_bytes(reseal(manifest, library[:cut]))
+    with pytest.raises(ValueError, match="its library is damaged: its (segment|section headers|program)"):
+        aot.bundle_info(forged)  # describes what loading would check, without loading
+    cache = tmp_path / "c"
+    out = subprocess.run([sys.executable, "-c", "import sys, scorch_backend.custom_ops.aot as aot\n"
+                          "try:\n    aot.load_bundle(sys.argv[1])\nexcept ValueError as e:\n    print('refused:', e)\n",
+                          str(forged)], env=dict(os.environ, SCORCH_CACHE_DIR=str(cache), SCORCH_JIT="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused:" in out.stdout and "is damaged" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_bundle_path_with_a_nul_or_a_split_arch_is_refused(bundle, tmp_path):
+    # open() stopped at the NUL and loaded the file named by the part before it (helper-49).
+    with pytest.raises(ValueError, match="NUL"):
+        aot.load_bundle(str(bundle) + "\x00.other")
+    _, manifest, library = split(bundle.read_bytes())
+    arch = manifest.split(b"\narch ")[1].split(b"\n")[0]
+    spaced = tmp_path / "spaced.kernels"
+    spaced.write_bytes(reseal(manifest.replace(b"\narch " + arch + b"\n", b"\narch " + arch + b" \n", 1), library))
+    with pytest.raises(ValueError, match="arch .* is not one word"):
+        aot.bundle_info(spaced)
 
 
 def test_bundle_for_a_bigger_cpu_is_refused_here(tmp_path):
