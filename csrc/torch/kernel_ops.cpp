@@ -23,6 +23,7 @@
 #include "lower/kernel_spec.h"
 #include "runtime/jit.h"
 #include "runtime/target.h"
+#include "validated_once.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -167,6 +168,8 @@ at::Tensor copy_buffer(const at::Tensor& b) {
 
 // A call's inputs checked against its spec (count, dtypes, shapes, buffer lengths) and laid out for the
 // kernel ABI.
+ValidatedOnce validated_buffers;  // sparse operands' buffers, checked in full once per version
+
 struct PreparedCall {
   std::vector<std::vector<int64_t>> shapes;  // each operand's shape
   std::vector<void*> ptrs;
@@ -236,6 +239,17 @@ PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef siz
     const auto spans = spans_of(bufs);
     try {
       check_lengths(*s.format, c.shapes[t], spans, v.size(0));
+      // In full once per version: the kernels check coordinates against their ranges as they read them, but
+      // not that they are sorted and unique, which co-iteration needs (a product of two CSR operands with
+      // unsorted rows dropped entries).
+      ValidatedOnce::Key key{{reinterpret_cast<int64_t>(&*s.format)}};
+      key.add(v);
+      for (const auto& b : bufs) key.add(b);
+      key.words.insert(key.words.end(), c.shapes[t].begin(), c.shapes[t].end());
+      validated_buffers.check_once(std::move(key), [&] {
+        const std::string why = bad_index_report(*s.format, c.shapes[t], bufs, v.size(0));
+        SCORCH_CHECK(why.empty(), "{}", why);
+      });
     } catch (const Error& err) {
       throw_error(err.kind(), fmt::format("operand {}: {}", t, err.what()));
     }

@@ -3,11 +3,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <mutex>
-#include <set>
-
 #include "common/error.h"
 #include "tensor_version.h"
+#include "validated_once.h"
 
 namespace scorch::torch_glue {
 namespace {
@@ -44,9 +42,7 @@ std::vector<int64_t> resolve_packed_size(const RegionProgram& p, size_t k, const
   return size;
 }
 
-// Buffers checked once per identity and version (a deployed model's buffers are data read from a file).
-std::mutex validated_mu;
-std::set<std::vector<int64_t>> validated;  // (address, elements, version) of the values and each buffer
+ValidatedOnce validated;  // packed operands' buffers (a deployed model's are data read from a file)
 
 }  // namespace
 
@@ -76,30 +72,12 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   const at::Tensor& values = s.slots[k];
   SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
                p.title, k, values.dim());
-  std::vector<int64_t> key{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)};
-  bool versioned = true;  // an inference tensor has no version counter: validated at every call, never remembered
-  auto add = [&](const at::Tensor& t) {
-    const int64_t version = version_of(t);
-    if (version < 0) versioned = false;
-    key.insert(key.end(), {reinterpret_cast<int64_t>(t.data_ptr()), t.numel(), version});
-  };
-  add(values);
-  for (const auto& b : s.buffers[k]) add(b);
+  ValidatedOnce::Key key{{reinterpret_cast<int64_t>(&p), static_cast<int64_t>(k)}};
+  key.add(values);
+  for (const auto& b : s.buffers[k]) key.add(b);
   const std::vector<int64_t>& size = s.packed_sizes[k];
-  key.insert(key.end(), size.begin(), size.end());
-  bool known = false;
-  if (versioned) {
-    std::lock_guard lock(validated_mu);
-    known = validated.count(key) > 0;
-  }
-  if (!known) {
-    validate.call(s.buffers[k], values, size, o.packed);
-    if (versioned) {
-      std::lock_guard lock(validated_mu);
-      if (validated.size() > 4096) validated.clear();
-      validated.insert(std::move(key));
-    }
-  }
+  key.words.insert(key.words.end(), size.begin(), size.end());
+  validated.check_once(std::move(key), [&] { validate.call(s.buffers[k], values, size, o.packed); });
   const FormatRef& f = interned_format(o.packed, static_cast<int>(size.size()));
   std::vector<at::Tensor> buffers;
   for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());
