@@ -62,6 +62,9 @@ std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorL
     const ChainProgram& c = chain_program(std::string(program));
     SCORCH_CHECK(operands.size() == c.differentiable.size(), "scorch::chain {}: {} operands expected, got {}", c.title,
                  c.differentiable.size(), operands.size());
+    const auto out_shape = chain_output_shape(c, operands);
+    SCORCH_CHECK(grad.sym_sizes().equals(out_shape), "scorch::chain {}: the gradient has shape {}, the chain's "
+                 "output has shape {}", c.title, c10::str(grad.sym_sizes()), c10::str(c10::SymIntArrayRef(out_shape)));
     std::vector<bool> ask(operands.size());
     for (size_t k = 0; k < operands.size(); ++k) ask[k] = asked(c, k, operands[k], wanted);
     std::vector<at::Tensor> direct;

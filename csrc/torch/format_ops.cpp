@@ -99,8 +99,9 @@ void validate_op(at::TensorList buffers, const at::Tensor& values, c10::IntArray
 
 at::Tensor unpack_op(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
                      c10::string_view format) {
-  const int64_t value_count = values.size(0);
   return translate_errors([&] {
+    check_values(values, "values");  // only its length is read, but a 0-D or 2-D tensor is a caller's mistake
+    const int64_t value_count = values.size(0);
     const auto shape = to_vec(size);
     const Format f = Format::parse(std::string(format), static_cast<int>(shape.size()));
     const auto bufs = checked_index_buffers(buffers, f.buffer_names());

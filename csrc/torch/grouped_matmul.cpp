@@ -132,6 +132,9 @@ class GroupedMatmul : public torch::autograd::Function<GroupedMatmul> {
 
 at::Tensor grouped_matmul(const at::Tensor& A, const at::Tensor& W, bool w_t, const std::vector<int64_t>& counts,
                           bool differentiable) {
+  SCORCH_CHECK(A.dim() != 2 || W.dim() != 3 || W.size(0) == static_cast<int64_t>(counts.size()),
+               "scorch::chain: the gating mask has {} columns (one per expert) and the stacked expert weights {} "
+               "experts (shape {})", counts.size(), W.size(0), c10::str(W.sizes()));
   SCORCH_CHECK(A.dim() == 2 && W.dim() == 3 && W.size(0) == static_cast<int64_t>(counts.size()) &&
                    A.size(1) == W.size(w_t ? 2 : 1),
                "scorch::chain: grouped product of shapes {} and {} over {} groups", c10::str(A.sizes()),

@@ -204,6 +204,20 @@ def test_chain_op_passes_opcheck_and_rejects_bad_programs():
         torch.ops.scorch.chain(Ch.ChainProgram((last_drops_q, reads)).text(), ops)
 
 
+def test_chain_backward_checks_the_gradient_and_the_expert_count():
+    # A gradient of the wrong shape was taken (extra rows ignored) or failed deep in ATen (helper-49); a gating
+    # mask with fewer columns than experts gave a message naming neither.
+    text, ops = _moe_chain()
+    out = torch.ops.scorch.chain(text, ops)
+    ok = torch.ops.scorch.chain_backward(text, ops, torch.ones_like(out), [0, 1, 1, 1, 1])
+    assert ok[1].shape == ops[1].shape
+    for shape in [(2 * out.shape[0], out.shape[1]), (out.shape[0], 1), (out.shape[1],), (1, out.shape[1])]:
+        with pytest.raises(ValueError, match=r"the gradient has shape .* the chain's output has shape"):
+            torch.ops.scorch.chain_backward(text, ops, torch.ones(shape, dtype=out.dtype), [0, 1, 1, 1, 1])
+    with pytest.raises(ValueError, match="gating mask has 2 columns .* 3 experts"):
+        torch.ops.scorch.chain(text, [ops[0][:, :2].contiguous(), *ops[1:]])
+
+
 # --- gradients of whole models against eager, and explain ----------------------------------------------------
 
 def test_moe_chain_gradients_match_eager():
