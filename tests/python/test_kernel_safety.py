@@ -155,6 +155,27 @@ def test_kernel_op_called_directly():
     assert str(2**40) in lines[8]
 
 
+def test_kernel_op_refuses_unsorted_coordinates_a_merge_would_skip():
+    # In range but unsorted: the product of two CSR operands dropped entries with no error (helper-49). The
+    # buffers are checked in full once per version; a write through torch moves the version and is seen.
+    spec = ("out(i0,i1) = t0(i0,i1) * t1(i0,i1); t0=dense(0),compressed(1); t1=dense(0),compressed(1); "
+            "out=dense(0),compressed(1); f32; i32")
+    pos = torch.tensor([0, 2], dtype=torch.int32)
+    b = [pos, torch.tensor([0, 3], dtype=torch.int32), torch.tensor([10.0, 20.0])]
+    a = [pos.clone(), torch.tensor([0, 3], dtype=torch.int32), torch.tensor([1.0, 2.0])]
+    for _ in range(2):
+        vals, (_, crd) = torch.ops.scorch.kernel(spec, a + b, [1, 4], 1)
+        assert vals.tolist() == [10.0, 40.0] and crd.tolist() == [0, 3]
+    unsorted = [pos.clone(), torch.tensor([3, 0], dtype=torch.int32), torch.tensor([2.0, 1.0])]
+    with pytest.raises(ValueError, match="operand 0: .*sorted"):
+        torch.ops.scorch.kernel(spec, unsorted + b, [1, 4], 1)
+    with pytest.raises(ValueError, match="operand 1: .*sorted"):
+        torch.ops.scorch.kernel(spec, b + unsorted, [1, 4], 1)
+    a[1].copy_(torch.tensor([3, 0], dtype=torch.int32))  # the checked buffer written in place
+    with pytest.raises(ValueError, match="operand 0: .*sorted"):
+        torch.ops.scorch.kernel(spec, a + b, [1, 4], 1)
+
+
 def test_format_ops_raise_on_bad_buffers():
     body = """
     pos = torch.tensor([0, 1, 2], dtype=torch.int32)
@@ -169,10 +190,16 @@ def test_format_ops_raise_on_bad_buffers():
     report(lambda: torch.ops.scorch.pack(torch.tensor([[0, 1], [0, 10**8]]), torch.ones(2), [2, 3], "csr", torch.int32)[1])
     report(lambda: torch.ops.scorch.to_dense([torch.tensor([0, 2]), torch.tensor([0, 1]), torch.tensor([5, 0])],
                                              torch.ones(2), [2, 3], "coo"))
+    # unpack reads only its values' length, but takes them as the other format ops do
+    report(lambda: torch.ops.scorch.unpack([pos, torch.tensor([0, 1], dtype=torch.int32)], torch.tensor(1.0),
+                                           [2, 3], "csr"))
+    report(lambda: torch.ops.scorch.unpack([pos, torch.tensor([0, 1], dtype=torch.int32)], torch.ones(2, 1),
+                                           [2, 3], "csr"))
     """
     lines = errors_of(run_child(body))
-    assert len(lines) == 10, lines
+    assert len(lines) == 12, lines
     assert all(line.startswith("ValueError:") for line in lines), lines
+    assert "values must be 1-D" in lines[10] and "values must be 1-D" in lines[11], lines[10:]
 
 
 def test_unsorted_coordinates_in_a_merge_are_reported():
