@@ -69,10 +69,23 @@ def watched_inputs(gm: fx.GraphModule, example_inputs, attrs: dict) -> list[int]
     return out
 
 
+# Every failed recompile's error, in order (results stay right when one fails, so only this and the warning show
+# it; the tests read it).
+FAILURES: list[str] = []
+
+
 def pristine_copy(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of the graph (and of its subgraphs: checkpointed blocks) that the passes' in-place rewrite leaves
     as Dynamo gave it; tensors held as attributes are shared, not copied."""
-    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    graph = copy.deepcopy(gm.graph)
+    # What Dynamo set on nodes as plain attributes (a placeholder's `_dynamo_source`, which AOTAutograd asserts
+    # on when the module has `_param_name_to_source`) is not carried by the deep copy: every recompile under the
+    # default fallback failed on it (helper-48).
+    for old, new in zip(gm.graph.nodes, graph.nodes):
+        for name, value in getattr(old, "__dict__", {}).items():
+            if name.startswith("_dynamo") and not hasattr(new, name):
+                setattr(new, name, value)
+    out = fx.GraphModule(gm, graph)
     out.meta = copy.copy(gm.meta)  # (what Dynamo recorded: AOTAutograd reads it)
     if hasattr(gm, "_param_name_to_source"):
         out._param_name_to_source = gm._param_name_to_source
@@ -127,6 +140,7 @@ class Redeciding:
                     fn = _compile_beside_other_threads(self._compile_again, pristine_copy(self._pristine),
                                                        list(args))
                 except Exception as e:  # noqa: BLE001 - the graph in use is still right: keep it, say why
+                    FAILURES.append(f"{type(e).__name__}: {e}")
                     _log.get("backend").warning("compiling the graph again for its sparse weights failed (%s: %s);"
                                                 " it keeps its dense decisions", type(e).__name__, e)
                     fn = self._current

@@ -34,8 +34,12 @@ def pruned_state(seed: int) -> dict:
 def recheck_now(monkeypatch):
     monkeypatch.setattr(redecide, "RECHECK_S", 0.0)
     torch._dynamo.reset()
+    redecide.FAILURES.clear()
     yield
     torch._dynamo.reset()
+    # A failed recompile keeps the dense graph and results stay right, so only its warning shows it: every
+    # recompile under the default fallback failed that way and these tests passed (helper-48).
+    assert not redecide.FAILURES, redecide.FAILURES
 
 
 def sparse_runs() -> int:
