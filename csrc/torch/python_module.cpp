@@ -34,6 +34,7 @@
 #include "ir/split_reductions.h"
 #include "lower/differentiate.h"
 #include "lower/plan.h"
+#include "region_fingerprint.h"
 #include "runtime/bundle.h"
 #include "runtime/fma_probe.h"
 #include "runtime/jit.h"
@@ -682,6 +683,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("target_info", [](const std::string& name) {
     return target_dict(name.empty() ? scorch::current_target() : scorch::resolve_target(name));
   }, py::arg("name") = "", "Resolve a target (default: the current one) and describe it.");
+  m.def("content_hash", [](const at::Tensor& t) { return glue::content_hash(t); }, py::arg("tensor"),
+        py::call_guard<py::gil_scoped_release>(), "A hash of every byte of a tensor's elements (region_fingerprint.h).");
   m.def("fma_peak_gflops", &scorch::fma_peak_gflops, py::arg("vector_bytes"), py::arg("threads"),
         py::call_guard<py::gil_scoped_release>(), "Float32 multiply-add GFLOP/s of this CPU at a vector width "
         "(runtime/fma_probe.h; 0 without the instructions).");

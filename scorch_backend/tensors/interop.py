@@ -29,6 +29,7 @@ import weakref
 
 import torch
 
+from .. import _C
 from .convert import _check_values_dtype, from_coordinates, sparse
 from .format import make_format
 from .sparse_tensor import SparseTensor
@@ -212,28 +213,32 @@ def convert_module(module: torch.nn.Module) -> list[str]:
 # --- the arguments of each call -----------------------------------------------------------------------------
 
 class _InputCache:
-    """Converted arguments by tensor identity, valid while the tensor and its member tensors keep their
-    version counters (so an in-place change to the values or the indices is seen)."""
+    """Converted arguments by tensor identity, valid while the tensor's members hold the same bytes.
+
+    Version counters cannot tell: a torch.sparse tensor built from index and value tensors shares their storage
+    but not their counters, so a write to the value tensor the caller keeps (`w.mul_(10)` after
+    `sparse_coo_tensor(i, w)`) left every counter as it was, and the cached conversion gave stale results
+    (helper-48). So the members' bytes are hashed on every call (`_C.content_hash`: one read of them, about what
+    a kernel reading the matrix once costs); a change makes a new conversion, a new SparseTensor whose own
+    version and identity tell the compiled graph's caches that it changed."""
 
     def __init__(self, size: int = 64):
         self._entries: dict[int, tuple] = {}
         self._size = size
 
     @staticmethod
-    def _versions(x: torch.Tensor) -> tuple:
+    def _state(x: torch.Tensor) -> tuple:
         if x.layout == torch.sparse_coo:
             members = (x._indices(), x._values())
         elif x.layout in (torch.sparse_csr, torch.sparse_bsr):
             members = (x.crow_indices(), x.col_indices(), x.values())
         else:
             members = (x.ccol_indices(), x.row_indices(), x.values())
-        return (x._version,) + tuple(m._version for m in members)
+        return (tuple(x.shape),) + tuple((m.data_ptr(), m.numel(), _C.content_hash(m)) for m in members)
 
     def get(self, x: torch.Tensor) -> SparseTensor:
-        if x.is_inference():  # no version counters (made under torch.inference_mode): converted every call
-            return _convert(x)
         key = id(x)
-        versions = self._versions(x)
+        versions = self._state(x)
         hit = self._entries.get(key)
         if hit is not None and hit[0]() is x and hit[1] == versions:
             return hit[2]

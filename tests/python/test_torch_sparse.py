@@ -245,6 +245,43 @@ def test_changed_input_is_converted_again():
     torch.testing.assert_close(fast(A, x), 3 * d @ x, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+@pytest.mark.parametrize("member", ["values", "indices"])
+def test_writes_to_the_tensors_a_sparse_argument_was_built_from_are_seen(layout, member):
+    # A torch.sparse tensor built from index and value tensors shares their storage but not their version
+    # counters: writing the caller's own value (or index) tensor left every counter as it was and the cached
+    # conversion gave the old result (helper-48).
+    torch._dynamo.reset()
+    d = random_dense((12, 9), 0.3, seed=12)
+    d[0, :] = 0
+    d[0, 0] = 5.0  # the first stored entry, alone in its row; moved below to (0, 1) (CSC: to (1, 0))
+    d[1:3, 0] = 0
+    x = torch.randn(9, 3)
+    if layout == "coo":
+        c = d.to_sparse_coo().coalesce()
+        idx, vals = c.indices().clone(), c.values().clone()
+        A = torch.sparse_coo_tensor(idx, vals, d.shape, is_coalesced=True)
+        index = idx[1]  # each entry's column (a view: writing it writes idx)
+    elif layout == "csr":
+        c = d.to_sparse_csr()
+        ptr, index, vals = c.crow_indices().clone(), c.col_indices().clone(), c.values().clone()
+        A = torch.sparse_csr_tensor(ptr, index, vals, d.shape)
+    else:
+        c = d.to_sparse_csc()
+        ptr, index, vals = c.ccol_indices().clone(), c.row_indices().clone(), c.values().clone()
+        A = torch.sparse_csc_tensor(ptr, index, vals, d.shape)
+    fast = sb.compile(lambda A, x: torch.sparse.mm(A, x), fullgraph=True)
+    torch.testing.assert_close(fast(A, x), d @ x, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        if member == "values":
+            vals.mul_(10.0)
+        else:
+            index[0] = 1
+    want = A.to_dense() @ x
+    assert not torch.allclose(want, d @ x)  # the write changed the product
+    torch.testing.assert_close(fast(A, x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_unsupported_inputs_raise_clear_errors():
     d = random_dense((6, 6), 0.4, seed=11)
     hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
