@@ -394,7 +394,30 @@ def _compile(gm: fx.GraphModule, example_inputs, opts: dict):
         return gm.forward, report
     from torch._inductor.compile_fx import compile_fx
 
-    return compile_fx(gm, example_inputs), report
+    try:
+        return compile_fx(gm, example_inputs), report
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is the one kind below
+        if not _data_dependent(e):
+            raise
+        # A size only known from data (the entry count of a sparse product) that AOTAutograd's tracing must
+        # branch on: training through `torch.sparse.mm(A, B).to_dense()` failed to compile (helper-48), where
+        # eager runs it. The graph runs as it stands (its Scorch ops still compiled kernels), as eager would.
+        _log.get("backend").warning("Inductor cannot compile this graph (%s: %s); it runs uncompiled around its "
+                                    "Scorch ops", type(e).__name__, str(e).splitlines()[0][:200])
+        return gm.forward, report
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether e, or an exception it came from, is torch's error for a branch on a data-dependent size."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, GuardOnDataDependentSymNode):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 try:  # also reachable without the entry point (a source checkout that is not installed)

@@ -282,6 +282,34 @@ def test_writes_to_the_tensors_a_sparse_argument_was_built_from_are_seen(layout,
     torch.testing.assert_close(fast(A, x), want, rtol=1e-5, atol=1e-5)
 
 
+def test_training_through_a_sparse_product_made_dense_runs_as_eager():
+    # The product's entry count is only known from data, and AOTAutograd's tracing branched on it: the compile
+    # raised (helper-48). The graph now runs uncompiled around its Scorch ops, with eager's values and gradients.
+    torch._dynamo.reset()
+    a, b = random_dense((7, 6), 0.4, seed=13), random_dense((6, 5), 0.4, seed=14)
+    w = torch.randn(7, 5)
+
+    def leaves():
+        A, B = a.to_sparse_csr(), b.to_sparse_csr()
+        va, vb = A.values().clone().requires_grad_(), B.values().clone().requires_grad_()
+        return (va, vb, torch.sparse_csr_tensor(A.crow_indices(), A.col_indices(), va, a.shape),
+                torch.sparse_csr_tensor(B.crow_indices(), B.col_indices(), vb, b.shape))
+
+    fn = lambda A, B: torch.sparse.mm(A, B).to_dense()  # noqa: E731
+    va, vb, A, B = leaves()
+    y = sb.compile(fn, fullgraph=True)(A, B)
+    (y * w).sum().backward()
+    ra, rb, A2, B2 = leaves()
+    ref = fn(sb.from_torch_sparse(A2), sb.from_torch_sparse(B2))
+    (ref * w).sum().backward()
+    torch.testing.assert_close(y, a @ b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(va.grad, ra.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vb.grad, rb.grad, rtol=1e-5, atol=1e-5)
+    # the gradient of each stored value of A: row i of w times B's rows, at A's stored columns
+    ga = (w @ b.t())[a != 0]
+    torch.testing.assert_close(va.grad, ga, rtol=1e-5, atol=1e-5)
+
+
 def test_unsupported_inputs_raise_clear_errors():
     d = random_dense((6, 6), 0.4, seed=11)
     hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
