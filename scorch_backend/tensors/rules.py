@@ -260,6 +260,52 @@ def _einsum_whole(*args, **kwargs):
     return frontend.einsum(*args, **kwargs)
 
 
+def _torch_sparse_sum(input, dim=None, dtype=None):
+    """torch.sparse.sum over a SparseTensor (the way GCN code gets degrees): its stored entries summed, as an
+    einsum; torch's own reached ATen's COO internals and raised a dispatch error."""
+    if not isinstance(input, SparseTensor):
+        return NotImplemented
+    x = input if dtype is None else input.with_values(input.differentiable_values().to(dtype))
+    if dim is None:
+        return _sum(x)
+    return _sum_dims(x, [dim] if isinstance(dim, int) else list(dim))
+
+
+def _torch_sparse_softmax(log: bool):
+    def apply(input, dim, dtype=None):
+        """torch.sparse.softmax / log_softmax over a SparseTensor: along `dim`, over the stored entries only
+        (unstored ones count as -inf, as torch.sparse's do); the result has input's pattern."""
+        if not isinstance(input, SparseTensor):
+            return NotImplemented
+        if not all(lv["unique"] for lv in input.format.levels):
+            input = input.to_format("coo")  # (a non-unique format's duplicates summed first, as torch coalesces)
+        d = _wrap_dim(dim, input.dim())
+        v = input.differentiable_values()
+        v = v if dtype is None else v.to(dtype)
+        coords = input.coordinates()
+        key = torch.zeros_like(coords[0])
+        for k in range(input.dim()):  # the entry's coordinates along every other dimension, as one number
+            if k != d:
+                key = key * input.shape[k] + coords[k]
+        _, group = torch.unique(key, return_inverse=True)
+        groups = int(group.max()) + 1 if group.numel() else 0
+        top = torch.full((groups,), -torch.inf, dtype=v.dtype).scatter_reduce(0, group, v.detach(), "amax")
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        shifted = v - top[group]
+        total = torch.zeros(groups, dtype=v.dtype).index_add(0, group, shifted.exp())
+        out = shifted - total.log()[group] if log else shifted.exp() / total[group]
+        return input.with_values(out)
+
+    return apply
+
+
+_TORCH_FUNCTION_RULES.update({
+    torch._sparse_sum: _torch_sparse_sum,  # (what torch.sparse.sum calls)
+    torch.sparse.softmax: _torch_sparse_softmax(False),
+    torch.sparse.log_softmax: _torch_sparse_softmax(True),
+})
+
+
 _TORCH_FUNCTION_RULES.update({
     # torch.einsum is decomposed before it reaches __torch_dispatch__; caught here, whole.
     torch.einsum: _einsum_whole,

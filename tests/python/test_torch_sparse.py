@@ -310,6 +310,38 @@ def test_training_through_a_sparse_product_made_dense_runs_as_eager():
     torch.testing.assert_close(va.grad, ga, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+@pytest.mark.parametrize("density", [0.0, 0.4, 1.0])
+def test_torch_sparse_sum_and_softmax_on_converted_tensors_match_torch(fmt, density):
+    # GCN code's degrees (torch.sparse.sum(adj, dim=1)) and attention over a sparse pattern (torch.sparse.softmax)
+    # raised ATen dispatch errors on a converted tensor (helper-48).
+    d = random_dense((7, 5), density, seed=15)
+    if density:
+        d[2] = 0  # an empty row
+    T = d.to_sparse_coo().coalesce()
+    S = sb.sparse(d, fmt)
+    for dim in (0, 1, (0, 1), -1):
+        torch.testing.assert_close(torch.sparse.sum(S, dim=dim).to_dense(), torch.sparse.sum(T, dim=dim).to_dense())
+    torch.testing.assert_close(torch.sparse.sum(S), torch.sparse.sum(T))
+    torch.testing.assert_close(torch.sparse.sum(S, dim=1, dtype=torch.float64).to_dense(),
+                               torch.sparse.sum(T, dim=1, dtype=torch.float64).to_dense())
+    w = torch.randn(7, 5)
+    for fn in (torch.sparse.softmax, torch.sparse.log_softmax):
+        for dim in (0, 1):
+            vs = S.stored_values.clone().requires_grad_()
+            got = fn(S.with_values(vs), dim)
+            assert isinstance(got, sb.SparseTensor) and got.format == S.format
+            vt = T.values().clone().requires_grad_()
+            want = fn(torch.sparse_coo_tensor(T.indices(), vt, T.shape, is_coalesced=True), dim)
+            torch.testing.assert_close(got.to_dense(), want.to_dense())
+            (got.to_dense() * w).sum().backward()
+            (want.to_dense() * w).sum().backward()
+            # (S stores its values in its own order: compare the gradients as dense matrices)
+            gs = S.with_values(vs.grad).to_dense()
+            gt = torch.sparse_coo_tensor(T.indices(), vt.grad, T.shape).to_dense()
+            torch.testing.assert_close(gs, gt)
+
+
 def test_unsupported_inputs_raise_clear_errors():
     d = random_dense((6, 6), 0.4, seed=11)
     hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
