@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .._native import ops
-from .sparse_tensor import (_TORCH_FUNCTION_RULES, TORCH_LAYOUT_OF_FORMAT, VALUE_DTYPES, SparseTensor, _rule)
+from .sparse_tensor import (_TORCH_FUNCTION_RULES, TORCH_LAYOUT_OF_FORMAT, VALUE_DTYPES, SparseTensor, _rule,
+                            coo_like)
 
 aten = torch.ops.aten
 
@@ -83,7 +84,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 # --- torch.sparse's accessors, answered from the level buffers ----------------------------------------------
 def _needs_layout(x: SparseTensor, what: str, *names: str) -> None:
-    if x.format.name not in names:
+    if x.format.name not in names and not ("coo" in names and coo_like(x.format)):
         want = " or ".join(f'"{n}"' for n in names)
         raise RuntimeError(f"{what}() needs a SparseTensor in the {want} format (torch.sparse layout "
                            f"{' or '.join(str(TORCH_LAYOUT_OF_FORMAT[n]) for n in names)}), got format "
@@ -118,6 +119,8 @@ def _values_op(x):
 @_rule(aten.indices.default, aten._indices.default)
 def _indices(x):
     _needs_layout(x, "indices", "coo")
+    if x.format.name != "coo":  # a permuted COO (x.t()): each stored entry's coordinates, in storage order
+        return x.coordinates()
     return torch.stack([getattr(x, f"crd{d}").to(torch.int64) for d in range(x.dim())]) if x.dim() else \
         torch.zeros((0, x.nnz), dtype=torch.int64)
 
@@ -130,13 +133,15 @@ def _nnz(x):
 @_rule(aten.is_coalesced.default)
 def _is_coalesced(x):
     _needs_layout(x, "is_coalesced", "coo")
-    return True  # the "coo" format stores each coordinate once, in order (validation refuses duplicates)
+    # The "coo" format stores each coordinate once, in order (validation refuses duplicates); a permuted one is
+    # in another order, as torch's transpose of a coalesced tensor is not coalesced either.
+    return x.format.name == "coo"
 
 
 @_rule(aten.coalesce.default)
 def _coalesce(x):
     _needs_layout(x, "coalesce", "coo")
-    return x
+    return x if x.format.name == "coo" else x.to_format("coo")
 
 
 @_rule(aten._coalesced_.default)

@@ -29,6 +29,15 @@ _plain_torch_function = torch._C._disabled_torch_function_impl
 
 # The torch.sparse layout a format is the same storage as (torch.sparse code reads these through .layout).
 TORCH_LAYOUT_OF_FORMAT = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "coo": torch.sparse_coo}
+
+
+def coo_like(fmt) -> bool:
+    """Whether a format is COO with its dimensions in any order (a compressed non-unique level over the rest
+    as singletons, whole dimensions): what `.t()` or `.permute()` of a "coo" tensor gives, without copying.
+    torch's own transpose of a COO tensor is a COO tensor too (not coalesced), so these read as sparse_coo."""
+    lv = fmt.levels
+    return bool(lv) and lv[0]["kind"] == "compressed" and all(x["kind"] == "singleton" for x in lv[1:]) and \
+        all(x["part"] == "whole" for x in lv) and (len(lv) == 1 or not lv[0]["unique"])
 _specialize_code = None
 
 
@@ -196,7 +205,10 @@ class SparseTensor(torch.Tensor):
             code = _dynamo_specialize_code()
             if code is None or sys._getframe(1).f_code is not code:
                 return torch.strided
-        return TORCH_LAYOUT_OF_FORMAT.get(self._format.name, torch.strided)
+        layout = TORCH_LAYOUT_OF_FORMAT.get(self._format.name)
+        if layout is None:
+            layout = torch.sparse_coo if coo_like(self._format) else torch.strided
+        return layout
 
     # --- what it holds ---------------------------------------------------------------------------------
     @property

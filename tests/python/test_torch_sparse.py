@@ -342,6 +342,29 @@ def test_torch_sparse_sum_and_softmax_on_converted_tensors_match_torch(fmt, dens
             torch.testing.assert_close(gs, gt)
 
 
+def test_a_transposed_coo_reads_as_torch_reads_its_transpose():
+    # S.t() of a "coo" SparseTensor (a permuted COO, no copy) read as strided: code branching on
+    # `A.t().layout == torch.sparse_coo` took the other branch and indices()/coalesce() raised (helper-48).
+    d = random_dense((5, 4), 0.4, seed=16)
+    A = d.to_sparse_coo().coalesce()
+    S = sb.from_torch_sparse(A)
+    for T, ref in ((S.t(), A.t()), (S.permute(1, 0), A.permute(1, 0)), (S.t().t(), A.t().t())):
+        assert T.layout == torch.sparse_coo == ref.layout
+        coords, vals = T.indices(), T.values()
+        # (torch marks every transpose uncoalesced; one stored in order may say it is, when it truly is)
+        assert T.is_coalesced() == ref.is_coalesced() or (T.is_coalesced() and torch.equal(
+            coords, torch.sparse_coo_tensor(coords, vals, T.shape).coalesce().indices()))
+        torch.testing.assert_close(torch.sparse_coo_tensor(coords, vals, T.shape).to_dense(), ref.to_dense())
+        C = T.coalesce()
+        assert C.is_coalesced()
+        torch.testing.assert_close(C.indices(), ref.coalesce().indices())
+        torch.testing.assert_close(C.values(), ref.coalesce().values())
+        assert T._nnz() == ref._nnz()
+    f = sb.compile(lambda A: A.t().coalesce().indices().float().sum() if A.t().layout == torch.sparse_coo
+                   else torch.tensor(-1.0), fullgraph=True)
+    assert f(A).item() == A.t().coalesce().indices().float().sum().item()
+
+
 def test_unsupported_inputs_raise_clear_errors():
     d = random_dense((6, 6), 0.4, seed=11)
     hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
