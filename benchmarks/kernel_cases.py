@@ -248,6 +248,9 @@ def setup_case(kernel: str, m: sp.csr_array, ctx: dict, args) -> dict:
         Qt = Q.t()
         case["scorch"] = lambda: sb.einsum("ij,ik,jk->ij", A, P, Q)
         case["inputs"] = [A, P, Q]
+        # A floor under any SDDMM on this pattern: Q's row read at every stored entry and multiplied by its value,
+        # summed into one vector (no P, no dot products, no result per entry), as a Scorch kernel
+        case["floor"] = lambda: sb.einsum("ij,jk->k", A, Q)
         add("torch_csr", lambda: torch.sparse.sampled_addmm(Ac, P, Qt, beta=0.0))
         coo = m.tocoo()
         r_, c_ = torch.from_numpy(coo.row.astype(np.int64)), torch.from_numpy(coo.col.astype(np.int64))

@@ -37,7 +37,8 @@ time, reported as a fraction of a STREAM triad (a = b + s*c on 2^25-element tens
 counting 3 arrays of traffic, the larger of float32 and float64) measured in the same run with the same
 thread count. The compute ceiling is measured too (runtime/fma_probe.h: independent chains of multiply-adds at
 the target's vector width, the same threads): the BSR cases are printed as fractions of it, with the ratio over
-Scorch's CSR kernel the peak would allow.
+Scorch's CSR kernel the peak would allow. SDDMM cases get a floor of their own: Q's rows read at the stored
+entries and summed (sb.einsum('ij,jk->k', S, Q)), which any SDDMM on that pattern must at least do.
 
 JIT times are measured in subprocesses: a fresh SCORCH_CACHE_DIR gives the cold time (code generation and
 compilation) of the first call of each kernel; a second subprocess on the same directory gives the time of the
@@ -212,6 +213,8 @@ def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
         del r
         timed[cname] = fn
     gc.collect()
+    if "floor" in case:
+        timed["floor"] = case["floor"]
     # Scorch and the contenders timed in alternation (rounds in a rotating order), so that load from another
     # process falls on all of them alike instead of on whichever was being timed (measure_interleaved).
     times, failed = measure_interleaved(timed, warmup=args.warmup, repeat=args.repeats, min_time=args.budget / 10,
@@ -228,8 +231,10 @@ def run_case(kernel: str, name: str, shape, nnz: int, case: dict, args) -> dict:
     res["scorch_gbps"] = moved / res["scorch"]["median_s"] / 1e9
     for cname, e in failed.items():
         res["skipped"][cname] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if "floor" in times:
+        res["floor"] = times["floor"].to_dict()
     for cname in timed:
-        if cname == "scorch" or cname not in times:
+        if cname in ("scorch", "floor") or cname not in times:
             continue
         b = times[cname].to_dict()
         b["ratio"] = b["median_s"] / res["scorch"]["median_s"]
@@ -474,6 +479,24 @@ def report_compute_bound(results, peak: dict) -> None:
             f"at most {1 / csr:.2f}x is possible")
 
 
+def report_sddmm_floor(results) -> None:
+    """The SDDMM cases against their floor (Q's rows read at the stored entries, kernel_cases.py): a kernel
+    cannot run under it, so a ratio over torch above torch's time / floor cannot be reached here."""
+    rows = [r for r in results if r["kernel"] == "sddmm" and "scorch" in r and "floor" in r
+            and "torch_csr" in r["contenders"]]
+    if not rows:
+        return
+    log("\nSDDMM against its floor (sb.einsum('ij,jk->k', S, Q): Q's row read at each stored entry, no P, no "
+        "dot products)")
+    for r in rows:
+        floor = r["floor"]["median_s"]
+        r["floor_ratio"] = {"scorch": r["scorch"]["median_s"] / floor,
+                            "torch_csr": r["contenders"]["torch_csr"]["median_s"] / floor}
+        log(f"  {r['matrix']:<44} floor {fmt_time(floor):>9}; Scorch {r['floor_ratio']['scorch']:5.2f}x it, "
+            f"torch {r['floor_ratio']['torch_csr']:5.2f}x: {TARGETS['sddmm']:g}x over torch needs "
+            f"{r['floor_ratio']['torch_csr'] / TARGETS['sddmm']:.2f}x the floor")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # main
 
@@ -637,6 +660,7 @@ def main(argv=None) -> int:
     jit_summary = summarize_jit(jit, args.kernels) if jit is not None else None
     targets = report_targets(summary, jit_summary)
     report_compute_bound(results, peak)
+    report_sddmm_floor(results)
 
     mism = [f"{r['kernel']}/{r['matrix']}" for r in results if r.get("check", {}).get("ok") is False]
     fails = [f"{r['kernel']}/{r['matrix']}: {r['error']}" for r in results if "error" in r]
