@@ -170,6 +170,17 @@ at::Tensor copy_buffer(const at::Tensor& b) {
 // kernel ABI.
 ValidatedOnce validated_buffers;  // sparse operands' buffers, checked in full once per version
 
+// The key of a sparse operand's buffers: its format (by text: one kernel's result and the next kernel's operand
+// meet), shape, values and index buffers.
+ValidatedOnce::Key buffers_key(const Format& f, const std::vector<int64_t>& shape, const at::Tensor& values,
+                               at::TensorList buffers) {
+  ValidatedOnce::Key key{{static_cast<int64_t>(std::hash<std::string>{}(f.str()))}};
+  key.words.insert(key.words.end(), shape.begin(), shape.end());
+  key.add(values);
+  for (const auto& b : buffers) key.add(b);
+  return key;
+}
+
 struct PreparedCall {
   std::vector<std::vector<int64_t>> shapes;  // each operand's shape
   std::vector<void*> ptrs;
@@ -190,6 +201,10 @@ PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef siz
   SCORCH_CHECK(static_cast<int>(inputs.size()) == e.kernel->input_pointers,
                "kernel '{}' takes {} input tensors, got {}", spec.stmt.str(), e.kernel->input_pointers, inputs.size());
 
+  const bool order_matters =
+      (!spec.output.strided() && !spec.output.format->all_dense()) ||
+      std::count_if(spec.operands.begin(), spec.operands.end(),
+                    [](const Storage& o) { return !o.strided() && !o.format->all_dense(); }) > 1;
   PreparedCall c;
   // Map each operand's dimensions to index sizes through its accesses.
   c.shapes.assign(spec.operands.size(), {});
@@ -224,6 +239,7 @@ PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef siz
       continue;
     }
     const auto& names = e.buffer_names[t];
+    const size_t first = at;  // the caller's buffers, before any copy
     std::vector<at::Tensor> bufs;
     for (const auto& name : names) {
       const at::Tensor& b = inputs[at++];
@@ -239,17 +255,17 @@ PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef siz
     const auto spans = spans_of(bufs);
     try {
       check_lengths(*s.format, c.shapes[t], spans, v.size(0));
-      // In full once per version: the kernels check coordinates against their ranges as they read them, but
-      // not that they are sorted and unique, which co-iteration needs (a product of two CSR operands with
-      // unsorted rows dropped entries).
-      ValidatedOnce::Key key{{reinterpret_cast<int64_t>(&*s.format)}};
-      key.add(v);
-      for (const auto& b : bufs) key.add(b);
-      key.words.insert(key.words.end(), c.shapes[t].begin(), c.shapes[t].end());
-      validated_buffers.check_once(std::move(key), [&] {
-        const std::string why = bad_index_report(*s.format, c.shapes[t], bufs, v.size(0));
-        SCORCH_CHECK(why.empty(), "{}", why);
-      });
+      // The kernels check coordinates against their ranges as they read them, but not that they are sorted and
+      // unique, which a merge of sparse operands and a sorted sparse output rely on (a product of two CSR
+      // operands with unsorted rows dropped entries): those kernels get their operands checked in full, once
+      // per tensor and version (a kernel reading one sparse operand into a dense result needs no order).
+      if (order_matters) {
+        ValidatedOnce::Key key = buffers_key(*s.format, c.shapes[t], v, inputs.slice(first, names.size()));
+        validated_buffers.check_once(std::move(key), [&] {
+          const std::string why = bad_index_report(*s.format, c.shapes[t], bufs, v.size(0));
+          SCORCH_CHECK(why.empty(), "{}", why);
+        });
+      }
     } catch (const Error& err) {
       throw_error(err.kind(), fmt::format("operand {}: {}", t, err.what()));
     }
@@ -355,6 +371,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
       std::vector<at::Tensor> buffers{take(bufs[0], rows + 1, it), take(bufs[1], nnz, it)};
       at::Tensor values = take(args.out_vals, nnz, vt);
       free_fn(args.out_coords);
+      // Sorted and unique by construction: a kernel that reads this result next need not check it again
+      // (a chain of sparse products on fresh results checked every one of them: 2.3x slower).
+      validated_buffers.check_once(buffers_key(*spec.output.format, out_shape, values, buffers), [] {});
       return std::make_tuple(values, buffers);
     }
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
@@ -367,6 +386,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
                                   : pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
     e.kernel->free_fn(args.out_coords);
     e.kernel->free_fn(args.out_vals);
+    validated_buffers.check_once(buffers_key(*spec.output.format, out_shape, packed, buffers), [] {});  // (as above)
     return std::make_tuple(packed, buffers);
   });
 }
