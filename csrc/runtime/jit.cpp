@@ -123,11 +123,17 @@ std::string verify_entry(const std::string& lib_path, const std::string& manifes
   const std::string size_text = manifest_field(manifest, "library_bytes");
   if (!all_digits(size_text) || size_text.size() > 12) return "its manifest is garbled (no library_bytes)";
   const off_t recorded = static_cast<off_t>(std::stoll(size_text));
+  errno = 0;
   if (!read_regular_file(lib_path, kMaxLibraryBytes, library, recorded)) {
+    const int read_errno = errno;
     struct stat sb;
     if (::lstat(lib_path.c_str(), &sb) != 0) return "its library is missing";
     if (!S_ISREG(sb.st_mode)) return "its library is not a regular file";
-    if (sb.st_size == recorded) return fmt::format("its library cannot be read ({})", std::strerror(errno));
+    if (sb.st_size == recorded && static_cast<size_t>(recorded) > kMaxLibraryBytes)
+      return fmt::format("its library is {} bytes, over the {}-byte limit of a kernel library", recorded,
+                         kMaxLibraryBytes);
+    if (sb.st_size == recorded)
+      return fmt::format("its library cannot be read ({})", read_errno ? std::strerror(read_errno) : "unknown reason");
     return fmt::format("its library is {} bytes, the manifest records {}", sb.st_size, recorded);
   }
   if (manifest == m.text(library)) {

@@ -33,6 +33,12 @@ bool asked(const ChainProgram& c, size_t k, const at::Tensor& t, at::OptionalInt
   return !wanted.has_value() || (k < wanted->size() && (*wanted)[k] != 0);
 }
 
+void check_gradient_shape(const ChainProgram& c, at::TensorList operands, const at::Tensor& grad) {
+  const auto out_shape = chain_output_shape(c, operands);
+  SCORCH_CHECK(grad.sym_sizes().equals(out_shape), "scorch::chain {}: the gradient has shape {}, the chain's output "
+               "has shape {}", c.title, c10::str(grad.sym_sizes()), c10::str(c10::SymIntArrayRef(out_shape)));
+}
+
 at::Tensor chain_cpu(c10::string_view program, at::TensorList operands) {
   return translate_errors([&] {
     const std::string text(program);
@@ -62,9 +68,7 @@ std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorL
     const ChainProgram& c = chain_program(std::string(program));
     SCORCH_CHECK(operands.size() == c.differentiable.size(), "scorch::chain {}: {} operands expected, got {}", c.title,
                  c.differentiable.size(), operands.size());
-    const auto out_shape = chain_output_shape(c, operands);
-    SCORCH_CHECK(grad.sym_sizes().equals(out_shape), "scorch::chain {}: the gradient has shape {}, the chain's "
-                 "output has shape {}", c.title, c10::str(grad.sym_sizes()), c10::str(c10::SymIntArrayRef(out_shape)));
+    check_gradient_shape(c, operands, grad);
     std::vector<bool> ask(operands.size());
     for (size_t k = 0; k < operands.size(); ++k) ask[k] = asked(c, k, operands[k], wanted);
     std::vector<at::Tensor> direct;
@@ -104,10 +108,11 @@ std::vector<at::Tensor> chain_backward_cpu(c10::string_view program, at::TensorL
   });
 }
 
-std::vector<at::Tensor> chain_backward_meta(c10::string_view program, at::TensorList operands, const at::Tensor&,
+std::vector<at::Tensor> chain_backward_meta(c10::string_view program, at::TensorList operands, const at::Tensor& grad,
                                             at::OptionalIntArrayRef wanted) {
   return translate_errors([&] {
     const ChainProgram& c = chain_program(std::string(program));
+    check_gradient_shape(c, operands, grad);
     std::vector<at::Tensor> out;
     for (size_t k = 0; k < operands.size(); ++k)
       out.push_back(asked(c, k, operands[k], wanted) ? at::empty_like(operands[k])

@@ -19,7 +19,7 @@ std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int
 // A hash of every byte of t's elements (in row-major order, any strides): for caches that cannot trust the
 // version counter at all, such as a torch.sparse tensor built from tensors the caller goes on writing (its
 // members' counters are not theirs). Chunks hashed in parallel and combined in order: the same bytes give the
-// same hash at any thread count. Reads t once (about a memcpy's time).
+// same hash at any thread count. Reads t once (about a memcpy's time; a non-contiguous t is copied first).
 uint64_t content_hash(const at::Tensor& t);
 
 }  // namespace scorch::torch_glue

@@ -141,6 +141,7 @@ class Redeciding:
                                                        list(args))
                 except Exception as e:  # noqa: BLE001 - the graph in use is still right: keep it, say why
                     FAILURES.append(f"{type(e).__name__}: {e}")
+                    del FAILURES[:-100]  # (the last hundred: a long-lived process must not grow it for good)
                     _log.get("backend").warning("compiling the graph again for its sparse weights failed (%s: %s);"
                                                 " it keeps its dense decisions", type(e).__name__, e)
                     fn = self._current

@@ -214,6 +214,10 @@ def test_chain_backward_checks_the_gradient_and_the_expert_count():
     for shape in [(2 * out.shape[0], out.shape[1]), (out.shape[0], 1), (out.shape[1],), (1, out.shape[1])]:
         with pytest.raises(ValueError, match=r"the gradient has shape .* the chain's output has shape"):
             torch.ops.scorch.chain_backward(text, ops, torch.ones(shape, dtype=out.dtype), [0, 1, 1, 1, 1])
+    meta = [o.to("meta") for o in ops]  # (fake tensors while tracing reach the same check)
+    with pytest.raises(ValueError, match=r"the gradient has shape"):
+        torch.ops.scorch.chain_backward(text, meta, torch.ones(1, out.shape[1], device="meta", dtype=out.dtype),
+                                        [0, 1, 1, 1, 1])
     with pytest.raises(ValueError, match="gating mask has 2 columns .* 3 experts"):
         torch.ops.scorch.chain(text, [ops[0][:, :2].contiguous(), *ops[1:]])
 
