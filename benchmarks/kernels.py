@@ -477,6 +477,9 @@ def report_compute_bound(results, peak: dict) -> None:
         log(f"  {r['matrix']:<44} BSR {100 * bsr:4.0f}% of peak, Scorch CSR {100 * csr:4.0f}%: "
             f"{BSR_TARGET_VS_SCORCH_CSR:g}x over CSR needs {100 * BSR_TARGET_VS_SCORCH_CSR * csr:4.0f}%, "
             f"at most {1 / csr:.2f}x is possible")
+    if any(r["fma_peak_fraction"]["bsr"] > 1.0 for r in rows):
+        log("  WARNING: a kernel ran above the measured peak, so the probe was disturbed: these fractions say "
+            "nothing")
 
 
 def report_sddmm_floor(results) -> None:
