@@ -299,7 +299,21 @@ def _torch_sparse_softmax(log: bool):
     return apply
 
 
+def _not_for_sparse_tensors(name: str, instead: str):
+    def refuse(*args, **kwargs):
+        if not any(isinstance(a, SparseTensor) for a in args):
+            return NotImplemented
+        raise NotImplementedError(f"scorch: {name} has no SparseTensor form (its result is torch.sparse's own "
+                                  f"layout): {instead}, or call it on x.to_torch()")
+    return refuse
+
+
 _TORCH_FUNCTION_RULES.update({
+    # (they reached ATen's sparse kernels with a wrapper and raised its dispatch errors, helper-48)
+    torch.smm: _not_for_sparse_tensors("torch.smm", "use A @ B for the product (a SparseTensor when B is sparse)"),
+    torch.hspmm: _not_for_sparse_tensors("torch.hspmm", "use A @ B for the product"),
+    torch.sspaddmm: _not_for_sparse_tensors("torch.sspaddmm", "use beta * C + alpha * (A @ B)"),
+    torch.Tensor.sspaddmm: _not_for_sparse_tensors("Tensor.sspaddmm", "use beta * C + alpha * (A @ B)"),
     torch._sparse_sum: _torch_sparse_sum,  # (what torch.sparse.sum calls)
     torch.sparse.softmax: _torch_sparse_softmax(False),
     torch.sparse.log_softmax: _torch_sparse_softmax(True),

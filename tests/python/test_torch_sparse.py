@@ -365,6 +365,19 @@ def test_a_transposed_coo_reads_as_torch_reads_its_transpose():
     assert f(A).item() == A.t().coalesce().indices().float().sum().item()
 
 
+def test_torch_sparse_functions_without_a_sparse_tensor_form_say_so():
+    # torch.smm / hspmm / sspaddmm return torch.sparse's own layouts (hybrid COO): on a converted tensor they
+    # raised ATen's dispatch errors (helper-48); now an error naming the function and what to use instead.
+    S = sb.sparse(torch.eye(4), "coo")
+    x = torch.randn(4, 3)
+    for name, call in (("torch.smm", lambda: torch.smm(S, x)), ("torch.hspmm", lambda: torch.hspmm(S, x)),
+                       ("torch.sspaddmm", lambda: torch.sspaddmm(S, S, x)),
+                       ("Tensor.sspaddmm", lambda: S.sspaddmm(S, x))):
+        with pytest.raises(NotImplementedError, match=f"{name} has no SparseTensor form.*to_torch"):
+            call()
+    torch.testing.assert_close(torch.smm(S.to_torch(), x).to_dense(), x)  # the way out it names
+
+
 def test_unsupported_inputs_raise_clear_errors():
     d = random_dense((6, 6), 0.4, seed=11)
     hybrid = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (6, 3))
