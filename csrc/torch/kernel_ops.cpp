@@ -166,8 +166,6 @@ at::Tensor copy_buffer(const at::Tensor& b) {
   return out;
 }
 
-// A call's inputs checked against its spec (count, dtypes, shapes, buffer lengths) and laid out for the
-// kernel ABI.
 ValidatedOnce validated_buffers;  // sparse operands' buffers, checked in full once per version
 
 // The key of a sparse operand's buffers: its format (by text: one kernel's result and the next kernel's operand
@@ -181,6 +179,8 @@ ValidatedOnce::Key buffers_key(const Format& f, const std::vector<int64_t>& shap
   return key;
 }
 
+// A call's inputs checked against its spec (count, dtypes, shapes, buffer lengths) and laid out for the
+// kernel ABI.
 struct PreparedCall {
   std::vector<std::vector<int64_t>> shapes;  // each operand's shape
   std::vector<void*> ptrs;
