@@ -28,6 +28,16 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(autouse=True)
+def _crossover_of_a_typical_cpu(monkeypatch):
+    # Which values count as sparse follows the machine's calibrated dense/sparse crossover (0.70-0.79 on the
+    # Zen 5 these tests were written on): with a measured crossover of 0.3 or below, 18 of these tests failed,
+    # their models' ReLU outputs then counting as dense. The subject here is rewriting and saving, not the
+    # calibration (test_cost_model.py's): the crossover is pinned unless the caller set one.
+    if "SCORCH_DENSE_CROSSOVER" not in os.environ:
+        monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.7")
+
+
 def _rewrite(model, inputs, **kw):
     """Rewrite with the kernels forced while the passes decide (test models are small: the cost model would
     leave them dense), whatever the test's dispatch mode is for running."""
