@@ -70,3 +70,14 @@ def random_dense(shape, density, dtype=torch.float32, seed=0) -> torch.Tensor:
     mask = torch.rand(shape, generator=g) < density
     vals = (torch.rand(shape, generator=g) + 0.5) * (torch.randint(0, 2, shape, generator=g) * 2 - 1)
     return (vals * mask).to(dtype)
+
+
+def fnv128(data: bytes) -> str:
+    """common/hash.h's content_hash (the kernel cache's and bundles' content check), to re-seal files damaged on
+    purpose."""
+    m = (1 << 64) - 1
+    h1, h2 = 1469598103934665603, 7809847782465536322
+    for b in data:
+        h1 = ((h1 ^ b) * 1099511628211) & m
+        h2 = ((h2 ^ b) * 1099511628211 + 0x9E3779B97F4A7C15) & m
+    return f"{h1:016x}{h2:016x}"

@@ -22,19 +22,7 @@ import torch
 import scorch_backend as sb
 from scorch_backend.custom_ops import aot
 
-from conftest import random_dense
-
-M64 = (1 << 64) - 1
-
-
-def fnv128(data: bytes) -> str:
-    """common/hash.h's content_hash, to re-seal bundles edited on purpose."""
-    h1, h2 = 1469598103934665603, 7809847782465536322
-    for b in data:
-        h1 = ((h1 ^ b) * 1099511628211) & M64
-        h2 = ((h2 ^ b) * 1099511628211 + 0x9E3779B97F4A7C15) & M64
-    return f"{h1:016x}{h2:016x}"
-
+from conftest import fnv128, random_dense
 
 def split(bundle: bytes) -> tuple[list[str], bytes, bytes]:
     nl = bundle.index(b"\n")
