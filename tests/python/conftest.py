@@ -81,3 +81,22 @@ def fnv128(data: bytes) -> str:
         h1 = ((h1 ^ b) * 1099511628211) & m
         h2 = ((h2 ^ b) * 1099511628211 + 0x9E3779B97F4A7C15) & m
     return f"{h1:016x}{h2:016x}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures the dense/sparse choices of the "auto" tests rest on, measured on this machine, printed at
+    the end (where CI's log keeps them): a test that passes here and fails on another CPU is read against them."""
+    try:
+        from scorch_backend import _C, cost_model
+        from scorch_backend.compiler import region_cost
+
+        threads = torch.get_num_threads()
+        cal = cost_model.calibration(threads)
+        cpu = cost_model._cpu_identity().split("|")[0]
+        terminalreporter.write_line(
+            f"scorch cost model: {cpu}, target {_C.target_name()}, {threads} threads: crossover density "
+            f"{cost_model.crossover_density():.3g} (calibrated {cal['dense_crossover_density']:.3g}), dense rate "
+            f"{cost_model.dense_rate(threads) / 1e9:.1f} GFMA/s, region call "
+            f"{region_cost.region_overhead_s() * 1e6:.1f} us")
+    except Exception as e:  # noqa: BLE001 - a report only
+        terminalreporter.write_line(f"scorch cost model: not available ({type(e).__name__}: {e})")
