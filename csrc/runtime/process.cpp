@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +20,6 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
-
-extern char** environ;
 
 namespace scorch {
 
@@ -38,30 +38,80 @@ std::vector<std::string> compiler_command() {
   return words;
 }
 
+namespace {
+
+// `name` as execv takes it: a path as given, a bare name searched on PATH (here, not in the child, which shares
+// this thread's memory until it execs and must not allocate). Empty when none is found.
+std::string resolve_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string full = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
+}
+
+}  // namespace
+
 int run_program(const std::vector<std::string>& argv, std::string& output, double timeout_seconds) {
   SCORCH_CHECK(!argv.empty(), "run_program: no program given");
-  int fds[2];
-  SCORCH_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "pipe() failed while starting {}", argv[0]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
-  // The child gets a process group of its own, so a timeout kills the compiler and everything it started.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
+  const std::string program = resolve_program(argv[0]);
+  if (program.empty()) {
+    output = fmt::format("cannot start '{}': {}", argv[0], std::strerror(ENOENT));
+    return -1;
+  }
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid;
-  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  ::close(fds[1]);
-  if (rc != 0) {
+  int fds[2], exec_fds[2];  // the child's output; the errno of a failed exec (closed by a successful one)
+  SCORCH_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "pipe() failed while starting {}", argv[0]);
+  if (::pipe2(exec_fds, O_CLOEXEC) != 0) {
     ::close(fds[0]);
-    output = fmt::format("cannot start '{}': {}", argv[0], std::strerror(rc));
+    ::close(fds[1]);
+    SCORCH_CHECK(false, "pipe() failed while starting {}", argv[0]);
+  }
+  const pid_t parent = ::getpid();
+  // vfork (as posix_spawn does inside, and CPython's subprocess), not posix_spawn: the child must die with this
+  // process (PR_SET_PDEATHSIG), which posix_spawn cannot ask for. A compiler whose process was killed ran on
+  // unbounded (SCORCH_COMPILE_TIMEOUT is enforced by the loop below) and left its library's temporary in the
+  // cache, which nothing removed once the entry was built (helper-51). The signal comes when the thread that
+  // started the child ends; that thread waits for the child below. (Not fork: copying a large process's page
+  // tables costs milliseconds, and under strict overcommit it fails.)
+  const pid_t pid = ::vfork();
+  if (pid == 0) {  // this thread's memory, shared: only system calls from here to execv
+    ::setpgid(0, 0);  // a group of its own, so a timeout kills the compiler and everything it started
+#ifdef __linux__
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before the request took effect
+#endif
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execv(program.c_str(), args.data());
+    [[maybe_unused]] const ssize_t w = ::write(exec_fds[1], &errno, sizeof(int));
+    ::_exit(127);
+  }
+  const int fork_errno = errno;  // (of vfork, when it failed)
+  ::close(fds[1]);
+  ::close(exec_fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(exec_fds[0]);
+    output = fmt::format("cannot start '{}': {}", argv[0], std::strerror(fork_errno));
+    return -1;
+  }
+  int exec_errno = 0;
+  ssize_t got;
+  while ((got = ::read(exec_fds[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_fds[0]);
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    output = fmt::format("cannot start '{}': {}", argv[0], std::strerror(exec_errno));
     return -1;
   }
   const auto start = std::chrono::steady_clock::now();

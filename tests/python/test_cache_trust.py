@@ -216,6 +216,44 @@ def test_killed_compile_leaves_orphans_that_are_removed(tmp_path):
     assert leftovers(cache) == []
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiler dies with its parent on Linux")
+def test_compiler_dies_with_the_process_that_started_it(tmp_path):
+    # A compiler whose process was killed ran on unbounded (the timeout is the parent's to enforce) and wrote its
+    # library's temporary into the cache after the kill, where nothing removed it once the entry was built
+    # (helper-51). The compiler now gets SIGKILL when its parent dies (here it would sleep for a minute).
+    cache, pids = tmp_path / "cache", tmp_path / "pids"
+    cxx = compiler_script(tmp_path, f'echo $$ >> "{pids}"\nexec sleep 60')
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, "float32"], env=child_env(cache, CXX=cxx),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert pids.exists(), "the compile never started"
+        compiler = int(pids.read_text().split()[0])
+        assert _alive(compiler)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(compiler) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(compiler), "the compiler outlived the process that started it"
+    finally:
+        if _alive(compiler):
+            os.killpg(compiler, signal.SIGKILL)
+
+
 def test_compile_timeout_is_a_clear_error_and_releases_the_lock(tmp_path):
     cache, hang = tmp_path / "cache", tmp_path / "hang"
     hang.touch()

@@ -153,8 +153,10 @@ def _training_step_with_dumps(tmp_path, monkeypatch):
     """One training step of the compiled pruned MLP under SCORCH_DEBUG=2: the dump folder and the report."""
     dump = tmp_path / "dumps"
     # (the gradient programs' kernels are what these tests look for: under "auto" the cost model may leave them
-    # to dense ATen, as a run of the suite under SCORCH_DISPATCH=auto did on a loaded machine)
+    # to dense ATen, as a run of the suite under SCORCH_DISPATCH=auto did on a loaded machine; and with a
+    # crossover of 0.4, another CPU's, the gradient programs change and no kernel of their own is compiled)
     monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    monkeypatch.setenv("SCORCH_DENSE_CROSSOVER", "0.7")
     monkeypatch.setenv("SCORCH_DEBUG", "2")
     monkeypatch.setenv("SCORCH_DUMP_DIR", str(dump))
     case, model, reports = _compiled_mlp(fallback="eager")
