@@ -436,7 +436,8 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
   k.sampled_operand = sampled ? l.schedule.sampled_tensor : -1;
   if (sampled) {
     const auto& levels = l.spec.operands[l.schedule.sampled_tensor].format->levels();
-    const size_t shared = l.schedule.output == OutputMode::fibers ? l.schedule.shared_levels : levels.size();
+    k.sampled_fibers = l.schedule.output == OutputMode::fibers;
+    const size_t shared = k.sampled_fibers ? l.schedule.shared_levels : levels.size();
     for (size_t q = 0; q < shared; ++q) k.sampled_buffers += static_cast<int>(levels[q].kind->buffer_names().size());
   }
   k.input_pointers = input_pointer_count(l.spec);

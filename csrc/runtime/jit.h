@@ -36,6 +36,8 @@ struct CompiledKernel {
                                 // zeroed values array of its size as out_dense and reuses its index buffers
   int sampled_buffers = 0;      // how many of them: all, or those of the leading levels the output shares
                                 // (OutputMode::fibers: the values are a dense block under each of their positions)
+  bool sampled_fibers = false;  // OutputMode::fibers: the values count follows the output's own dense levels,
+                                // not the operand's (their buffer counts agree when the levels below have none)
   int input_pointers = 0;
   double seconds = 0;           // time to get it: codegen + compile, or codegen + load
   bool compiled = false;        // false: loaded from the disk cache

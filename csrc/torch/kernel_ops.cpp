@@ -315,8 +315,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
                                 // position of its leading levels: the output shares only those buffers)
       const auto& all = operand_buffers[sampled];
       shared.assign(all.begin(), all.begin() + e.kernel->sampled_buffers);
-      const int64_t n = shared.size() == all.size() ? operand_nnz[sampled]
-                                                    : stored_positions(*spec.output.format, out_shape, spans_of(shared));
+      // (In fibers mode the count is the output's: its dense levels below the shared ones may differ in length
+      // from the operand's, 8 columns under a compressed row where the operand had 1; sized by the operand's
+      // count, the kernel wrote past the end of the values: helper-52.)
+      const int64_t n = !e.kernel->sampled_fibers && shared.size() == all.size()
+                            ? operand_nnz[sampled]
+                            : stored_positions(*spec.output.format, out_shape, spans_of(shared));
       dense = e.kernel->overwrites_output ? at::empty({n}, opts) : at::zeros({n}, opts);
       args.out_dense = dense.data_ptr();
     }

@@ -239,3 +239,39 @@ def test_written_result_buffers_are_validated_again(scorch_dispatch):
                 sb.einsum("ijr,js->irs", result, other)
             else:
                 sb.einsum("ij,jk->ik", result, other)
+
+
+@pytest.mark.parametrize("fmt,eq,shape", [
+    ("compressed(0),dense(1)", "ij,jk->ik", (9, 1)),
+    ("compressed(0),dense(1)", "ij,jk->ik", (9, 3)),
+    ("bitmap(0),dense(1)", "ij,jk->ik", (40, 2)),
+    ("bitmap(1),dense(0)", "ji,jk->ik", (3, 31)),
+    ("dense(0),compressed(1),dense(2)", "bij,bjk->bik", (2, 6, 1)),
+    ("dense(0),bitmap(1),dense(2)", "bij,bjk->bik", (2, 6, 3)),
+])
+@pytest.mark.parametrize("K", [1, 2, 8, 37])
+def test_dense_level_below_of_another_length(fmt, eq, shape, K, scorch_dispatch):
+    # The operand's dense last level (no index buffer) has length j, the output's has K: the result's values were
+    # sized by the operand's count, so for K > j the kernel wrote past their end (heap corruption, an abort) and
+    # for K < j the result was refused ("values has 15 entries, buffers describe 10"): helper-52.
+    g = torch.Generator().manual_seed(K)
+    A = torch.randn(shape, generator=g, dtype=torch.float64)
+    A *= torch.rand(shape, generator=g) < 0.3
+    A.view(-1)[0] = 1.0  # (never all zero)
+    S = sb.sparse(A, fmt)
+    B = torch.randn((*shape[:-2], shape[-2] if eq.startswith("ji") else shape[-1], K), generator=g,
+                    dtype=torch.float64)
+    want = torch.einsum(eq, A, B)
+    for out_format in (None, sb.plan_einsum(eq, S, B)["out_format"]):
+        got = sb.einsum(eq, S, B, out_format=out_format) if out_format else sb.einsum(eq, S, B)
+        torch.testing.assert_close(got.to_dense() if isinstance(got, sb.SparseTensor) else got, want)
+
+
+def test_dense_level_below_of_another_length_under_the_default_dispatch(monkeypatch):
+    # Large enough for the automatic dispatch to run the kernel: 10 stored rows of 20000, j = 1, K = 64.
+    monkeypatch.delenv("SCORCH_DISPATCH", raising=False)
+    A = torch.zeros(20000, 1)
+    A[::2000, 0] = torch.arange(1.0, 11.0)
+    B = torch.randn(1, 64)
+    got = sb.einsum("ij,jk->ik", sb.sparse(A, "compressed(0),dense(1)"), B)
+    torch.testing.assert_close(got.to_dense() if isinstance(got, sb.SparseTensor) else got, A @ B)
