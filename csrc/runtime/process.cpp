@@ -79,8 +79,21 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
   // cache, which nothing removed once the entry was built (helper-51). The signal comes when the thread that
   // started the child ends; that thread waits for the child below. (Not fork: copying a large process's page
   // tables costs milliseconds, and under strict overcommit it fails.)
+  // Signals are blocked around the vfork (as posix_spawn does), so no handler of this process runs in the
+  // child while it shares this thread's memory; the child puts caught signals back to their defaults first.
+  sigset_t all_signals, old_mask;
+  ::sigfillset(&all_signals);
+  ::pthread_sigmask(SIG_SETMASK, &all_signals, &old_mask);
   const pid_t pid = ::vfork();
   if (pid == 0) {  // this thread's memory, shared: only system calls from here to execv
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa {};
+      if (::sigaction(sig, nullptr, &sa) != 0 || sa.sa_handler == SIG_IGN || sa.sa_handler == SIG_DFL) continue;
+      sa = {};
+      sa.sa_handler = SIG_DFL;
+      ::sigaction(sig, &sa, nullptr);
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
     ::setpgid(0, 0);  // a group of its own, so a timeout kills the compiler and everything it started
 #ifdef __linux__
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -93,6 +106,7 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
     ::_exit(127);
   }
   const int fork_errno = errno;  // (of vfork, when it failed)
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   ::close(fds[1]);
   ::close(exec_fds[1]);
   if (pid < 0) {
