@@ -46,6 +46,8 @@ struct Entry {
   int64_t version = 0;
   std::vector<uint8_t> fingerprint;
   std::vector<int64_t> fingerprint_at;  // the element offsets it was read at (fingerprint_offsets)
+  bool whole = false;    // a data input's: checked by `content`, a hash of every byte, in place of the fingerprint
+  uint64_t content = 0;
   double density = -1;  // < 0: not measured (known so far only as a dense operand)
   int finite = -1;       // < 0: not checked; else whether every value is finite (values_finite)
   std::map<std::string, Operand> sparse;   // (kind, dtype, broadcast sizes) -> compressed
@@ -111,11 +113,24 @@ std::string tensor_key(const at::Tensor& t) {
   return k;
 }
 
-// The nonzeros are sought for weights only: the write they catch (a fused optimizer step) is a parameter's, and
-// a mostly-zero data input would pay a scan of up to 32 x 4096 entries for each new batch.
+// A weight's fingerprint: 32 spread entries and the nonzeros after them (the write it must catch, a fused
+// optimizer step, changes stored values). A data input's entry is checked by a hash of all its bytes: a server
+// that refills one buffer per request through numpy (no version bump) writes a mostly-zero input whose spread
+// entries are zeros before and after, and every request got the first one's result (helper-54). The hash reads
+// the input once per call (about a memcpy's time), less than compressing it again.
 void take_fingerprint(const at::Tensor& t, Entry& e, bool weight) {
-  e.fingerprint_at = fingerprint_offsets(t, weight);
+  if (!weight) {
+    e.whole = true;
+    e.content = content_hash(t);
+    return;
+  }
+  e.fingerprint_at = fingerprint_offsets(t, true);
   e.fingerprint = read_fingerprint(t, e.fingerprint_at);
+}
+
+bool unchanged(const at::Tensor& t, const Entry& e) {
+  if (e.whole) return e.content == content_hash(t);
+  return e.fingerprint.empty() || e.fingerprint == read_fingerprint(t, e.fingerprint_at);
 }
 
 EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
@@ -128,7 +143,7 @@ EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
   }
   // A write through torch moves the version; a fused optimizer step does not, and is caught by the fingerprint.
   if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;
-  if (!frozen && !e->fingerprint.empty() && e->fingerprint != read_fingerprint(t, e->fingerprint_at)) return nullptr;
+  if (!frozen && !unchanged(t, *e)) return nullptr;
   return e;
 }
 

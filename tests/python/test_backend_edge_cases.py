@@ -114,6 +114,26 @@ def test_writes_that_bypass_version_counters_are_seen():
             torch.testing.assert_close(compiled(xin), xin @ model.W.t())
 
 
+def test_a_sparse_data_input_refilled_behind_the_version_counter_is_seen():
+    # A server refilling one buffer per request through numpy, each request a bag of words (~1% nonzero) under
+    # dense weights: the input is the region's sparse operand. Its cache entry was checked by 32 spread entries,
+    # zeros before and after each refill, and every request got the first one's result (helper-54).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
+    compiled = torch.compile(model, backend="scorch")
+    buf = np.zeros((16, 512), dtype=np.float32)
+    x = torch.from_numpy(buf)
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for _ in range(3):
+            buf[:] = 0
+            for i in range(16):
+                buf[i, rng.integers(0, 512, 5)] = 1.0
+            torch.testing.assert_close(compiled(x), model(x))
+        buf[5, 17] += 1.0  # one count
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_cache_keeps_few_data_inputs():
     model = Fn(lambda x, W, b: x @ W.t())
     compiled = torch.compile(model, backend="scorch")
