@@ -247,6 +247,16 @@ Statement parse_index_notation(const std::string& text, const std::vector<std::s
   st.source = text;
   st.tensor_names = tensor_names;
   NotationParser(text, tensor_names, st).parse();
+  // Constants alone give no dtype, no sizes and no tensor for the kernel op's dispatcher to run on (it failed
+  // with torch's "There were no tensor arguments to this function"; helper-53).
+  std::vector<const Expr*> reads;
+  collect_accesses(st.rhs, reads);
+  if (reads.empty()) {
+    const size_t eq = text.find('=');
+    st.fail_at(eq == std::string::npos ? 0 : eq + 1,
+               "the right side reads no operand: a constant alone has no dtype or sizes (give it as a 0-d tensor "
+               "operand, e.g. s = c with c=torch.tensor(2.0))");
+  }
   check_ranks(st, ndims);
   renumber_vars(st);
   return st;

@@ -168,6 +168,8 @@ def test_environment_variables_parse(monkeypatch):
     ("y(i) = " + " * ".join(["x(i)"] * 1001), "nested too deeply"),
     ("y(i) = 1e999 * x(i)", "'1e999' is out of range: constants must be finite"),
     ("y(i) = x(i) - 2.5e308", "out of range"),
+    ("s = 2", "the right side reads no operand"),  # (torch's dispatcher error before: helper-53)
+    ("s = 2 * 3 - 1", "the right side reads no operand"),
 ])
 def test_expression_limits(text, message):
     with pytest.raises(ValueError, match=message) as e:
