@@ -6,6 +6,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <charconv>
@@ -333,11 +334,16 @@ at::Tensor Operand::coordinates() const {
 
 Operand Operand::with_values(at::Tensor v) const { return Operand{format, shape, buffers, std::move(v)}; }
 
+// torch's rule for floating-point operands: those with dimensions decide, 0-d ones only when there are none
+// (frontend._result_dtype, which also has Python numbers: they never reach this path).
 at::ScalarType result_dtype(const std::vector<Operand>& ops) {
-  if (ops.empty()) return at::kFloat;
-  at::ScalarType t = ops[0].values.scalar_type();
-  for (size_t i = 1; i < ops.size(); ++i) t = c10::promoteTypes(t, ops[i].values.scalar_type());
-  return t;
+  const bool any_dims = std::any_of(ops.begin(), ops.end(), [](const Operand& o) { return !o.shape.empty(); });
+  std::optional<at::ScalarType> t;
+  for (const auto& o : ops) {
+    if (any_dims && o.shape.empty()) continue;
+    t = t ? c10::promoteTypes(*t, o.values.scalar_type()) : o.values.scalar_type();
+  }
+  return t.value_or(at::kFloat);
 }
 
 Decision choose_by_density(const std::vector<double>& densities, int64_t elements, int64_t threads, bool explain) {

@@ -34,6 +34,7 @@ _INT32_MAX = 2**31 - 1
 class _Operand:
     tensor: torch.Tensor  # SparseTensor or dense
     sparse: bool
+    number: bool = False  # a Python number (held as a float64 0-d tensor)
 
     def desc(self):
         t = self.tensor
@@ -55,7 +56,7 @@ def _operand(x, where: str) -> _Operand:
             raise TypeError(f"{where} has dtype {x.dtype}; Scorch computes with floating-point values")
         return _Operand(x, False)
     if isinstance(x, numbers.Real):
-        return _Operand(torch.tensor(float(x)), False)
+        return _Operand(torch.tensor(float(x), dtype=torch.float64), False, number=True)
     raise TypeError(f"{where} must be a SparseTensor or a torch.Tensor, got {type(x).__name__}")
 
 
@@ -68,10 +69,19 @@ def _out_format_text(out_format, rank: int) -> str:
 
 
 def _result_dtype(operands) -> torch.dtype:
-    dtype = None
-    for o in operands:
-        dtype = o.tensor.dtype if dtype is None else torch.promote_types(dtype, o.tensor.dtype)
-    return dtype or torch.float32
+    """torch's rule (all operands are floating point): the operands with dimensions decide; 0-d tensors only
+    when there are none; Python numbers only when there is no tensor (then the default dtype). A named scalar
+    `s=2.0` promoted a float16 product to float32 where the literal `2 *` did not, and a float64 0-d tensor
+    a float32 one to float64 (helper-53)."""
+    tiers = ([o for o in operands if not o.number and o.tensor.dim() > 0],
+             [o for o in operands if not o.number and o.tensor.dim() == 0])
+    for tier in tiers:
+        if tier:
+            dtype = tier[0].tensor.dtype
+            for o in tier[1:]:
+                dtype = torch.promote_types(dtype, o.tensor.dtype)
+            return dtype
+    return torch.get_default_dtype()
 
 
 def _run(plan: dict, operands: list[_Operand], result_dtype: torch.dtype, idx_dtype: torch.dtype):

@@ -436,3 +436,28 @@ def test_vector_paths(dtype, width):
     torch.testing.assert_close(out.to_dense().double(), Sd * (P.double() @ Q.double().t()), **tol)
     # A dense-output reduction along contiguous operands: y(i) = sum_k P(i,k) * R(i,k)
     torch.testing.assert_close(sb.einsum("ik,ik->i", P, P * 2).double(), (P.double() * P.double() * 2).sum(1), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("fmt", ["csr", "coo", None])
+def test_scalars_do_not_promote_the_result_dtype(dtype, fmt, scorch_dispatch):
+    # torch's rule: operands with dimensions decide the dtype; 0-d tensors only when there are none, Python
+    # numbers only when there is no tensor. A named number promoted float16 to float32 where the same number
+    # written as a literal did not, and a float64 0-d tensor a float32 product to float64 (helper-53).
+    g = torch.Generator().manual_seed(0)
+    A = (torch.randn(4, 8, generator=g) * (torch.rand(4, 8, generator=g) < 0.4)).to(dtype)
+    S = sb.sparse(A, fmt) if fmt else A
+    dense = lambda r: r.to_dense() if isinstance(r, sb.SparseTensor) else r  # noqa: E731
+    other = torch.float64 if dtype != torch.float64 else torch.float32
+    for s in (2.0, 3, torch.tensor(2.0, dtype=other)):
+        want = s * A
+        got = sb.compute("C(i,j) = s * A(i,j)", A=S, s=s)
+        assert got.dtype == want.dtype == dtype, (s, got.dtype, want.dtype)
+        torch.testing.assert_close(dense(got), want)
+    assert sb.compute("C(i,j) = 2 * A(i,j)", A=S).dtype == dtype
+    assert sb.einsum("ij,->ij", S, torch.tensor(2.0, dtype=other)).dtype == dtype
+    # Without a tensor of dimensions: the 0-d tensors decide, then the default dtype.
+    c = torch.tensor(1.5, dtype=dtype)
+    assert sb.compute("s = c * 2", c=c).dtype == dtype
+    assert sb.compute("s = c * d", c=c, d=torch.tensor(1.0, dtype=torch.float64)).dtype == torch.promote_types(
+        dtype, torch.float64)
