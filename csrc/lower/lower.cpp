@@ -22,7 +22,8 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   if (d == n) return compute(e, states);
   if (local_accumulation_at(d)) {
     current_sink_ = Sink::local;
-    Stmts out{loops::decl("val_t", "lacc", I(0))};
+    // (in double under a scalar result, as its thread's sum: pass_output.cpp)
+    Stmts out{loops::decl(st_.out_vars.empty() ? "double" : "val_t", "lacc", I(0))};
     Stmts inner = lower_depth(d, e, states);
     out.insert(out.end(), inner.begin(), inner.end());
     // Under loops that each visit every coordinate of their output variable once, this is the only store of

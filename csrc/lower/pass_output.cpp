@@ -37,7 +37,16 @@ void output_assembly(KernelIR& k) {
   } else {
     inner = k.nest;
   }
-  if (spec.output.strided() && sched.private_output) {
+  // A scalar result is summed in double, each thread's part in a local, the parts added in thread order: summed
+  // in float into the output, a thread's sum of ones stopped growing at 2^24 (helper-53: 33554432 for the sum of
+  // 41943040 ones on two threads; torch.sum gives the count).
+  const bool scalar_out = spec.output.strided() && spec.stmt.out_vars.empty();
+  if (scalar_out) {
+    thread.push_back(line("double oacc = 0;"));
+    thread.push_back(line("double* __restrict o = &oacc;"));
+    thread.push_back(loops::block(inner));
+    thread.push_back(line(sched.private_output ? "dacc[tid] = oacc;" : "out[0] = (val_t)oacc;"));
+  } else if (spec.output.strided() && sched.private_output) {
     thread.push_back(line("val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));"));
     thread.push_back(line("priv[tid] = o;"));
     // A thread without its copy does nothing (out itself is null when the output is empty).
@@ -61,13 +70,20 @@ void output_assembly(KernelIR& k) {
     k.setup.push_back(line("Stream* streams = (Stream*)calloc(nthreads, sizeof(Stream));"));
     k.setup.push_back(line("if (!streams) return SCORCH_STATUS_NO_MEMORY;"));
   }
-  if (sched.private_output) {
+  if (sched.private_output && scalar_out) {
+    k.setup.push_back(line("double* dacc = (double*)calloc(nthreads, sizeof(double));  // each thread's part"));
+    k.setup.push_back(line("if (!dacc) return SCORCH_STATUS_NO_MEMORY;"));
+  } else if (sched.private_output) {
     k.setup.push_back(line("val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));"));
     k.setup.push_back(line("if (!priv) return SCORCH_STATUS_NO_MEMORY;"));
   }
 
   // After the threads: their results combined.
-  if (sched.private_output) {
+  if (sched.private_output && scalar_out) {
+    k.teardown.push_back(loops::block({line("double total = 0;"),
+                                       loops::for_range("t", "0", "nthreads", {line("total += dacc[t];")}),
+                                       line("out[0] = (val_t)total;"), line("free(dacc);")}));
+  } else if (sched.private_output) {
     k.teardown.push_back(loops::for_range("t", "1", "nthreads",
                                           {line("if (!priv[t]) continue;"),
                                            loops::for_range("q", "0", "out_numel", {line("out[q] += priv[t][q];")}),

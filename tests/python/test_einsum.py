@@ -461,3 +461,31 @@ def test_scalars_do_not_promote_the_result_dtype(dtype, fmt, scorch_dispatch):
     assert sb.compute("s = c * 2", c=c).dtype == dtype
     assert sb.compute("s = c * d", c=c, d=torch.tensor(1.0, dtype=torch.float64)).dtype == torch.promote_types(
         dtype, torch.float64)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scalar_results_are_summed_in_double(threads, scorch_dispatch, monkeypatch):
+    # A float32 scalar result was summed in float32 into the output: past 2^24 a thread's sum of ones stopped
+    # growing (helper-53: 33554432 for the sum of 41943040 ones on two threads). Here one large value first and
+    # 999 ones: summed in float32, each 1 is lost against 2^24.
+    monkeypatch.setenv("SCORCH_THREAD_GRAIN", "1")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(1000)
+        x[0] = 2.0**24
+        want = 2.0**24 + 999
+        ones = torch.ones(1000)
+        cases = [("i->", sb.sparse(x, "coo"), (x,)),
+                 ("ij->", sb.sparse(x.reshape(10, 100), "csr"), (x.reshape(10, 100),)),
+                 ("ij->", sb.sparse(x.reshape(1, 1000), "csr"), (x.reshape(1, 1000),)),
+                 ("i,i->", (sb.sparse(x, "coo"), ones), (x, ones))]
+        for eq, ops, dense in cases:
+            got = sb.einsum(eq, *(ops if isinstance(ops, tuple) else (ops,)))
+            # (under "auto" these small sums run as torch's, whose float32 lanes lose up to ~130 here: no worse)
+            tol = max(2.0, abs(torch.einsum(eq, *dense).item() - want))
+            assert got.dtype == torch.float32 and abs(got.item() - want) <= tol, (eq, got.item(), tol)
+        tol = max(2.0, abs(x.sum().item() - want))
+        assert abs(sb.compute("s = x(i)", x=sb.sparse(x, "coo")).item() - want) <= tol
+    finally:
+        torch.set_num_threads(old)

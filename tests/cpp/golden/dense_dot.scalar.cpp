@@ -14,8 +14,8 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const int64_t out_numel = 1; (void)out_numel;
   int nthreads = args->num_threads > 0 ? args->num_threads : 1;
   if (out_numel > (int64_t{1} << 24)) nthreads = 1;  // private copies would be too big
-  val_t** priv = (val_t**)calloc(nthreads, sizeof(val_t*));
-  if (!priv) return SCORCH_STATUS_NO_MEMORY;
+  double* dacc = (double*)calloc(nthreads, sizeof(double));  // each thread's part
+  if (!dacc) return SCORCH_STATUS_NO_MEMORY;
   int bad_index = 0;
   #pragma omp parallel num_threads(nthreads)
   {
@@ -23,11 +23,9 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
     const int nt = omp_get_num_threads();
     (void)tid; (void)nt;
     int bad = 0;
-    val_t* __restrict o = tid == 0 ? out : (val_t*)calloc(out_numel ? out_numel : 1, sizeof(val_t));
-    priv[tid] = o;
-    if (tid != 0 && !o) {
-      args->status = SCORCH_STATUS_NO_MEMORY;
-    } else {
+    double oacc = 0;
+    double* __restrict o = &oacc;
+    {
       const int64_t lo0 = (int64_t)((__int128)N0 * tid / nt);
       const int64_t hi0 = (int64_t)((__int128)N0 * (tid + 1) / nt);
       for (int64_t i0 = lo0; i0 < hi0; ++i0) {
@@ -36,16 +34,17 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         }
       }
     }
+    dacc[tid] = oacc;
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }
-  for (int64_t t = 1; t < nthreads; ++t) {
-    if (!priv[t]) continue;
-    for (int64_t q = 0; q < out_numel; ++q) {
-      out[q] += priv[t][q];
+  {
+    double total = 0;
+    for (int64_t t = 0; t < nthreads; ++t) {
+      total += dacc[t];
     }
-    free(priv[t]);
+    out[0] = (val_t)total;
+    free(dacc);
   }
-  free(priv);
   if (bad_index) args->status = SCORCH_STATUS_BAD_INDEX;
   return args->status;
 }
