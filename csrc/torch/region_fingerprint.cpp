@@ -1,9 +1,10 @@
-// The fingerprint of a cached region operand (region_fingerprint.h).
+// The fingerprint of a cached region operand, and the whole-tensor reads beside it (region_fingerprint.h).
 #include "region_fingerprint.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace scorch::torch_glue {
@@ -125,6 +126,52 @@ uint64_t content_hash(const at::Tensor& t) {
   uint64_t h = kMul;
   for (uint64_t x : part) h = mix(h, x);
   return mix(h, n);
+}
+
+namespace {
+
+// Whether n values hold an exponent with all bits set (an inf or a NaN). On x86-64 built for AVX2 and the
+// baseline, the loader picking one by the CPU: the torch glue is compiled for the baseline, where this loop ran at a fraction
+// of the bandwidth (it runs on every call for an activation).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SCORCH_SCAN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SCORCH_SCAN_CLONES  // other architectures: the compiler's baseline for them
+#endif
+SCORCH_SCAN_CLONES bool any_non_finite32(const uint32_t* p, int64_t n) {
+  uint32_t b = 0;
+  for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7f800000u) == 0x7f800000u ? 0xffffffffu : 0u;
+  return b != 0;
+}
+
+SCORCH_SCAN_CLONES bool any_non_finite64(const uint64_t* p, int64_t n) {
+  uint64_t b = 0;
+  for (int64_t i = 0; i < n; ++i) b |= (p[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull ? ~0ull : 0ull;
+  return b != 0;
+}
+
+}  // namespace
+
+// Whether t holds only finite values (split across torch's threads past 256K values: an activation of a large
+// batch is scanned at every call).
+bool all_finite(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  const at::Tensor c = t.detach();
+  // Any permutation of a dense layout (a region's result comes back transposed) covers numel() elements from
+  // data_ptr() on: scanned as they lie. ATen's isfinite costs tens of microseconds per call on such a view.
+  const bool dense = c.is_contiguous() || c.is_non_overlapping_and_dense();
+  if (dense && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble)) {
+    const bool f32 = c.scalar_type() == at::kFloat;
+    const void* base = c.data_ptr();
+    std::atomic<bool> bad{false};
+    at::parallel_for(0, c.numel(), int64_t{1} << 18, [&](int64_t lo, int64_t hi) {
+      const bool b = f32 ? any_non_finite32(static_cast<const uint32_t*>(base) + lo, hi - lo)
+                         : any_non_finite64(static_cast<const uint64_t*>(base) + lo, hi - lo);
+      if (b) bad.store(true, std::memory_order_relaxed);
+    });
+    return !bad.load();
+  }
+  return !c.is_floating_point() || at::isfinite(c).all().item<bool>();
 }
 
 }  // namespace scorch::torch_glue

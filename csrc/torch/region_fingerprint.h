@@ -22,4 +22,8 @@ std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int
 // same hash at any thread count. Reads t once (about a memcpy's time; a non-contiguous t is copied first).
 uint64_t content_hash(const at::Tensor& t);
 
+// Whether t holds only finite values (float and double scanned in place, split across torch's threads past
+// 256K values; other dtypes through ATen): a region's check before it skips zeros eager would multiply.
+bool all_finite(const at::Tensor& t);
+
 }  // namespace scorch::torch_glue
