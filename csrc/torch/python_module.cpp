@@ -36,6 +36,7 @@
 #include "lower/plan.h"
 #include "region_fingerprint.h"
 #include "runtime/bundle.h"
+#include "runtime/byte_hash.h"
 #include "runtime/fma_probe.h"
 #include "runtime/jit.h"
 #include "runtime/target.h"
@@ -580,6 +581,7 @@ PYBIND11_MODULE(_C, m) {
     d["dense_runs"] = s.dense_runs;
     d["grouped_runs"] = s.grouped_runs;
     d["demoted"] = s.demoted;
+    d["content_hashes"] = s.content_hashes;
     d["measured"] = s.measured;
     d["measured_dense"] = s.measured_dense;
     d["measured_contended"] = s.measured_contended;
@@ -683,8 +685,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("target_info", [](const std::string& name) {
     return target_dict(name.empty() ? scorch::current_target() : scorch::resolve_target(name));
   }, py::arg("name") = "", "Resolve a target (default: the current one) and describe it.");
-  m.def("content_hash", [](const at::Tensor& t) { return glue::content_hash(t); }, py::arg("tensor"),
-        py::call_guard<py::gil_scoped_release>(), "A hash of every byte of a tensor's elements (region_fingerprint.h).");
+  m.def("content_hash", [](const at::Tensor& t, const std::string& isa) {
+    return glue::content_hash(t, scorch::byte_hash_isa_named(isa));
+  }, py::arg("tensor"), py::arg("isa") = "", py::call_guard<py::gil_scoped_release>(),
+        "A hash of every byte of a tensor's elements (region_fingerprint.h); isa: '' (best), or one of byte_hash_isas().");
+  m.def("byte_hash_isas", &scorch::byte_hash_isas, "The byte hash's implementations this CPU runs (byte_hash.h).");
   m.def("fma_peak_gflops", &scorch::fma_peak_gflops, py::arg("vector_bytes"), py::arg("threads"),
         py::call_guard<py::gil_scoped_release>(), "Float32 multiply-add GFLOP/s of this CPU at a vector width "
         "(runtime/fma_probe.h; 0 without the instructions).");

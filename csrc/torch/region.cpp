@@ -101,6 +101,12 @@ std::mutex& cache_mu = *new std::mutex;
 Lru& weights = *new Lru{kMaxWeights, {}, {}};
 Lru& inputs = *new Lru{kMaxInputs, {}, {}};
 std::atomic<int64_t> n_compressions{0}, n_hits{0}, n_sparse{0}, n_dense{0}, n_grouped{0}, n_demoted{0};
+std::atomic<int64_t> n_content_hashes{0};
+
+uint64_t counted_hash(const at::Tensor& t) {
+  ++n_content_hashes;
+  return content_hash(t);
+}
 
 RegionHooks hooks;
 std::atomic<bool> capturing{false};
@@ -117,11 +123,14 @@ std::string tensor_key(const at::Tensor& t) {
 // optimizer step, changes stored values). A data input's entry is checked by a hash of all its bytes: a server
 // that refills one buffer per request through numpy (no version bump) writes a mostly-zero input whose spread
 // entries are zeros before and after, and every request got the first one's result (helper-54). The hash reads
-// the input once per call (about a memcpy's time), less than compressing it again.
+// the input once per call (at the speed the caches deliver it, byte_hash.h), less than compressing it again. It
+// is taken when the entry is made too, also for a new batch at every call (inference) that never finds it: a
+// training step's backward finds it, and under torch.compile the op cannot tell the two apart (AOTAutograd runs
+// the forward graph with grad mode off), while skipping it would have the backward compress the input again.
 void take_fingerprint(const at::Tensor& t, Entry& e, bool weight) {
   if (!weight) {
     e.whole = true;
-    e.content = content_hash(t);
+    e.content = counted_hash(t);
     return;
   }
   e.fingerprint_at = fingerprint_offsets(t, true);
@@ -129,7 +138,7 @@ void take_fingerprint(const at::Tensor& t, Entry& e, bool weight) {
 }
 
 bool unchanged(const at::Tensor& t, const Entry& e) {
-  if (e.whole) return e.content == content_hash(t);
+  if (e.whole) return e.content == counted_hash(t);
   return e.fingerprint.empty() || e.fingerprint == read_fingerprint(t, e.fingerprint_at);
 }
 
@@ -650,7 +659,7 @@ double cached_density(const at::Tensor& t, bool frozen) {
 RegionStats region_stats() {
   const MeasureStats m = region_measure_stats();
   return {n_compressions.load(), n_hits.load(), n_sparse.load(), n_dense.load(), n_grouped.load(), m.measured,
-          m.kept_dense, m.contended, m.remeasured, n_demoted.load()};
+          m.kept_dense, m.contended, m.remeasured, n_demoted.load(), n_content_hashes.load()};
 }
 
 RegionCacheSizes region_cache_sizes() {

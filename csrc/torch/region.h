@@ -150,6 +150,7 @@ struct RegionStats {
   int64_t measured = 0, measured_dense = 0;  // decisions made by timing both paths, and how many kept dense
   int64_t measured_contended = 0, remeasured = 0;  // of those, timed on a busy machine; taken again for that
   int64_t demoted = 0;  // calls that read a much denser compressed operand dense (region.cpp: demoted_variant)
+  int64_t content_hashes = 0;  // hashes of a data input's bytes (taken for a cache entry, or to check one)
 };
 RegionStats region_stats();
 // Entries in the cache of weights and of data inputs, and their limits.

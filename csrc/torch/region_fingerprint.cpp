@@ -84,43 +84,20 @@ inline uint64_t mix(uint64_t h, uint64_t w) {
   return h ^ (h >> 29);
 }
 
-// Four independent lanes over 8-byte words (no loop-carried chain longer than a quarter of them), then the
-// tail bytes, then the lanes folded with the length.
-uint64_t hash_bytes(const unsigned char* p, size_t n, uint64_t seed) {
-  uint64_t a = seed, b = seed ^ 0x5bd1e995ULL, c = seed + kMul, d = ~seed;
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    uint64_t w[4];
-    std::memcpy(w, p + i, 32);
-    a = mix(a, w[0]);
-    b = mix(b, w[1]);
-    c = mix(c, w[2]);
-    d = mix(d, w[3]);
-  }
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    a = mix(a, w);
-  }
-  uint64_t tail = 0;
-  if (n > i) std::memcpy(&tail, p + i, n - i);
-  return mix(mix(mix(mix(mix(a, tail), b), c), d), n);
-}
-
 }  // namespace
 
-uint64_t content_hash(const at::Tensor& t) {
+uint64_t content_hash(const at::Tensor& t, HashIsa isa) {
   const at::Tensor c = t.contiguous();
   const auto* p = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = c.numel() * c.element_size();
   constexpr size_t kChunk = size_t(1) << 18;  // 256 KB a chunk
   const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
-  if (chunks <= 1) return hash_bytes(p, n, kMul);
+  if (chunks <= 1) return byte_hash(p, n, kMul, isa);
   std::vector<uint64_t> part(chunks);
   at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t k = lo; k < hi; ++k) {
       const size_t at = static_cast<size_t>(k) * kChunk;
-      part[k] = hash_bytes(p + at, std::min(kChunk, n - at), static_cast<uint64_t>(k) + 1);
+      part[k] = byte_hash(p + at, std::min(kChunk, n - at), static_cast<uint64_t>(k) + 1, isa);
     }
   });
   uint64_t h = kMul;

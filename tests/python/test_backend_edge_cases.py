@@ -134,6 +134,58 @@ def test_a_sparse_data_input_refilled_behind_the_version_counter_is_seen():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_data_input_is_checked_by_a_hash_of_every_byte(threads):
+    # The region cache's check of a data input (runtime/byte_hash.h, vectorised per CPU): every implementation
+    # this CPU runs gives the same value at any thread count and layout, and one changed element anywhere in
+    # a few MB (chunks hashed in parallel, whole 1 KB blocks and a tail) changes it.
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(threads)
+        for n in (0, 1, 7, 255, 256, 257, 70001, 3 * 2**18 + 5):
+            t = torch.randn(n, generator=g)
+            hashes = {isa: _C.content_hash(t, isa=isa) for isa in _C.byte_hash_isas()}
+            assert len(set(hashes.values())) == 1, (n, hashes)
+            if n == 0:
+                continue
+            h = hashes["portable"]
+            for i in sorted({0, n // 3, min(n // 2 + 1, n - 1), n - 1}):
+                u = t.clone()
+                u[i] = u[i] + 1
+                assert _C.content_hash(u) != h, (n, i)
+        m = torch.randn(513, 1031, generator=g)
+        assert _C.content_hash(m.t().contiguous().t()) == _C.content_hash(m)  # bytes in row-major order
+        assert _C.content_hash(m.double()) != _C.content_hash(m)
+        with pytest.raises(ValueError, match="no implementation named"):
+            _C.content_hash(m, isa="sse9")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_reused_data_input_is_hashed_and_found():
+    # A bag-of-words input passed again unchanged: its entry is checked by the hash and found (no compression
+    # again); refilled through numpy between calls: the hash differs and the result follows the new data.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
+    compiled = torch.compile(model, backend="scorch")
+    buf = np.zeros((16, 512), dtype=np.float32)
+    buf[np.arange(16), np.arange(16) * 31] = 1.0
+    x = torch.from_numpy(buf)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        before = _C.region_stats()
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+        after = _C.region_stats()
+        assert after["content_hashes"] - before["content_hashes"] >= 3
+        assert after["cache_hits"] - before["cache_hits"] >= 3
+        assert after["compressions"] == before["compressions"]
+        buf[3, 100] = 2.0
+        torch.testing.assert_close(compiled(x), model(x))
+        assert _C.region_stats()["compressions"] > after["compressions"]
+
+
 def test_cache_keeps_few_data_inputs():
     model = Fn(lambda x, W, b: x @ W.t())
     compiled = torch.compile(model, backend="scorch")
