@@ -427,8 +427,8 @@ bool patterns_hold(const RegionProgram& p, const Slots& s) {
 // operand skips its partner) would give NaN there in eager and nothing here (helper-42: one NaN in a pruned
 // linear's input made 51 of 1024 outputs NaN, eager all of them). A region stands for dense code, so such a
 // call runs densely (run_region). One pass per operand in RegionProgram::finite_checked: once per entry of a
-// compressed one (cached per version for a weight), once per version of a cached dense one, at every call for
-// an activation.
+// compressed one (cached per version for a weight), once per version of a dense weight, at every call for a
+// dense data input (its cache entry would be checked by a hash of every byte: a pass as long as the scan).
 // Set while run_region runs a variant of a program whose values it has just found finite.
 thread_local bool variant_of_checked = false;
 
@@ -442,7 +442,7 @@ bool values_finite(const RegionProgram& p, const Slots& s, const std::vector<Ent
       continue;
     }
     const RegionOperand& o = p.operands[k];
-    if (!o.cached || t.is_inference()) {  // (an activation: no cache entry to keep the answer in)
+    if (!o.cached || !o.weight || t.is_inference()) {  // (no cache entry worth keeping the answer in)
       if (!all_finite(t)) return false;
       continue;
     }

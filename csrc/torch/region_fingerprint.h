@@ -26,7 +26,7 @@ std::vector<uint8_t> read_fingerprint(const at::Tensor& t, const std::vector<int
 uint64_t content_hash(const at::Tensor& t, HashIsa isa = HashIsa::best);
 
 // Whether t holds only finite values (float and double scanned in place, split across torch's threads past
-// 256K values; other dtypes through ATen): a region's check before it skips zeros eager would multiply.
+// 64K values; other dtypes through ATen): a region's check before it skips zeros eager would multiply.
 bool all_finite(const at::Tensor& t);
 
 }  // namespace scorch::torch_glue
