@@ -215,6 +215,42 @@ def test_masked_attention_every_path_trains(dispatch, monkeypatch):
     check_model(Attention(), qkv, options={"sparse_threshold": 0.9})
 
 
+class AttentionMaskInput(nn.Module):
+    def forward(self, q, k, v, mask):
+        scores = (q @ k.transpose(-2, -1)) * 0.3
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+def _attention_mask(s, seed, density=0.2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.tril(torch.ones(s, s, dtype=torch.bool)) & (torch.rand(s, s, generator=g) < density) \
+        | torch.eye(s, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("scorch_dispatch", ["sparse", "auto"], indirect=True)
+@pytest.mark.parametrize("train", [False, True])
+def test_masked_attention_with_the_mask_as_an_input(train, scorch_dispatch):
+    # A bool mask handed to forward, as a buffer is (docs/rewrite.md): measured as a data input, so the
+    # attention becomes a masked-attention region (helper-56: it stayed dense); another mask at every call,
+    # and one refilled through numpy behind its version counter, are followed.
+    torch.manual_seed(0)
+    s = 64  # (a mask of fewer elements than discover.MIN_MEASURED_INPUT stays dense)
+    qkv = tuple(torch.randn(2, 3, s, 8, requires_grad=train) for _ in range(3))
+    with recorded_reports() as reports:
+        report = check_model(AttentionMaskInput(), (*qkv, _attention_mask(s, 0)), train=train,
+                             extra_inputs=[(*qkv, _attention_mask(s, seed)) for seed in (1, 2)])
+    if scorch_dispatch == "sparse":  # (under "auto" the cost model may keep so small an attention dense)
+        assert any(r.kind == "attention" for rep in reports for r in rep.regions), [rep.regions for rep in reports]
+    assert max(report.values()) < 1e-4
+    buf = np.zeros((s, s), dtype=np.bool_)
+    mask = torch.from_numpy(buf)
+    compiled = torch.compile(AttentionMaskInput(), backend="scorch")
+    with torch.no_grad():
+        for seed in (3, 4, 5):
+            buf[:] = _attention_mask(s, seed).numpy()
+            torch.testing.assert_close(compiled(*qkv, mask), AttentionMaskInput()(*qkv, mask))
+
+
 def test_masked_attention_with_shared_keys_is_not_matched():
     torch.manual_seed(0)
     q = torch.randn(2, 4, 8, 4, requires_grad=True)

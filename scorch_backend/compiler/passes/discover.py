@@ -73,7 +73,7 @@ def discover(gm: fx.GraphModule, example_inputs, threshold: float, measure_input
                                             origin="measured " + ("mask" if value.dtype == torch.bool else "weight"),
                                             pattern=pattern, weight=True, measured=m.density)
         elif measure_inputs and isinstance(value, torch.Tensor) and type(value) is torch.Tensor and \
-                value.dtype in (torch.float32, torch.float64) and value.numel() >= MIN_MEASURED_INPUT and \
+                value.dtype in (torch.float32, torch.float64, torch.bool) and value.numel() >= MIN_MEASURED_INPUT and \
                 value.layout == torch.strided:
             # Data: bags of words, one-hot features, masks. Measured now for the partition; the region op
             # measures every new tensor again at run time and runs dense if it is not sparse after all.
