@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 DISPATCH_MODES = ("auto", "sparse", "dense")
 
@@ -66,7 +67,7 @@ def _raw(name: str) -> str | None:
     v = os.environ.get(name)
     if v is None:
         return None
-    v = v.strip()
+    v = v.strip(" \t\n\r")  # the blanks settings.cpp strips (str.strip would also take other scripts' spaces)
     return v or None
 
 
@@ -75,10 +76,9 @@ def debug_level() -> int:
     v = _raw("SCORCH_DEBUG")
     if v is None:
         return 0
-    try:
-        level = int(v, 10)
-    except ValueError:
-        level = -1
+    # ASCII digits only, as the C++ side reads it (settings.cpp): int() also takes "+1", "1_0" and other
+    # scripts' digits, which C++ refused at every kernel (helper-55).
+    level = int(v) if v.isascii() and v.isdigit() and len(v) <= 9 else -1
     if level < 0:
         raise ValueError(f"SCORCH_DEBUG={os.environ['SCORCH_DEBUG']!r}: expected a non-negative integer "
                          "(0 = quiet, 1 = print decisions and plans, 2 = debug messages and dumps)")
@@ -101,10 +101,8 @@ def dense_crossover_override() -> float | None:
     v = _raw("SCORCH_DENSE_CROSSOVER")
     if v is None:
         return None
-    try:
-        x = float(v)
-    except ValueError:
-        x = math.nan
+    # Plain decimal notation, the grammar settings.cpp checks too ("0x0.8", "inf", "1_0" are refused by both).
+    x = float(v) if re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", v) else math.nan
     if not (0.0 < x <= 1.0):
         raise ValueError(f"SCORCH_DENSE_CROSSOVER={os.environ['SCORCH_DENSE_CROSSOVER']!r}: expected a density, "
                          "a number greater than 0 and at most 1 (e.g. 0.3)")

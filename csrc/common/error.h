@@ -12,9 +12,15 @@ namespace scorch {
 
 enum class ErrorKind { value, type, runtime, memory };  // memory: Python's MemoryError
 
+// `text` with every byte that does not belong to a well-formed UTF-8 sequence replaced by U+FFFD. Messages
+// carry bytes from outside (a compiler's output in any locale, cut at a byte count; dlerror() text; file
+// names), and Python decodes an exception's message as UTF-8: one stray byte turned the error into a
+// UnicodeDecodeError that hid it (helper-55).
+std::string valid_utf8(const std::string& text);
+
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(valid_utf8(what)), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
 
  private:

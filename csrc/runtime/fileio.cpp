@@ -154,7 +154,8 @@ std::string elf_problem(const std::string& library) {
 // The copy is created here (O_EXCL, a name never used twice in the process), loaded, then unlinked: what
 // dlopen maps is exactly what was hashed, whatever happens to the original file meanwhile (replaced,
 // truncated in place). It goes next to the cache entry; when the cache cannot be written (a prebuilt cache on
-// a read-only file system), into TMPDIR (or /tmp) instead, so verified entries still load.
+// a read-only file system, a full disk, a file size limit), into TMPDIR (or /tmp) instead, so verified entries
+// still load (helper-55: a full cache disk failed every kernel with "cannot write the private copy").
 void* load_private_copy(const std::string& dir, const std::string& stem, const std::string& library,
                         const std::string& what) {
   const std::string damaged = elf_problem(library);
@@ -171,26 +172,30 @@ void* load_private_copy(const std::string& dir, const std::string& stem, const s
     }
     return fd;
   };
+  // The copy written at `path`: 0, or the errno of what failed (creating, writing or closing it; a partial
+  // file is removed).
+  auto write_copy = [&](const std::string& path) {
+    const int fd = create(path);
+    if (fd < 0) return errno;
+    errno = 0;
+    int err = write_all(fd, library) ? 0 : errno != 0 ? errno : EIO;
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) ::unlink(path.c_str());
+    return err;
+  };
   std::string path = fmt::format("{}/{}.load.{}.{}.so", dir, stem, ::getpid(), n);
-  int fd = create(path);
-  if (fd < 0 && (errno == EROFS || errno == EACCES || errno == EPERM)) {
-    const int first_err = errno;
+  const int cache_err = write_copy(path);
+  if (cache_err != 0) {
     const char* tmp = std::getenv("TMPDIR");
     const std::string fallback = fmt::format("{}/scorch-{}.load.{}.{}.so", tmp && *tmp ? tmp : "/tmp", stem,
                                              ::getpid(), n);
-    fd = create(fallback);
-    if (fd >= 0) {
-      path = fallback;
-    } else {
-      errno = first_err;  // name the cache's problem, the one the user can act on
-    }
+    // (the cache's problem is named when both fail: the one the user can act on)
+    SCORCH_CHECK_KIND(ErrorKind::runtime, write_copy(fallback) == 0, "scorch: cannot write {} to load {}: {}",
+                      path, what, std::strerror(cache_err));
+    path = fallback;
   }
-  SCORCH_CHECK_KIND(ErrorKind::runtime, fd >= 0, "scorch: cannot create {} to load {}: {}", path, what,
-                    std::strerror(errno));
-  const bool ok = write_all(fd, library);
-  const bool closed = ::close(fd) == 0;
-  void* handle = ok && closed ? ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
-  const std::string err = handle ? "" : ok && closed ? ::dlerror() : "cannot write the private copy";
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const std::string err = handle ? "" : ::dlerror();
   ::unlink(path.c_str());
   if (!handle) throw_error(ErrorKind::runtime, fmt::format("scorch: cannot load {}: {}", what, err));
   return handle;

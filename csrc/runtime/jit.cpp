@@ -451,10 +451,21 @@ std::vector<std::string> kernel_compile_flags(const Target& target) {
 }
 
 
+// Always an absolute path: the kernel's source file, named under it, is the compiler's last argument, and a
+// relative SCORCH_CACHE_DIR such as "-x" made it an option (helper-55).
 std::string kernel_cache_dir() {
-  if (std::string d = path_setting("SCORCH_CACHE_DIR"); !d.empty()) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/scorch";
-  return env_or("HOME", "/tmp") + "/.cache/scorch";
+  std::string d = path_setting("SCORCH_CACHE_DIR");
+  if (d.empty()) {
+    const char* x = std::getenv("XDG_CACHE_HOME");
+    d = x && *x ? std::string(x) + "/scorch" : env_or("HOME", "/tmp") + "/.cache/scorch";
+  }
+  if (d.front() == '/') return d;
+  std::string here(4096, '\0');
+  SCORCH_CHECK(::getcwd(here.data(), here.size()) != nullptr,
+               "the kernel cache directory '{}' is relative and the current directory cannot be read: {}", d,
+               std::strerror(errno));
+  here.resize(std::strlen(here.c_str()));
+  return here + (here.back() == '/' ? "" : "/") + d;
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "runtime/settings.h"
 
 namespace scorch {
 
@@ -129,22 +130,42 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
     return -1;
   }
   const auto start = std::chrono::steady_clock::now();
-  bool timed_out = false;
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  bool timed_out = false, exited = false;
+  int status = 0;
+  std::chrono::steady_clock::time_point exited_at;
   char buf[4096];
+  // Output is read until the pipe closes or, once the child has exited, until nothing more is waiting: a
+  // compiler that leaves a process behind holding the pipe (a compiler cache's server, `(sleep 30 &)` in a
+  // wrapper) made the compile last as long as that process, or fail as timed out after it had succeeded
+  // (helper-55). The child's exit is checked every 50 ms.
   for (;;) {
-    int wait_ms = -1;
-    if (timeout_seconds > 0) {
-      const double left = timeout_seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!exited) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        exited = true;
+        exited_at = std::chrono::steady_clock::now();
+      }
+    }
+    int wait_ms = exited ? 0 : 50;
+    if (timeout_seconds > 0 && !exited) {
+      const double left = timeout_seconds - seconds_since(start);
       if (left <= 0) {
         timed_out = true;
         break;
       }
-      wait_ms = static_cast<int>(left * 1000) + 1;
+      wait_ms = std::min(wait_ms, static_cast<int>(left * 1000) + 1);
     }
     pollfd p{fds[0], POLLIN, 0};
     const int ready = ::poll(&p, 1, wait_ms);
     if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) continue;  // the deadline is checked at the top
+    if (ready == 0) {
+      if (exited) break;  // what the child wrote has been read; whatever holds the pipe now is not the child
+      continue;         // the deadline and the child's exit are checked at the top
+    }
+    if (exited && seconds_since(exited_at) > 1) break;  // a process it left behind writing without end
     const ssize_t n = ::read(fds[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -160,8 +181,7 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
     ::kill(-pid, SIGKILL);
     ::kill(pid, SIGKILL);
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (!exited && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) return -2;
   if (WIFSIGNALED(status)) output += fmt::format("\n(killed by signal {})", WTERMSIG(status));
@@ -178,7 +198,7 @@ std::string compiler_version() {
   std::string out;
   auto argv = cmd;
   argv.push_back("--version");
-  const int rc = run_program(argv, out, 60);
+  const int rc = run_program(argv, out, compiler_probe_timeout_seconds());
   std::string v = rc == 0 ? out.substr(0, out.find('\n')) : "";
   seen[cmd] = v;
   return v;

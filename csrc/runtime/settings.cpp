@@ -1,5 +1,6 @@
 #include "runtime/settings.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -60,14 +61,23 @@ const char* dispatch_mode_name(DispatchMode m) {
 std::optional<double> dense_crossover_override() {
   return cached<std::optional<double>>("SCORCH_DENSE_CROSSOVER", [](const std::string& v) -> std::optional<double> {
     if (v.empty()) return std::nullopt;
-    double x = NAN;
-    try {
-      size_t used = 0;
-      x = std::stod(v, &used);
-      if (used != v.size()) x = NAN;
-    } catch (const std::exception&) {
-      x = NAN;
+    // Plain decimal notation only, the grammar config.py checks too (helper-55: "0x0.8" passed here as hex and
+    // failed in Python; "5e-324" the other way): digits, a point, an exponent.
+    size_t i = 0, digits = 0;
+    auto run = [&] {
+      size_t n = 0;
+      for (; i < v.size() && v[i] >= '0' && v[i] <= '9'; ++i) ++n;
+      return n;
+    };
+    digits += run();
+    if (i < v.size() && v[i] == '.') ++i, digits += run();
+    bool plain = digits > 0;
+    if (plain && i < v.size() && (v[i] == 'e' || v[i] == 'E')) {
+      ++i;
+      if (i < v.size() && (v[i] == '+' || v[i] == '-')) ++i;
+      plain = run() > 0;
     }
+    const double x = plain && i == v.size() ? std::strtod(v.c_str(), nullptr) : NAN;
     if (!(x > 0.0 && x <= 1.0))
       throw_error(ErrorKind::value, fmt::format("SCORCH_DENSE_CROSSOVER='{}': expected a density, a number greater "
                                                 "than 0 and at most 1 (e.g. 0.3)", v));
@@ -118,6 +128,11 @@ int64_t thread_grain() {
                                                 "a call must touch per thread it starts (default 2048)", v));
     return std::stoll(v);
   });
+}
+
+double compiler_probe_timeout_seconds() {
+  const double t = compile_timeout_seconds();
+  return t > 0 ? std::min(t, 60.0) : 60.0;
 }
 
 double compile_timeout_seconds() {

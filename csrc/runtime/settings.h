@@ -41,6 +41,9 @@ int64_t thread_grain();
 // SCORCH_COMPILE_TIMEOUT: seconds a kernel compile may take before it is stopped (default 300; 0 = no limit).
 // Anything but a plain non-negative decimal number is a ValueError naming the variable.
 double compile_timeout_seconds();
+// The limit of a compiler's quick answers (its version, its predefined macros for a target): the compile
+// timeout, and at most 60 s.
+double compiler_probe_timeout_seconds();
 
 // SCORCH_SANITIZE: 1 compiles kernels with -fsanitize=address,undefined; 0 (default) does not.
 bool sanitize_kernels();

@@ -72,7 +72,13 @@ Target resolve_uncached(const std::string& name) {
   argv.insert(argv.end(), t.flags.begin(), t.flags.end());
   for (const char* a : {"-dM", "-E", "-x", "c++", "/dev/null"}) argv.push_back(a);
   std::string out;
-  const int rc = run_program(argv, out, 60);
+  // The compile timeout bounds this probe too (helper-55: a hung compiler cost a fixed minute whatever a
+  // smaller SCORCH_COMPILE_TIMEOUT said, then an error reading "exit -2").
+  const double timeout = compiler_probe_timeout_seconds();
+  const int rc = run_program(argv, out, timeout);
+  SCORCH_CHECK_KIND(ErrorKind::runtime, rc != -2,
+                    "scorch: the compiler ({}) timed out after {} s (SCORCH_COMPILE_TIMEOUT) working out target '{}'",
+                    fmt::join(argv, " "), timeout, name);
   if (rc != 0 && t.flags.size() <= 1 && (name == "native" || name == "generic" || name == "scalar")) {
     // Not a bad name: the compiler itself does not work (CXX points nowhere, is not a C++ compiler, ...).
     throw_error(ErrorKind::runtime,

@@ -144,7 +144,11 @@ def _sum(x, *, dtype=None):
 def _sum_dims(x, dims, keepdim=False, *, dtype=None):
     if dtype is not None or keepdim:
         return NotImplemented
-    dims = {_wrap_dim(d, x.dim()) for d in (dims if dims is not None else range(x.dim()))}
+    wrapped = [_wrap_dim(d, x.dim()) for d in (dims if dims is not None else range(x.dim()))]
+    dims = set(wrapped)
+    if len(dims) != len(wrapped):  # as torch: a repeated dimension is an error, not summed once (helper-56)
+        raise RuntimeError(f"dim {next(d for d in wrapped if wrapped.count(d) > 1)} appears multiple times in the "
+                           "list of dims")
     s = _LETTERS[: x.dim()]
     return einsum(f"{s}->{''.join(c for d, c in enumerate(s) if d not in dims)}", x)
 

@@ -446,3 +446,23 @@ TEST_F(Jit, ToyLevelKindIsCompiledAndRun) {
 
 }  // namespace
 }  // namespace scorch
+
+namespace scorch {
+namespace {
+
+// Error messages carry bytes from outside (a compiler's output cut at a byte count, dlerror() text): Python
+// decodes them as UTF-8, so the error keeps well-formed text and replaces the rest (helper-55).
+TEST(Errors, MessagesAreValidUtf8) {
+  EXPECT_EQ(valid_utf8("plain"), "plain");
+  EXPECT_EQ(valid_utf8("option \xE2\x80\x98-Wx\xE2\x80\x99"), "option \xE2\x80\x98-Wx\xE2\x80\x99");  // kept
+  EXPECT_EQ(valid_utf8("cut \xE2\x80"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");  // a character cut at the end
+  EXPECT_EQ(valid_utf8("a\xFF" "b\x8B"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(valid_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(valid_utf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");  // four bytes
+  const Error e(ErrorKind::runtime, "compiler said: \xFE\xFF");
+  EXPECT_EQ(std::string(e.what()), "compiler said: \xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+}  // namespace
+}  // namespace scorch

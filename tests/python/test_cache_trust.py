@@ -375,3 +375,44 @@ def test_a_read_only_cache_still_loads_its_verified_entries(built):
     finally:
         subprocess.run(["umount", str(cache)], capture_output=True)
     assert again.get("y") == EXPECTED and not again["compiled"], again
+
+
+# --- a compiler's odd behaviour (helper-55)
+def test_compiler_output_that_is_not_utf8_keeps_its_error(tmp_path):
+    # A compiler failing with bytes that are not UTF-8 (another locale; output cut inside a character): the
+    # error was a UnicodeDecodeError and the compiler's message was lost.
+    cxx = compiler_script(tmp_path, "printf 'broken \\377\\376 here\\n' >&2\nexit 1")
+    failed = run_child(tmp_path / "cache", CXX=cxx)
+    assert failed["error"] == "RuntimeError", failed
+    assert "broken \ufffd\ufffd here" in failed["message"]
+
+
+def test_a_process_the_compiler_leaves_holding_its_output_does_not_hold_the_compile(tmp_path):
+    # A compiler cache's server keeps the pipe the compiler inherited: the compile lasted as long as that
+    # process, or failed as timed out after it had succeeded.
+    cxx = compiler_script(tmp_path, "(sleep 30 &)")
+    start = time.monotonic()
+    result = run_child(tmp_path / "cache", CXX=cxx, SCORCH_COMPILE_TIMEOUT="20")
+    assert result["y"] == EXPECTED and result["compiled"], result
+    assert time.monotonic() - start < 20
+
+
+def test_a_compiler_hanging_on_the_target_probe_times_out_as_told(tmp_path):
+    script = tmp_path / "cxx.sh"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -dM) exec sleep 60;; esac; done\nexec c++ "$@"\n')
+    script.chmod(0o755)
+    start = time.monotonic()
+    failed = run_child(tmp_path / "cache", CXX=str(script), SCORCH_COMPILE_TIMEOUT="2")
+    assert time.monotonic() - start < 30
+    assert failed["error"] == "RuntimeError", failed
+    assert "timed out after 2 s" in failed["message"] and "SCORCH_COMPILE_TIMEOUT" in failed["message"]
+
+
+def test_a_relative_cache_directory_is_not_taken_for_an_option(tmp_path):
+    # The kernel's source, named under the cache directory, is the compiler's last argument: "-x" was an option.
+    env = child_env(pathlib.Path("-x"))
+    proc = subprocess.run([sys.executable, "-c", CHILD, "float32"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    result = finish(proc, proc.stdout, proc.stderr)
+    assert result["y"] == EXPECTED and result["compiled"], result
+    assert pathlib.Path(result["library"]).is_absolute() and (tmp_path / "-x").is_dir()

@@ -323,6 +323,13 @@ def test_torch_sparse_sum_and_softmax_on_converted_tensors_match_torch(fmt, dens
     for dim in (0, 1, (0, 1), -1):
         torch.testing.assert_close(torch.sparse.sum(S, dim=dim).to_dense(), torch.sparse.sum(T, dim=dim).to_dense())
     torch.testing.assert_close(torch.sparse.sum(S), torch.sparse.sum(T))
+    for dims in ((1, 1), (0, -2), (1, 0, -1)):  # a repeated dimension: torch's error, not a sum over it once
+        with pytest.raises(RuntimeError, match="appears multiple times"):
+            torch.sparse.sum(T, dims)
+        with pytest.raises(RuntimeError, match="appears multiple times"):
+            torch.sparse.sum(S, dims)
+        with pytest.raises(RuntimeError, match="appears multiple times"):
+            S.sum(dims)
     torch.testing.assert_close(torch.sparse.sum(S, dim=1, dtype=torch.float64).to_dense(),
                                torch.sparse.sum(T, dim=1, dtype=torch.float64).to_dense())
     w = torch.randn(7, 5)
