@@ -18,6 +18,7 @@
 #include "convert.h"
 #include "executor.h"
 #include "region.h"
+#include "region_fingerprint.h"
 #include "region_kernels.h"
 #include "runtime/settings.h"
 
@@ -361,7 +362,10 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (capturing && hooks.capture) hooks.capture(scale, {q, k, v, mask});
   const std::string path = path_of(q, k, v, mask, force);
   if (hooks.note_path && debug_level() >= 1) hooks.note_path(path, cached_density(mask, false), {q, k, v, mask});
-  if (path == "dense") {
+  // Eager multiplies a NaN or inf of v by the exact zeros the mask gives the probabilities (NaN in every query
+  // row); the kernel skips them, so such a call runs dense, whatever the dispatch (helper-59; the regions' rule,
+  // region.cpp: values_finite). q and k need no check: masked_fill replaces the scores they make there.
+  if (path == "dense" || !all_finite(v)) {
     ++n_dense;
     return dense_forward(q, k, v, mask, scale);
   }
@@ -392,7 +396,10 @@ std::vector<at::Tensor> run_attention_backward(const at::Tensor& q, const at::Te
                "masked_attention_backward: the gradient has shape {}, the output {}", py_shape(grad.sizes()),
                py_shape(output_shape(q, v)));
   const at::Tensor g = grad.scalar_type() == q.scalar_type() ? grad : grad.to(q.scalar_type());
-  if (path_of(q, k, v, mask, force) == "dense") {
+  // Backward, every factor meets the masked positions' zeros in eager's products (dv = P^T g, dP = g v^T, and
+  // dq = dS k, dk = dS^T q with dS exactly 0 there): any of them not finite runs dense, as the forward.
+  const bool finite = all_finite(v) && all_finite(g) && all_finite(q) && all_finite(k);
+  if (!finite || path_of(q, k, v, mask, force) == "dense") {
     ++n_dense_backward;
     return dense_backward(q, k, v, mask, scale, g);
   }

@@ -330,9 +330,12 @@ at::Tensor linear_step(const ChainStep& st, const std::vector<at::Tensor>& args,
   const at::Tensor bias = b >= 0 ? args[static_cast<size_t>(b)] : at::Tensor();
   const bool w_t = wl[0] == p.out[1];  // stored (n, k): a Linear's weight
   // Anything but the plain shapes (a 2-D input and weight, a 1-D bias) is left to the region op, whose checks
-  // name what is wrong.
+  // name what is wrong. So is a weight that is a data input (a forward argument): the panels kept of it would be
+  // checked as a parameter's, by the fingerprint, and a numpy write into it went unseen (helper-59); the region
+  // op checks a data input by a hash of every byte.
+  const RegionOperand& wo = p.operands[static_cast<size_t>(w)];
   if (X.dim() != 2 || W.dim() != 2 || (bias.defined() && bias.dim() != 1) || X.scalar_type() != W.scalar_type() ||
-      (bias.defined() && bias.scalar_type() != X.scalar_type()) || !p.operands[static_cast<size_t>(w)].cached)
+      (bias.defined() && bias.scalar_type() != X.scalar_type()) || !wo.cached || !wo.weight)
     return at::Tensor();
   at::Tensor A = xl[0] == p.out[0] ? X : X.t();
   if (A.size(1) > 1 && A.stride(1) != 1) A = A.contiguous();

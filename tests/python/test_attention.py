@@ -309,3 +309,34 @@ def test_half_precision_forward_and_gradients(path, dtype, monkeypatch):
     for got, want in zip(grads, torch.autograd.grad(ref, (q32, k32, v32), g.float())):
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), want, **tol)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("where", ["v", "q", "k", "grad"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_value_spreads_as_in_the_dense_formula(path, where, value, monkeypatch):
+    # Eager multiplies the exact zeros the mask gives the probabilities by every value of v (forward) and by
+    # v, the output's gradient, q and k (backward): one NaN or inf there spreads to rows the mask hides it from.
+    # The kernels skip those zeros, so such a call runs dense, whatever the dispatch (helper-59: a NaN in v at a
+    # key hidden from all but one query made 1 NaN row where eager made 256).
+    monkeypatch.setenv("SCORCH_DISPATCH", path)
+    q, k, v, mask = make((2,), L=9, S=7, seed=4, grad=True)
+    hidden = int((~mask).sum(0).argmax())  # the key most queries cannot see
+    g = torch.randn(2, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        if where == "v":
+            v[1, hidden, 0] = value
+        elif where == "k":
+            k[1, hidden, 0] = value
+        elif where == "q":
+            q[1, 0, 0] = value
+        else:
+            g[1, 0, 0] = value
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = op(q, k, v, mask, 0.5)
+    want = dense_formula(*refs, mask, 0.5)
+    torch.testing.assert_close(out, want, equal_nan=True)
+    out.backward(g)
+    want.backward(g)
+    for got, ref in zip((q, k, v), refs):
+        torch.testing.assert_close(got.grad, ref.grad, equal_nan=True)

@@ -25,8 +25,21 @@ from ...tensors.sparse_tensor import SparseTensor
 
 
 def is_weight(node: fx.Node, value) -> bool:
+    """Whether a placeholder is a module's parameter or buffer (checked by the fingerprint at run time) rather
+    than data (checked by a hash of every byte). By where Dynamo found it when it says (`L['self']._buffers['b']`
+    against `L['rows_buffers_in']`); by the placeholder's name otherwise (a graph built by hand, a DDP bucket's
+    subgraph). The name alone took a forward argument called `rows_buffers_in` for a buffer, and a numpy write
+    into it went unseen (helper-59)."""
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    where = getattr(source, "name", None)
+    if callable(where):  # (a method in some torch versions, a property in others)
+        where = where()
+    if isinstance(where, str):
+        return "._parameters[" in where or "._buffers[" in where
     name = str(node.target).lower()
-    return isinstance(value, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name
+    return "_parameters_" in name or "_buffers_" in name
 
 
 MIN_MEASURED_INPUT = cost_model.TINY_DENSE_ELEMENTS  # smaller inputs are not worth a sparse format
