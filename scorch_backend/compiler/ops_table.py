@@ -46,6 +46,8 @@ Sparsity rules (x, y tensors; "support" = the value whose zeros bound this one's
   add(x, y), sub(x, y)         sparse only if both share a support; density <= dx + dy
   einsum, matmul, mm, bmm,     zero where a sparse operand's support is, if all the support's dimensions
   linear (no bias)             survive in the output (one-hot dispatch "bnd,ndh->bnh"); otherwise dense
+  linear with a bias, addmm    dense (the added term fills the zeros); still a region's product, the term
+                               joining it as an addend
   anything else                dense
 """
 
@@ -152,7 +154,7 @@ def spec_of(name: str) -> OpSpec | None:
 # --- naming a node by its ATen op ---------------------------------------------------------------------------
 
 # Keyword arguments that leave an op's meaning as the rules assume it, at these values.
-_HARMLESS = {"dtype": (None,), "approximate": ("none", "tanh"), "inplace": (False,), "alpha": (1,),
+_HARMLESS = {"dtype": (None,), "approximate": ("none", "tanh"), "inplace": (False,), "alpha": (1,), "beta": (1,),
              "rounding_mode": (None,), "memory_format": (None, torch.preserve_format, torch.contiguous_format),
              "non_blocking": (False,), "copy": (False,), "sorted": (True,), "largest": (True,),
              "layout": (None,), "device": (None,), "pin_memory": (None, False), "requires_grad": (False,)}
@@ -214,7 +216,7 @@ def op_of(node: fx.Node) -> OpView:
 
 # --- contractions as einsum letters --------------------------------------------------------------------------
 
-CONTRACTIONS = ("aten.einsum", "aten.matmul", "aten.mm", "aten.bmm", "aten.linear")
+CONTRACTIONS = ("aten.einsum", "aten.matmul", "aten.mm", "aten.bmm", "aten.linear", "aten.addmm")
 _BATCH = string.ascii_uppercase  # batch letters, never the lowercase ones of the contraction itself
 
 
@@ -246,6 +248,12 @@ def contraction_form(view: OpView):
             return None
         batch = _BATCH[:len(sx) - 1]
         return [x, w], [batch + "k", "ok"], batch + "o"
+    if view.name == "aten.addmm":  # input + mat1 @ mat2 (beta = alpha = 1: others leave the op opaque)
+        a, b = view.args[1], view.args[2]
+        sa, sb = shape_of(a), shape_of(b)
+        if sa is None or sb is None or len(sa) != 2 or len(sb) != 2:
+            return None
+        return [a, b], ["ik", "kj"], "ij"
     if view.name in ("aten.matmul", "aten.mm", "aten.bmm"):
         a, b = view.args[0], view.args[1]
         sa, sb = shape_of(a), shape_of(b)
@@ -279,9 +287,12 @@ def output_dims_of(letters: list[str], out: str, operand: int, dims) -> tuple[in
 
 
 def linear_bias(view: OpView):
-    """A linear's bias node (None when it has none)."""
+    """A linear's bias node (None when it has none), or the term addmm adds to its product (any shape that
+    broadcasts to it: it joins the region as an addend)."""
     if view.name == "aten.linear" and len(view.args) > 2 and view.args[2] is not None:
         return view.args[2]
+    if view.name == "aten.addmm" and isinstance(view.args[0], fx.Node):
+        return view.args[0]
     return None
 
 
@@ -614,6 +625,9 @@ _op("aten.linear", ["input", "weight", "bias"], [torch._C._nn.linear, F.linear],
 _op("aten.matmul", ["input|self", "other"], [operator.matmul, torch.matmul], ["matmul"],
     rule=_rule_contraction, index=_index_contraction)
 _op("aten.mm", ["input|self", "mat2|other"], [torch.mm], ["mm"], rule=_rule_contraction, index=_index_contraction)
+# bias + x @ W: transformers' Conv1D (GPT-2's projections) stores its weight (in, out) and calls addmm
+_op("aten.addmm", ["input|self", "mat1", "mat2"], [torch.addmm], ["addmm"], rule=_rule_contraction,
+    index=_index_contraction)
 _op("aten.bmm", ["input|self", "mat2|other"], [torch.bmm], ["bmm"], rule=_rule_contraction,
     index=_index_contraction)
 _op("aten.einsum", [], [torch.einsum, torch.functional.einsum], rule=_rule_contraction, index=_index_contraction)

@@ -241,6 +241,42 @@ def test_a_linear_whose_weight_is_a_forward_argument_sees_writes_to_it(scorch_di
         torch.testing.assert_close(compiled(x, w), model(x, w))
 
 
+class _AddMM(nn.Module):
+    """transformers' Conv1D (GPT-2's projections): a weight stored (in, out), applied by addmm."""
+
+    def __init__(self, form):
+        super().__init__()
+        g = torch.Generator().manual_seed(2)
+        w = torch.randn(96, 80, generator=g)
+        self.w = nn.Parameter(w * (torch.rand(96, 80, generator=g) < 0.1))
+        self.b = nn.Parameter(torch.randn(80, generator=g))
+        self.form = form
+
+    def forward(self, x):
+        if self.form == "bias":
+            return torch.addmm(self.b, x, self.w)
+        if self.form == "method":
+            return self.b.addmm(x, self.w).relu()
+        if self.form == "matrix":  # a 2-D term added
+            return torch.addmm(x[:, :80] * 2, x, self.w)
+        if self.form == "scaled":  # beta and alpha: left to eager
+            return torch.addmm(self.b, x, self.w, beta=0.5, alpha=2.0)
+        return torch.addmm(self.b.view(1, 80), x.t().contiguous().t(), self.w)  # a broadcast row, a strided x
+
+
+@pytest.mark.parametrize("scorch_dispatch", ["sparse", "auto"], indirect=True)
+@pytest.mark.parametrize("form", ["bias", "method", "matrix", "scaled", "row"])
+def test_addmm_is_a_product_with_its_input_added(form, scorch_dispatch):
+    # A pruned weight through addmm (GPT-2's Conv1D) was never a region (helper-58): addmm is now a contraction
+    # whose first argument joins as an addend, trained and inferred as eager.
+    x = torch.randn(33, 96, generator=torch.Generator().manual_seed(4))
+    with recorded_reports() as reports:
+        check_model(_AddMM(form), (x,))
+    regions = [r for rep in reports for r in rep.regions]
+    if scorch_dispatch == "sparse":
+        assert bool(regions) == (form != "scaled"), [r.title for r in regions]
+
+
 def test_cache_keeps_few_data_inputs():
     model = Fn(lambda x, W, b: x @ W.t())
     compiled = torch.compile(model, backend="scorch")
