@@ -163,9 +163,12 @@ def test_a_data_input_is_checked_by_a_hash_of_every_byte(threads):
         torch.set_num_threads(before)
 
 
-def test_a_reused_data_input_is_hashed_and_found():
+@pytest.mark.parametrize("scorch_dispatch", ["sparse", "auto"], indirect=True)
+def test_a_reused_data_input_is_hashed_and_found(scorch_dispatch):
     # A bag-of-words input passed again unchanged: its entry is checked by the hash and found (no compression
     # again); refilled through numpy between calls: the hash differs and the result follows the new data.
+    # (The cache's counts under "sparse", where the region runs its kernel; under "auto" the cost model may
+    # keep this small layer dense, and the values are checked alone.)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 64), nn.ReLU(), nn.Linear(64, 10))
     compiled = torch.compile(model, backend="scorch")
@@ -178,12 +181,13 @@ def test_a_reused_data_input_is_hashed_and_found():
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x))
         after = _C.region_stats()
-        assert after["content_hashes"] - before["content_hashes"] >= 3
-        assert after["cache_hits"] - before["cache_hits"] >= 3
-        assert after["compressions"] == before["compressions"]
         buf[3, 100] = 2.0
         torch.testing.assert_close(compiled(x), model(x))
-        assert _C.region_stats()["compressions"] > after["compressions"]
+        if scorch_dispatch == "sparse":
+            assert after["content_hashes"] - before["content_hashes"] >= 3
+            assert after["cache_hits"] - before["cache_hits"] >= 3
+            assert after["compressions"] == before["compressions"]
+            assert _C.region_stats()["compressions"] > after["compressions"]
 
 
 class _ArgumentsNamedLikeWeights(nn.Module):
