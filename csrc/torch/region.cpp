@@ -127,22 +127,34 @@ std::string tensor_key(const at::Tensor& t) {
 // is taken when the entry is made too, also for a new batch at every call (inference) that never finds it: a
 // training step's backward finds it, and under torch.compile the op cannot tell the two apart (AOTAutograd runs
 // the forward graph with grad mode off), while skipping it would have the backward compress the input again.
-void take_fingerprint(const at::Tensor& t, Entry& e, bool weight) {
+// The hash a failed lookup just took of the same bytes is reused (`Hashed`): a refilled buffer is read once a
+// call, not twice (helper-59). (Taken before the new entry reads the version: a write between the two makes at
+// worst a later miss.)
+struct Hashed {
+  bool taken = false;
+  uint64_t content = 0;
+};
+
+void take_fingerprint(const at::Tensor& t, Entry& e, bool weight, const Hashed& hashed = {}) {
   if (!weight) {
     e.whole = true;
-    e.content = counted_hash(t);
+    e.content = hashed.taken ? hashed.content : counted_hash(t);
     return;
   }
   e.fingerprint_at = fingerprint_offsets(t, true);
   e.fingerprint = read_fingerprint(t, e.fingerprint_at);
 }
 
-bool unchanged(const at::Tensor& t, const Entry& e) {
-  if (e.whole) return e.content == counted_hash(t);
+bool unchanged(const at::Tensor& t, const Entry& e, Hashed* hashed) {
+  if (e.whole) {
+    const uint64_t h = counted_hash(t);
+    if (hashed) *hashed = {true, h};
+    return e.content == h;
+  }
   return e.fingerprint.empty() || e.fingerprint == read_fingerprint(t, e.fingerprint_at);
 }
 
-EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
+EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight, Hashed* hashed = nullptr) {
   if (t.is_inference()) return nullptr;  // no version counter (torch.inference_mode): a write could not be seen
   const std::string key = tensor_key(t);
   EntryPtr e;
@@ -152,7 +164,7 @@ EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight) {
   }
   // A write through torch moves the version; a fused optimizer step does not, and is caught by the fingerprint.
   if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;
-  if (!frozen && !unchanged(t, *e)) return nullptr;
+  if (!frozen && !unchanged(t, *e, hashed)) return nullptr;
   return e;
 }
 
@@ -182,8 +194,9 @@ at::Tensor rows_of(const at::Tensor& t, Entry& e) {
 
 EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bool relu = false) {
   cached = cached && !t.is_inference();  // an inference tensor has no version to check a cached entry by
+  Hashed hashed;
   if (cached) {
-    if (EntryPtr e = lookup(t, frozen, weight)) {
+    if (EntryPtr e = lookup(t, frozen, weight, &hashed)) {
       std::lock_guard lock(e->mu);
       if (e->density < 0) measure_density(t, *e);
       ++n_hits;
@@ -193,7 +206,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
   auto e = std::make_shared<Entry>();
   e->alias = t.detach();
   e->version = cached ? static_cast<int64_t>(t._version()) : -1;
-  if (cached) take_fingerprint(t, *e, weight);
+  if (cached) take_fingerprint(t, *e, weight, hashed);
   measure_density(t, *e, relu);
   if (cached) remember(t, e, weight);
   return e;
@@ -271,7 +284,8 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
 at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
                       bool cached, bool frozen, bool weight) {
   cached = cached && !t.is_inference();  // as in entry_of
-  EntryPtr e = cached ? lookup(t, frozen, weight) : nullptr;
+  Hashed hashed;
+  EntryPtr e = cached ? lookup(t, frozen, weight, &hashed) : nullptr;
   if (e) {
     std::lock_guard lock(e->mu);
     auto it = e->layouts.find(key);
@@ -285,7 +299,7 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
     fresh = std::make_shared<Entry>();
     fresh->alias = t.detach();
     fresh->version = static_cast<int64_t>(t._version());
-    take_fingerprint(t, *fresh, weight);
+    take_fingerprint(t, *fresh, weight, hashed);
   }
   at::Tensor out = make();
   if (cached) {

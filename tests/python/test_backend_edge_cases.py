@@ -184,10 +184,15 @@ def test_a_reused_data_input_is_hashed_and_found(scorch_dispatch):
         buf[3, 100] = 2.0
         torch.testing.assert_close(compiled(x), model(x))
         if scorch_dispatch == "sparse":
-            assert after["content_hashes"] - before["content_hashes"] >= 3
+            per_call = (after["content_hashes"] - before["content_hashes"]) / 3
+            assert per_call >= 1
             assert after["cache_hits"] - before["cache_hits"] >= 3
             assert after["compressions"] == before["compressions"]
-            assert _C.region_stats()["compressions"] > after["compressions"]
+            last = _C.region_stats()
+            assert last["compressions"] > after["compressions"]
+            # the refilled call read the input once, as an unchanged one does: the new entry took the hash
+            # the failed lookup had just taken (helper-59: twice)
+            assert last["content_hashes"] - after["content_hashes"] == per_call
 
 
 class _ArgumentsNamedLikeWeights(nn.Module):
