@@ -20,9 +20,13 @@ P, O = R.Program, R.Operand
 
 
 def _program(cached=True, then=("aten.relu",)):
-    """fc2(relu(fc1(x))): step 0 a dense linear with its bias, step 1 reads its result compressed."""
-    s0 = Ch.ChainStep(P((O("ac"), O("bc", cached=cached), O("b", "add")), "ab").text(), (0, 1, 2), then)
-    s1 = Ch.ChainStep(P((O("ab", "sparse"), O("cb", cached=cached), O("c", "add")), "ac").text(), (-1, 3, 4))
+    """fc2(relu(fc1(x))): step 0 a dense linear with its bias, step 1 reads its result compressed. The weights
+    are parameters (cached and `weight`, as the backend marks them; a cached data input is not taken by the
+    linear step, test_backend_edge_cases)."""
+    s0 = Ch.ChainStep(P((O("ac"), O("bc", cached=cached, weight=cached), O("b", "add")), "ab").text(), (0, 1, 2),
+                      then)
+    s1 = Ch.ChainStep(P((O("ab", "sparse"), O("cb", cached=cached, weight=cached), O("c", "add")), "ac").text(),
+                      (-1, 3, 4))
     return Ch.ChainProgram((s0, s1), "s", kind="sequence").text()
 
 
