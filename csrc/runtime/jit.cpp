@@ -344,10 +344,35 @@ std::shared_ptr<CompiledKernel> build(const std::string& text, const Target& tar
       k->compiled = true;
     }
   }
-  void* handle = fileio::load_private_copy(dir, key, library, "kernel " + k->library_path);
-  k->fn = reinterpret_cast<KernelFn>(::dlsym(handle, "scorch_kernel"));
-  k->free_fn = reinterpret_cast<KernelFreeFn>(::dlsym(handle, "scorch_kernel_free"));
-  SCORCH_CHECK(k->fn && k->free_fn, "kernel library {} lacks the scorch_kernel entry points", k->library_path);
+  // A verified entry proves only that its files agree with each other: a library the compiler made without
+  // the entry points (a CXX wrapper that built something else), or one that does not load, is rebuilt once
+  // under the key's lock instead of failing at every later load (helper-55). A library just compiled that
+  // fails the same way is the compiler's problem, and the error says so.
+  auto load = [&]() -> std::string {
+    void* handle = nullptr;
+    try {
+      handle = fileio::load_private_copy(dir, key, library, "kernel " + k->library_path);
+    } catch (const Error& e) {
+      if (k->compiled) throw;
+      return e.what();
+    }
+    k->fn = reinterpret_cast<KernelFn>(::dlsym(handle, "scorch_kernel"));
+    k->free_fn = reinterpret_cast<KernelFreeFn>(::dlsym(handle, "scorch_kernel_free"));
+    if (k->fn && k->free_fn) return "";
+    SCORCH_CHECK(!k->compiled, "kernel library {} lacks the scorch_kernel entry points (compiled with: {})",
+                 k->library_path, command);
+    ::dlclose(handle);
+    return "its library lacks the scorch_kernel entry points";
+  };
+  if (const std::string failed = load(); !failed.empty()) {
+    KeyLock lock(dir + "/" + key + ".lock", settings.timeout);
+    log.push_back("cache entry did not load, rebuilt: " + failed);
+    const std::string tmp_lib = fmt::format("{}.tmp.{}.so", k->library_path, ::getpid());
+    library = compile_into_cache(l.source, compile_command(target, settings.sanitize, k->source_path, tmp_lib),
+                                 tmp_lib, k->source_path, k->library_path, manifest_path, m, settings.timeout);
+    k->compiled = true;
+    load();
+  }
   k->target = target.name;
   k->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -110,6 +110,17 @@ def test_truncated_library_is_rebuilt(built):
     assert not run_child(cache)["compiled"]
 
 
+def make_manifest_match(cache: pathlib.Path, first: dict, size: int) -> None:
+    """Rewrites the entry's manifest to record its library as it now is (`size`: the size it records now)."""
+    manifest = cache / f"{key_of(first)}.json"
+    data = pathlib.Path(first["library"]).read_bytes()
+    text = manifest.read_text()
+    text = text.replace(f'"library_bytes": {size}', f'"library_bytes": {len(data)}', 1)
+    text = text.replace(f'"library_hash": "{entries(cache)[key_of(first)]["library_hash"]}"',
+                        f'"library_hash": "{fnv128(data)}"', 1)
+    manifest.write_text(text)
+
+
 @pytest.mark.parametrize("keep", [10000, 64, 0])
 def test_a_truncated_library_under_a_manifest_made_to_match_is_rebuilt(built, keep):
     # The size and the hash agree with the bytes, so only the ELF headers can tell: dlopen mapped the segments
@@ -118,13 +129,7 @@ def test_a_truncated_library_under_a_manifest_made_to_match_is_rebuilt(built, ke
     lib = pathlib.Path(first["library"])
     size = lib.stat().st_size
     os.truncate(lib, keep)
-    manifest = cache / f"{key_of(first)}.json"
-    text = manifest.read_text()
-    data = lib.read_bytes()
-    text = text.replace(f'"library_bytes": {size}', f'"library_bytes": {keep}', 1)
-    text = text.replace(f'"library_hash": "{entries(cache)[key_of(first)]["library_hash"]}"',
-                        f'"library_hash": "{fnv128(data)}"', 1)
-    manifest.write_text(text)
+    make_manifest_match(cache, first, size)
     assert entries(cache)[key_of(first)]["library_bytes"] == keep
     again = run_child(cache, SCORCH_DEBUG="1")
     assert again["y"] == EXPECTED and again["compiled"]
@@ -158,6 +163,27 @@ def test_foreign_library_under_a_key_is_rebuilt(built):
     assert again["y"] == EXPECTED and again["compiled"]
     assert "for another kernel" in again["stderr"]
     assert entries(cache)[key_of(first)]["key"] == key_of(first)
+
+
+def test_a_library_without_the_entry_points_under_a_manifest_made_to_match_is_rebuilt(built, tmp_path):
+    # A sound library that is not a kernel (a CXX wrapper that built something else), its manifest agreeing:
+    # it failed "lacks the scorch_kernel entry points" in every later process (helper-55).
+    cache, first = built
+    src = tmp_path / "other.cpp"
+    src.write_text('extern "C" int not_a_kernel() { return 1; }\n')
+    other = tmp_path / "other.so"
+    subprocess.run([*os.environ.get("CXX", "c++").split(), "-shared", "-fPIC", "-o", str(other), str(src)],
+                   check=True, timeout=120)
+    lib = pathlib.Path(first["library"])
+    size = lib.stat().st_size
+    lib.write_bytes(other.read_bytes())
+    make_manifest_match(cache, first, size)
+    again = run_child(cache, SCORCH_DEBUG="1")
+    assert again["y"] == EXPECTED and again["compiled"], again
+    assert "did not load, rebuilt: its library lacks the scorch_kernel entry points" in again["stderr"]
+    assert lib.stat().st_size == size
+    assert not run_child(cache)["compiled"]
+    assert leftovers(cache) == []
 
 
 @pytest.mark.parametrize("damage", ["garbage", "empty", "half", "missing", "not json"])
