@@ -1,5 +1,6 @@
 #include "format/storage.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -175,6 +176,14 @@ long double memory_limit_bytes(const std::string& proc_cgroup, const std::string
   files.push_back(root + "/memory/memory.limit_in_bytes");
   for (const auto& file : files)
     if (const auto limit = cgroup_limit(file); limit && *limit > 0 && (have <= 0 || *limit < have)) have = *limit;
+  // The process's own limits (ulimit -v, ulimit -d; prlimit): under them an allocation fails long before the
+  // machine's memory is used up (helper-60: 8 GiB of index arrays passed the check in a 4 GB process).
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    struct rlimit rl;
+    if (::getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+    const long double limit = static_cast<long double>(rl.rlim_cur);
+    if (limit > 0 && (have <= 0 || limit < have)) have = limit;
+  }
   return have;
 }
 

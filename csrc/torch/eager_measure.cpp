@@ -20,6 +20,7 @@
 
 #include <map>
 
+#include "common/saturating.h"
 #include "measured_choice.h"
 
 namespace scorch::torch_glue {
@@ -67,7 +68,7 @@ Decision measured_eager_choice(const EagerCall& c, Decision d) {
   double combined = 1.0;
   int64_t elements = 0;
   for (const auto& o : c.ops) {
-    elements += o.numel();
+    elements = saturating_add(elements, o.numel());
     if (o.sparse()) {
       densities.push_back(o.density());
       combined *= densities.back();
@@ -80,8 +81,8 @@ Decision measured_eager_choice(const EagerCall& c, Decision d) {
   double flops = 1.0;
   for (const auto& [letter, n] : sizes) flops *= static_cast<double>(std::max<int64_t>(n, 1));
   int64_t out_elements = 1;
-  for (int64_t n : c.out_shape) out_elements *= n;
-  if (flops > kMeasureMaxFlops || elements + out_elements > kMeasureMaxElements) return d;
+  for (int64_t n : c.out_shape) out_elements = saturating_mul(out_elements, n);
+  if (flops > kMeasureMaxFlops || saturating_add(elements, out_elements) > kMeasureMaxElements) return d;
 
   // Decisions belong to the equation and its operands' formats (interned: their addresses name them), not to
   // the plan entry: a plan's key holds each operand's exact shape and entry count, so another matrix of the

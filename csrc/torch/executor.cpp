@@ -24,6 +24,7 @@
 
 #include "convert.h"
 #include "ir/parser.h"
+#include "common/saturating.h"
 #include "ir/split_reductions.h"
 #include "runtime/settings.h"
 #include "runtime/target.h"
@@ -312,7 +313,7 @@ int64_t Operand::nnz() const {
 
 int64_t Operand::numel() const {
   int64_t n = 1;
-  for (auto s : shape) n *= s;
+  for (auto s : shape) n = saturating_mul(n, s);
   return n;
 }
 
@@ -382,7 +383,7 @@ Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) 
   std::vector<double> densities;
   int64_t elements = 0;
   for (const auto& o : ops) {
-    elements += o.numel();
+    elements = saturating_add(elements, o.numel());
     if (o.sparse()) densities.push_back(o.density());
   }
   Decision d = choose_by_density(densities, elements, threads, explain);
@@ -405,7 +406,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
                          int64_t threads, bool explain, Decision d) {
   if (dispatch_mode() != DispatchMode::automatic || !measure_regions() || ops.size() > 2) return d;
   int64_t elements = 0;
-  for (const auto& o : ops) elements += o.numel();
+  for (const auto& o : ops) elements = saturating_add(elements, o.numel());
   if (elements <= kTinyDenseElements) return d;
   const auto override_ = dense_crossover_override();
   const at::ScalarType result = result_dtype(ops);

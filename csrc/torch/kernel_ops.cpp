@@ -356,7 +356,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
       for (const auto& b : shared) buffers.push_back(copy_buffer(b));  // outputs never alias inputs
       return std::make_tuple(dense, buffers);
     }
-    const int64_t nnz = args.out_nnz;
+    int64_t nnz = args.out_nnz;  // (fewer when an n:m output drops the zeros below)
     if (e.kernel->assembled_output) {
       // The kernel wrote the output format's buffers itself (lower/assemble.h): they become the result's
       // tensors as they are, freed by the kernel library's free function when the last tensor goes.
@@ -381,13 +381,31 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
       return std::make_tuple(values, buffers);
     }
     at::Tensor values = at::from_blob(args.out_vals, {nnz}, opts).clone();
+    // The kernel writes every entry its operands could make nonzero, zeros among them. An n:m level takes its
+    // coordinates for nonzeros and refused a result that fits it ("ij->ij" of a 2:4-sparse x into "nm(2,4)",
+    // helper-62): for such a format the zeros are dropped first (it pads its groups with zeros itself). A
+    // group with more than n nonzeros still raises.
+    const int64_t* coords = args.out_coords;
+    std::vector<int64_t> kept;
+    const auto& out_levels = spec.output.format->levels();
+    if (std::any_of(out_levels.begin(), out_levels.end(), [](const auto& l) { return l.kind->structured_groups().first > 0; })) {
+      const int64_t nd = static_cast<int64_t>(out_shape.size());
+      const at::Tensor keep = values.ne(0).nonzero().reshape(-1);
+      const int64_t* k = keep.data_ptr<int64_t>();
+      kept.reserve(static_cast<size_t>(keep.numel() * nd));
+      for (int64_t d = 0; d < nd; ++d)  // (by dimension: dimension d's coordinates at d * nnz)
+        for (int64_t j = 0; j < keep.numel(); ++j) kept.push_back(coords[d * nnz + k[j]]);
+      values = values.index_select(0, keep);
+      coords = kept.data();
+      nnz = keep.numel();
+    }
     at::Tensor pos, crd;
     const bool fast = e.kernel->sorted_output &&
                       (it == at::kInt ? nnz <= std::numeric_limits<int32_t>::max() &&
-                                            pack_sorted_rows<int32_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd)
-                                      : pack_sorted_rows<int64_t>(*spec.output.format, out_shape, args.out_coords, nnz, pos, crd));
+                                            pack_sorted_rows<int32_t>(*spec.output.format, out_shape, coords, nnz, pos, crd)
+                                      : pack_sorted_rows<int64_t>(*spec.output.format, out_shape, coords, nnz, pos, crd));
     auto [buffers, packed] = fast ? std::make_tuple(std::vector<at::Tensor>{pos, crd}, values)
-                                  : pack_to_tensors(*spec.output.format, out_shape, args.out_coords, nnz, values, it);
+                                  : pack_to_tensors(*spec.output.format, out_shape, coords, nnz, values, it);
     e.kernel->free_fn(args.out_coords);
     e.kernel->free_fn(args.out_vals);
     validated_buffers.check_once(buffers_key(*spec.output.format, out_shape, packed, buffers), [] {});  // (as above)

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "chain.h"
+#include "common/saturating.h"
 #include "dense_einsum.h"
 #include "convert.h"
 #include "region_addends.h"
@@ -389,9 +390,9 @@ std::string choose_path(const RegionProgram& p, const std::string& text, const S
     int64_t n = operands[k].numel();
     if (!p.operands[k].packed.empty()) {
       n = 1;
-      for (auto d : s.packed_sizes[k]) n *= d;
+      for (auto d : s.packed_sizes[k]) n = saturating_mul(n, d);
     }
-    elements += n;
+    elements = saturating_add(elements, n);
     empty = empty || n == 0;
   }
   if (empty || densities.empty()) return "dense";

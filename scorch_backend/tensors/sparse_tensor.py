@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import operator
 import sys
 import warnings
@@ -67,6 +68,9 @@ def sizes_of(shape) -> tuple:
         raise TypeError(f"sizes must be integers, got {bad!r} in shape {shape!r}") from None
     if any(not isinstance(s, torch.SymInt) and not -2**63 <= s < 2**63 for s in sizes):
         raise ValueError(f"sizes must fit in 64 bits, got shape {sizes}")
+    if all(not isinstance(s, torch.SymInt) and s >= 0 for s in sizes) and math.prod(sizes) >= 2**63:
+        # (torch's tensors count their elements in int64 too: such a shape could not be a tensor)
+        raise ValueError(f"a shape's element count must fit in 64 bits: shape {sizes} has {math.prod(sizes)}")
     return sizes
 
 

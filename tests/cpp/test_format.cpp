@@ -2,6 +2,7 @@
 // kind defined only here to show that storage.cpp relies on the LevelKind interface alone.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -525,6 +526,24 @@ TEST(Pack, MemoryLimitReadsTheProcessCgroup) {
   write(root / "sys/memory/box/three/memory.limit_in_bytes", "3221225472\n");
   EXPECT_EQ(memory_limit_bytes(root / "proc-v1-multi", root / "sys"), 3221225472.0L);
   fs::remove_all(root);
+}
+
+// The process's own limits (ulimit -v / -d) lower it too: set below physical memory here and put back.
+TEST(Pack, MemoryLimitReadsTheProcessLimits) {
+  const long double physical = memory_limit_bytes("/nonexistent-cgroup", "/nonexistent-root");
+  ASSERT_GT(physical, 0);
+  for (const int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    struct rlimit old;
+    ASSERT_EQ(::getrlimit(resource, &old), 0);
+    const rlim_t cap = rlim_t{3} << 40;  // 3 TiB: above what this process uses, and above any
+    if (old.rlim_max != RLIM_INFINITY && old.rlim_max < cap) continue;  // (a harder limit set outside: skip)
+    struct rlimit lower = old;
+    lower.rlim_cur = static_cast<rlim_t>(std::min<long double>(physical / 2 + (1 << 30), cap));
+    ASSERT_EQ(::setrlimit(resource, &lower), 0);
+    const long double seen = memory_limit_bytes("/nonexistent-cgroup", "/nonexistent-root");
+    ASSERT_EQ(::setrlimit(resource, &old), 0);
+    EXPECT_EQ(seen, static_cast<long double>(lower.rlim_cur)) << "resource " << resource;
+  }
 }
 
 }  // namespace

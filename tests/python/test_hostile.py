@@ -263,6 +263,35 @@ resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 sb.from_coordinates(torch.tensor([[0, 3], [0, 2**38 - 1]]), torch.tensor([1.0, 2.0]), (4, 2**38), "{fmt}")
 """, ValueError, r"needs about \d+ GiB for what level 1 .* stores under each of its 2 parents") for k, fmt in enumerate(
         ["compressed(0),bitmap(1)", "compressed(0),nm[2:4](1)", "compressed(0),dense(1)"])},
+    # The process's own limit (ulimit -v) counts as well as the machine's memory: 8 GiB of index arrays in a
+    # process allowed 2 GiB more than it has was a bare std::bad_alloc (helper-60).
+    "huge_dense_level_refused_under_the_process_limit": case("""
+import resource
+vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), resource.RLIM_INFINITY))
+sb.from_coordinates(torch.tensor([[0, 1], [0, 1], [0, 1]]), torch.tensor([1.0, 2.0]), (2**14, 2**14, 4),
+                    ["dense", "dense", "compressed"])
+""", ValueError, r"needs about 8 GiB for the index arrays .* more than the \d+ GiB of memory this process may use"),
+    # Element counts past int64 (two 2^31 x 2^31 operands): the sum of the two wrapped negative and read as a
+    # tiny problem, which the default dispatch sent to the dense path (2^62 elements) (helper-60).
+    "huge_sparse_operands_stay_on_the_kernel": case("""
+def mk(shape, rows, cols):
+    return sb.from_coordinates(torch.tensor([rows, cols]), torch.tensor([1.0, 2.0, 3.0])[:len(rows)], shape, "dcsr",
+                               index_dtype=torch.int64)
+n = 2**31
+A = mk((n, n), [0, 3, n - 1], [n - 1, 5, 0])
+assert float(sb.einsum("ij,ij->", A, A)) == 14.0
+C = sb.einsum("ij,jk->ik", A, A)
+assert torch.equal(C.coordinates(), torch.tensor([[0, n - 1], [0, n - 1]])), C.coordinates()
+assert torch.equal(C.stored_values, torch.tensor([3.0, 3.0])), C.stored_values
+B = mk((2**61, 2), [0, 7], [0, 1])
+assert torch.equal(sb.einsum("ij,ik->jk", B, B).to_dense(), torch.tensor([[1.0, 0], [0, 4]]))
+""", env={"SCORCH_DISPATCH": "auto"}),
+    "element_count_past_int64_refused": case("""
+n = 2**40
+sb.from_coordinates(torch.tensor([[0, n - 1], [n - 1, 0]]), torch.tensor([1.0, 2.0]), (n, n), "coo",
+                    index_dtype=torch.int64)
+""", ValueError, "element count must fit in 64 bits"),
     "kernel_op_asks_for_100000_threads": case("""
 torch.manual_seed(0)
 A = sb.sparse(torch.randn(300, 300).relu(), "csr")

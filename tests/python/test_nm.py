@@ -221,6 +221,27 @@ def test_other_statements_mixed_formats():
         assert close(got, torch.einsum(eq, *dense), dtype), (case, eq, [getattr(o, "format", "strided") for o in ops])
 
 
+@pytest.mark.parametrize("scorch_dispatch", ["sparse", "auto"], indirect=True)
+@pytest.mark.parametrize("n,m", NM)
+def test_an_nm_result_holds_what_fits_it(scorch_dispatch, n, m):
+    """A result with at most n nonzeros in each group goes into an n:m out_format, whatever zeros the kernel
+    wrote (each entry a dense factor could make nonzero): they were counted as nonzeros and such results
+    refused (helper-62). One more nonzero in a group is still refused."""
+    x = nm_pruned(5, 2 * m + 1, n, m, 0.7, torch.float32, seed=n * 10 + m)
+    fmt = f"nm({n},{m})"
+    for eq, ops in [("ij->ij", [x]), ("ij,ij->ij", [x, torch.ones_like(x)]), ("ij,j->ij", [x, torch.ones(x.shape[1])]),
+                    ("ij,ij->ij", [sb.sparse(x, "csr"), sb.sparse(x.abs() + (x == 0), "csr")])]:
+        got = sb.einsum(eq, *ops, out_format=fmt)
+        assert got.format.name == fmt, got.format
+        dense = [o.to_dense() if isinstance(o, sb.SparseTensor) else o for o in ops]
+        assert torch.equal(got.to_dense(), torch.einsum(eq, *dense)), eq
+    over = x.clone()
+    over[0, :m] = 1.0  # m nonzeros in the first group
+    if n < m:
+        with pytest.raises(ValueError, match=f"not {n}:{m} sparse"):
+            sb.einsum("ij->ij", over, out_format=fmt)
+
+
 def test_gradients():
     w = nm_pruned(6, 12, 2, 4, 1.0, torch.float64, seed=5)
     b = torch.randn(12, 7, dtype=torch.float64, requires_grad=True)
