@@ -75,9 +75,18 @@ Step make_step(const Statement& base, const std::vector<std::string>& global_nam
   return s;
 }
 
+// The variables of the accesses below node n.
+std::set<int> vars_below(const std::vector<Node>& nodes, int n) {
+  std::vector<const Expr*> acc;
+  collect_accesses(nodes[n].e, acc);
+  std::set<int> vars;
+  for (const Expr* a : acc) vars.insert(a->vars.begin(), a->vars.end());
+  return vars;
+}
+
 }  // namespace
 
-std::vector<Step> split_reductions(const Statement& st) {
+std::vector<Step> split_reductions(const Statement& st, const std::vector<int64_t>& var_sizes) {
   std::vector<Step> steps;
   std::vector<std::string> names = st.tensor_names;
   ExprPtr rhs = st.rhs;
@@ -105,6 +114,17 @@ std::vector<Step> split_reductions(const Statement& st) {
           s = lca[k];
           break;
         }
+      }
+      // One factor (an access) holds every use, and the rest of its term varies over other indices: the sum
+      // goes to that factor (between the two, only products and negations: the sum's scope was the term).
+      const int factor = lca.back();
+      if (factor != s && nodes[factor].e->kind == ExprKind::access) {
+        const std::set<int> mine = vars_below(nodes, factor), term = vars_below(nodes, s);
+        const bool crosses = std::any_of(term.begin(), term.end(), [&](int w) { return !mine.count(w); });
+        long double kept = 1;
+        for (int w : mine)
+          if (w != v && w < static_cast<int>(var_sizes.size())) kept *= static_cast<long double>(std::max<int64_t>(var_sizes[w], 1));
+        if (crosses && kept <= static_cast<long double>(kMaxFactorTemporary)) s = factor;
       }
       scope[v] = s;
     }

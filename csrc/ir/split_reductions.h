@@ -4,6 +4,7 @@
 //   tmp(i) = A(i,j) * x(j);  y(i) = tmp(i) + b(i)
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "ir/expr.h"
@@ -16,8 +17,16 @@ struct Step {
                               // result of step k is tensor n + k
 };
 
+// Within a product, an index used by one factor only is summed over that factor first when the product's other
+// factors hold indices of their own: "s = a(i) * b(j) * c(k)" as one loop nest runs |i| * |j| * |k| times
+// (100^6 multiply-adds for six vectors of 100, helper-53), summed factor by factor |i| + |j| + |k| (torch.einsum
+// sums such indices first too). Where nothing else varies ("s = A(i,j) * x(j)") the one nest stays. With
+// `var_sizes` (indexed by variable) a factor's temporary over more than kMaxFactorTemporary elements is not made
+// (a hypersparse operand's dense row sums); without them, sizes are not checked.
+constexpr int64_t kMaxFactorTemporary = int64_t{1} << 26;
+
 // The steps to evaluate a statement; the last one computes the statement's output. A statement whose
-// reductions all span the whole right side is one step.
-std::vector<Step> split_reductions(const Statement& st);
+// reductions all span the whole right side (or a factor, as above) is one step.
+std::vector<Step> split_reductions(const Statement& st, const std::vector<int64_t>& var_sizes = {});
 
 }  // namespace scorch::ir

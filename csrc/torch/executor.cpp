@@ -62,6 +62,12 @@ const std::string& text_of(const FormatRef* f) {
   return f ? f->text : strided;
 }
 
+// A statement split into steps (ir/split_reductions.h).
+struct Steps {
+  std::vector<std::string> texts;          // canonical text of each step over t0..
+  std::vector<std::vector<int>> operands;  // global operand ids of each step
+};
+
 // A plan with the formats it names already parsed.
 struct PlanEntry {
   Plan plan;
@@ -71,6 +77,9 @@ struct PlanEntry {
   // Not empty: the operands broadcast (torch.einsum's rule) to these shapes, and the call is run again with the
   // dense ones expanded; the entry then holds no plan.
   std::vector<std::vector<int64_t>> broadcast;
+  // Set when the kernel's work is better done in steps (an index summed over one factor first): what the
+  // sparse route runs instead of `plan`'s one loop nest (which still gives the shape and format).
+  std::shared_ptr<const Steps> steps;
 };
 
 std::shared_ptr<const PlanEntry> make_entry(Plan plan, const std::vector<Operand>& ops) {
@@ -449,6 +458,10 @@ bool diagonal_needs_grad(const std::string& equation, const std::vector<Operand>
 
 }  // namespace
 
+namespace {
+Operand run_steps(const Steps& steps, const std::vector<Operand>& ops, const std::string& out_format, int64_t threads);
+}  // namespace
+
 Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops, const std::string& out_format,
                    int64_t threads, bool explain, bool decide, bool dense_first) {
   const at::ScalarType result = result_dtype(ops);
@@ -491,7 +504,22 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
       e->broadcast = std::move(shapes);
       return std::shared_ptr<const PlanEntry>(std::move(e));
     }
-    return make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops);
+    auto e = make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops);
+    if (equation.find('.') == std::string::npos && ops.size() >= 2) {
+      const ir::Statement st = ir::parse_einsum(equation, ndims_of(ops));
+      const auto split = ir::split_reductions(st, ir::infer_var_sizes(st, shapes_of(ops)));
+      if (split.size() > 1) {
+        auto steps = std::make_shared<Steps>();
+        for (const auto& step : split) {
+          steps->texts.push_back(step.stmt.canonical());
+          steps->operands.push_back(step.operands);
+        }
+        auto with_steps = std::make_shared<PlanEntry>(*e);
+        with_steps->steps = std::move(steps);
+        return std::shared_ptr<const PlanEntry>(std::move(with_steps));
+      }
+    }
+    return e;
   });
   if (!entry->broadcast.empty()) {
     // Each dense operand viewed with leading dimensions of size 1 where "..." covers fewer dimensions than
@@ -532,7 +560,12 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   if (!d.dense) {
     ++routed_kernel;
     out.route = Route::kernel;
-    out.result = run_kernel(*entry, ops, threads, result);
+    if (entry->steps) {
+      out.result = run_steps(*entry->steps, ops, entry->plan.out_format, threads);  // (the format planned)
+      if (explain) out.why += "; in steps, indices used by one factor summed over it first";
+    } else {
+      out.result = run_kernel(*entry, ops, threads, result);
+    }
     return out;
   }
   if (entry->out) {  // a dense run whose result is stored sparse: the caller converts (and keeps gradients)
@@ -548,11 +581,6 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
 
 namespace {
 
-struct Steps {
-  std::vector<std::string> texts;          // canonical text of each step over t0..
-  std::vector<std::vector<int>> operands;  // global operand ids of each step
-};
-
 template <typename Parse>
 std::shared_ptr<const Steps> split_statement(const std::string& key, Parse parse,
                                              const std::vector<std::vector<int64_t>>& shapes) {
@@ -564,9 +592,8 @@ std::shared_ptr<const Steps> split_statement(const std::string& key, Parse parse
     if (it != cache.end()) return it->second;
   }
   const ir::Statement st = parse();
-  ir::infer_var_sizes(st, shapes);
   auto s = std::make_shared<Steps>();
-  for (const auto& step : ir::split_reductions(st)) {
+  for (const auto& step : ir::split_reductions(st, ir::infer_var_sizes(st, shapes))) {
     s->texts.push_back(step.stmt.canonical());
     s->operands.push_back(step.operands);
   }

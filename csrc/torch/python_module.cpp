@@ -107,16 +107,16 @@ py::dict plan_compute(const std::string& text, const std::vector<std::string>& n
   return plan_dict(st, scorch::make_plan(st, descs(ops), out_format, f64, idx64));
 }
 
-// Parse index notation, check sizes against the operands' shapes, and split it into steps (see
-// ir/split_reductions.h): a list of (canonical text over t0, t1, ..., global operand ids).
+// Parse index notation (an einsum equation when `einsum`), check sizes against the operands' shapes, and split it
+// into steps (see ir/split_reductions.h): a list of (canonical text over t0, t1, ..., global operand ids).
 py::list split_compute(const std::string& text, const std::vector<std::string>& names,
-                       const std::vector<std::vector<int64_t>>& shapes) {
+                       const std::vector<std::vector<int64_t>>& shapes, bool einsum) {
   std::vector<int> ndims;
   for (const auto& s : shapes) ndims.push_back(static_cast<int>(s.size()));
-  const auto st = scorch::ir::parse_index_notation(text, names, ndims);
-  scorch::ir::infer_var_sizes(st, shapes);
+  const auto st = einsum ? scorch::ir::parse_einsum(text, ndims) : scorch::ir::parse_index_notation(text, names, ndims);
   py::list out;
-  for (const auto& step : scorch::ir::split_reductions(st)) out.append(py::make_tuple(step.stmt.canonical(), step.operands));
+  for (const auto& step : scorch::ir::split_reductions(st, scorch::ir::infer_var_sizes(st, shapes)))
+    out.append(py::make_tuple(step.stmt.canonical(), step.operands));
   return out;
 }
 
@@ -649,8 +649,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("idx64"), "Plan an einsum call: operands are (format or 'strided', shape, nnz).");
   m.def("plan_compute", &plan_compute, py::arg("text"), py::arg("names"), py::arg("operands"), py::arg("out_format"),
         py::arg("f64"), py::arg("idx64"), "Plan an index-notation statement.");
-  m.def("split_compute", &split_compute, py::arg("text"), py::arg("names"), py::arg("shapes"),
-        "Split index notation into steps with their own reduction scopes.");
+  m.def("split_compute", &split_compute, py::arg("text"), py::arg("names"), py::arg("shapes"), py::arg("einsum") = false,
+        "Split index notation (or an einsum equation) into steps with their own reduction scopes.");
   m.def("statement_info", &statement_info, py::arg("text"), py::arg("num_tensors"));
   m.def("differentiate", &differentiate, py::arg("text"), py::arg("num_tensors"), py::arg("tensor"),
         py::arg("with_pattern"), "The compiler-derived gradient statement of one operand.");

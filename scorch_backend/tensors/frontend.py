@@ -275,6 +275,11 @@ def _split_cached(expression, names, shapes):
     return _C.split_compute(expression, list(names), [list(s) for s in shapes])
 
 
+@functools.lru_cache(maxsize=1024)
+def _split_einsum_cached(equation, shapes):
+    return _C.split_compute(equation, [], [list(s) for s in shapes], True)
+
+
 def _frozen(descs):
     return tuple((f, tuple(shape), nnz) for f, shape, nnz in descs)
 
@@ -426,6 +431,11 @@ def _einsum_python(equation: str, operands, out_format, choose: bool, executor_c
         _explain(equation, f"{'dense ATen' if dense else 'sparse kernel'} ({why})", None if dense else plan)
     if dense:
         return _run_dense(equation, ops_, plan, dtype)
+    if "." not in equation and len(ops_) >= 2:
+        # (as the executor: an index used by one factor only is summed over it first when the rest varies)
+        steps = _split_einsum_cached(equation, tuple(tuple(_concrete(d) for d in o.tensor.shape) for o in ops_))
+        if len(steps) > 1:
+            return _run_steps(equation, steps, ops_, plan["out_format"])  # (in the format planned)
     out = _run(plan, ops_, dtype, idx)
     if _debug_level() >= 1:
         log.drain()
@@ -511,9 +521,16 @@ def compute(expression: str, out_format=None, **operands):
             if result is not None:
                 return result
     ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
+    steps = _split_cached(expression, tuple(names), tuple(tuple(_concrete(d) for d in o.tensor.shape) for o in ops_))
+    return _run_steps(expression, steps, ops_, out_format)
+
+
+def _run_steps(what: str, steps, ops_: list, out_format):
+    """Runs a statement's steps (`_C.split_compute`), each step's result an operand of the later ones; the
+    last one's result is stored in `out_format`."""
+    ops_ = list(ops_)
     dtype = _result_dtype(ops_)
     f64 = _COMPUTE_DTYPES[dtype] == torch.float64
-    steps = _split_cached(expression, tuple(names), tuple(tuple(_concrete(d) for d in o.tensor.shape) for o in ops_))
     result = None
     for k, (text, global_ids) in enumerate(steps):
         step_ops = [ops_[g] for g in global_ids]
@@ -525,7 +542,7 @@ def compute(expression: str, out_format=None, **operands):
             rank = len(_C.plan_compute(text, local, descs, "strided", False, False)["out_shape"])
             out_text = _out_format_text(out_format, rank)
         plan = _plan_compute_cached(text, tuple(local), _frozen(descs), out_text, f64, idx == torch.int64)
-        _debug(expression if len(steps) == 1 else f"{expression}  [step {k + 1}/{len(steps)}: {text}]", plan)
+        _debug(what if len(steps) == 1 else f"{what}  [step {k + 1}/{len(steps)}: {text}]", plan)
         result = _run(plan, step_ops, dtype, idx)
         ops_.append(_Operand(result, isinstance(result, SparseTensor)))
     return result

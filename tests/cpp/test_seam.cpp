@@ -3,6 +3,7 @@
 // (runtime/settings.h). Nothing here compiles a kernel: the frame is checked as loop IR text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -321,6 +322,25 @@ TEST(SplitReductions, WholeRightSideIsOneStep) {
   // j is used in both terms: its scope is the whole sum.
   EXPECT_EQ(steps("y(i) = A(i,j) * x(j) + B(i,j)", kNames),
             (std::vector<StepText>{{"out(i0) = t0(i0,i1) * t1(i1) + t2(i0,i1)", {0, 2, 1}}}));
+}
+
+// An index used by one factor of a product whose other factors vary over indices of their own is summed over
+// that factor first; without such other indices the product stays one loop nest.
+TEST(SplitReductions, OneFactorsOwnIndexIsSummedOverIt) {
+  EXPECT_EQ(steps("y() = x(i) * b(j)", kNames),
+            (std::vector<StepText>{{"out() = t0(i0)", {2}}, {"out() = t0() * t1(i1)", {5, 3}}}));
+  EXPECT_EQ(steps("y(i) = A(i,j) * B(i,k)", kNames),
+            (std::vector<StepText>{{"out(i0) = t0(i0,i1)", {0}}, {"out(i0) = t0(i0) * t1(i0,i2)", {5, 1}}}));
+  EXPECT_EQ(steps("y() = A(i,j) * x(j)", kNames), (std::vector<StepText>{{"out() = t0(i0,i1) * t1(i1)", {0, 2}}}));
+  // With sizes: a temporary over more than kMaxFactorTemporary elements is not made.
+  const auto st = ir::parse_index_notation("y(j) = A(i,j) * b(k)", kNames);
+  std::vector<int64_t> sizes(st.var_names.size(), 5);
+  EXPECT_EQ(ir::split_reductions(st, sizes).size(), 3u);  // sum_i A, sum_k b, their product
+  const auto j = std::find(st.var_names.begin(), st.var_names.end(), "j") - st.var_names.begin();
+  sizes[static_cast<size_t>(j)] = ir::kMaxFactorTemporary + 1;
+  const auto big = ir::split_reductions(st, sizes);
+  ASSERT_EQ(big.size(), 2u);
+  EXPECT_EQ(big[0].operands, (std::vector<int>{3}));  // (b's sum only; A is read in the product)
 }
 
 TEST(SplitReductions, NestedScopes) {

@@ -121,3 +121,63 @@ def test_sum_of_many_vectors():
     names = {f"v{k}": sb.sparse(d, ["compressed"]) for k, d in enumerate(dense)}
     y = sb.compute("y(i) = " + " + ".join(f"{a}(i)" for a in names), **names)
     torch.testing.assert_close(y.to_dense(), sum(dense), rtol=1e-5, atol=1e-5)
+
+
+# --- products of many factors: an index used by one factor is summed over it first -------------------------------
+
+def steps_of(equation: str, *shapes) -> list:
+    return _C.split_compute(equation, [], [list(s) for s in shapes], True)
+
+
+def test_a_factor_s_own_index_is_summed_over_it_first():
+    # "a,b,c,d,e,f->" as one loop nest: |a| * ... * |f| multiply-adds (10^12 for six vectors of 1000 with a tenth
+    # stored, a call that never returned, helper-53); factor by factor, six sums and a product.
+    assert len(steps_of("a,b,c,d,e,f->", *[(1000,)] * 6)) == 6  # (the last sum goes with the product)
+    assert len(steps_of("ij,kl->il", (5, 6), (7, 8))) == 3
+    assert len(steps_of("ij,ik->i", (5, 6), (5, 8))) == 2
+    # Nothing else varies: one loop nest, as before.
+    for eq, shapes in [("ij,j->i", [(5, 6), (6,)]), ("ij,jk->ik", [(5, 6), (6, 7)]), ("ij,j->", [(5, 6), (6,)]),
+                       ("ij,ij->", [(5, 6), (5, 6)]), ("ij->i", [(5, 6)]), ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 6)])]:
+        assert len(steps_of(eq, *shapes)) == 1, eq
+    # A temporary over 2^30 elements (a hypersparse operand's dense column sums) is not made.
+    steps = steps_of("ij,kl->jl", (2**30, 2**30), (3, 3))
+    assert [ops for _, ops in steps] == [[1], [0, 2]], steps  # (only the small factor summed first)
+    assert len(_C.split_compute("s = a(i) * b(j) * c(k)", ["a", "b", "c"], [[100], [100], [100]])) == 3
+
+
+@pytest.mark.parametrize("scorch_dispatch", ["sparse", "auto"], indirect=True)
+@pytest.mark.parametrize("fmt", ["coo", "strided"])
+def test_products_of_many_factors_match_torch(scorch_dispatch, fmt):
+    factors = [random_sparse((1000,), 0.1, seed) for seed in range(6)]
+    ops = [sb.sparse(f, fmt) if fmt != "strided" else f for f in factors]
+    got = sb.einsum("a,b,c,d,e,f->", *ops)
+    torch.testing.assert_close(got, torch.einsum("a,b,c,d,e,f->", *factors), rtol=1e-4, atol=0)
+    A, B = random_sparse((40, 30), 0.2, 7), random_sparse((20, 50), 0.2, 8)
+    for eq, mats in [("ij,kl->il", (A, B)), ("ij,kl->jk", (A, B)), ("ij,ik->i", (A, random_sparse((40, 9), 0.3, 9)))]:
+        got = sb.einsum(eq, *[sb.sparse(m, "csr") for m in mats])  # (stored as the plan says: csr for 2-D)
+        got = got.to_dense() if isinstance(got, sb.SparseTensor) else got
+        torch.testing.assert_close(got, torch.einsum(eq, *mats), rtol=1e-5, atol=1e-5)
+        got = sb.einsum(eq, *[sb.sparse(m, "csr") for m in mats], out_format="coo")
+        torch.testing.assert_close(got.to_dense(), torch.einsum(eq, *mats), rtol=1e-5, atol=1e-5)
+    vecs = {n: random_sparse((100,), 0.5, k) for k, n in enumerate("pqrstu")}
+    got = sb.compute("s = " + " * ".join(f"{n}(i{k})" for k, n in enumerate(vecs)), **vecs)
+    want = torch.stack([v.sum() for v in vecs.values()]).prod()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=0)
+
+
+def test_gradients_through_the_steps():
+    A = random_sparse((8, 6), 0.5, 1).double()
+    B = random_sparse((5, 7), 0.5, 2).double()
+    sa, sbb = sb.sparse(A, "csr"), sb.sparse(B, "csr")
+    sa.requires_grad_(True)
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    out = sb.einsum("ij,kl,l->i", sa, sbb, x)
+    ref_x = x.detach().clone().requires_grad_(True)
+    Ad = A.clone().requires_grad_(True)
+    ref = torch.einsum("ij,kl,l->i", Ad, B, ref_x)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn(8, dtype=torch.float64)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad)
+    torch.testing.assert_close(sa.grad.to_dense(), Ad.grad * (A != 0))
