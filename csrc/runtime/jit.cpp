@@ -259,8 +259,15 @@ class KeyLock {
                                 "it, or use another cache (SCORCH_CACHE_DIR)",
                                 path, waited));
       }
+      try {
+        check_interrupt();  // (Ctrl-C while another process compiles, or is stopped holding the lock)
+      } catch (...) {
+        forget_held_lock(fd_);
+        ::close(fd_);
+        throw;
+      }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(200));
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
     }
   }
   ~KeyLock() {
@@ -287,7 +294,13 @@ std::string compile_into_cache(const std::string& source, const std::vector<std:
                                double timeout) {
   write_atomically(source_path, source);
   std::string output;
-  const int rc = run_program(cmd_for_tmp, output, timeout);
+  int rc = 0;
+  try {
+    rc = run_program(cmd_for_tmp, output, timeout);
+  } catch (...) {  // interrupted: the compiler was stopped; what it wrote goes
+    ::unlink(tmp_lib.c_str());
+    throw;
+  }
   if (rc != 0) {
     ::unlink(tmp_lib.c_str());
     if (rc == -2)

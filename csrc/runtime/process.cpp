@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -27,6 +29,16 @@ namespace scorch {
 namespace {
 constexpr size_t kMaxChildOutput = size_t{1} << 20;  // bytes of a child's output kept
 }  // namespace
+
+namespace {
+std::atomic<InterruptCheck> g_interrupt_check{nullptr};
+}  // namespace
+
+void set_interrupt_check(InterruptCheck check) { g_interrupt_check.store(check); }
+
+void check_interrupt() {
+  if (InterruptCheck check = g_interrupt_check.load()) check();
+}
 
 std::vector<std::string> compiler_command() {
   const char* cxx = std::getenv("CXX");
@@ -141,7 +153,28 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
   // compiler that leaves a process behind holding the pipe (a compiler cache's server, `(sleep 30 &)` in a
   // wrapper) made the compile last as long as that process, or fail as timed out after it had succeeded
   // (helper-55). The child's exit is checked every 50 ms.
+  // Stops the child's group: SIGTERM first, so a compiler driver removes its temporary files (a SIGKILLed one
+  // left its .s and .o files in TMPDIR, helper-61), then SIGKILL to whatever is left after a second.
+  auto stop = [&] {
+    ::kill(-pid, SIGTERM);
+    ::kill(pid, SIGTERM);
+    for (int k = 0; k < 100 && !exited; ++k) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) exited = true;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(-pid, SIGKILL);
+    if (!exited) ::kill(pid, SIGKILL);
+  };
   for (;;) {
+    try {
+      check_interrupt();
+    } catch (...) {  // the caller is told after the compiler is stopped and reaped
+      ::close(fds[0]);
+      stop();
+      while (!exited && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      throw;
+    }
     if (!exited) {
       const pid_t r = ::waitpid(pid, &status, WNOHANG);
       if (r == pid) {
@@ -177,10 +210,7 @@ int run_program(const std::vector<std::string>& argv, std::string& output, doubl
     }
   }
   ::close(fds[0]);
-  if (timed_out) {
-    ::kill(-pid, SIGKILL);
-    ::kill(pid, SIGKILL);
-  }
+  if (timed_out) stop();
   while (!exited && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) return -2;

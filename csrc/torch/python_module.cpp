@@ -24,6 +24,7 @@
 #include "region_kernels.h"
 #include "region_compress.h"
 #include "log_queue.h"
+#include "python_signals.h"
 #include "tensor_version.h"
 #include "lower/kernel_spec.h"
 #include "runtime/settings.h"
@@ -39,6 +40,7 @@
 #include "runtime/byte_hash.h"
 #include "runtime/fma_probe.h"
 #include "runtime/jit.h"
+#include "runtime/process.h"
 #include "runtime/target.h"
 
 namespace py = pybind11;
@@ -461,6 +463,7 @@ py::dict bundle_dict(const scorch::BundleInfo& b) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Scorch native module";
+  scorch::set_interrupt_check(&glue::python_signals::check);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

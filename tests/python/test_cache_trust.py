@@ -442,3 +442,64 @@ def test_a_relative_cache_directory_is_not_taken_for_an_option(tmp_path):
     result = finish(proc, proc.stdout, proc.stderr)
     assert result["y"] == EXPECTED and result["compiled"], result
     assert pathlib.Path(result["library"]).is_absolute() and (tmp_path / "-x").is_dir()
+
+
+# A process waiting on a compile is told of Ctrl-C: the loops run without the GIL, and Python's handler for
+# SIGINT ran only when a compile (up to 300 s) or the wait for another process's lock (up to 610 s) ended
+# (helper-61).
+INTERRUPTED_CHILD = r"""
+import time, torch, scorch_backend as sb
+A = sb.sparse(torch.tensor([[1., 0, 2], [0, 0, 0], [0, 3, 0]]), "csr")
+x = torch.tensor([1., 2, 3])
+print("ready", flush=True)
+try:
+    sb.einsum("ij,j->i", A, x)
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def interrupt_child(cache: pathlib.Path, **extra: str) -> str:
+    """Starts INTERRUPTED_CHILD, sends SIGINT 1.5 s after it is ready, and returns what it printed."""
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_CHILD], env=child_env(cache, **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def test_ctrl_c_stops_a_long_compile(tmp_path):
+    cache = tmp_path / "cache"
+    started = time.monotonic()
+    out = interrupt_child(cache, CXX=compiler_script(tmp_path, "sleep 120"))
+    assert out.split() == ["interrupted"], out
+    assert time.monotonic() - started < 60
+    assert leftovers(cache) == [] and not list(cache.glob("*.so"))
+    assert run_child(cache)["y"] == EXPECTED  # the next process builds the kernel
+
+
+def test_ctrl_c_stops_a_wait_for_another_process_s_lock(built):
+    cache, first = built
+    pathlib.Path(first["library"]).write_bytes(b"")  # damaged: the child must take the lock to rebuild it
+    with open(cache / (key_of(first) + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = interrupt_child(cache)  # (the default timeout: the wait would end after 610 s)
+    assert out.split() == ["interrupted"], out
+    assert run_child(cache)["y"] == EXPECTED
+
+
+def test_a_timed_out_compile_leaves_no_compiler_temporaries(tmp_path):
+    # The compiler is sent SIGTERM before SIGKILL: a driver killed outright left its .s and .o files in TMPDIR.
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    tmp.mkdir()
+    failed = run_child(cache, SCORCH_COMPILE_TIMEOUT="0.2", TMPDIR=str(tmp))
+    assert failed.get("error") == "RuntimeError" and "timed out" in failed["message"], failed
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("cc")] == []
