@@ -112,7 +112,8 @@ def _add_like(sign):
                 and _shares_pattern(x, y)):
             # The same pattern (gradients of one leaf, say): the values add position by position. A merge would
             # also be right for unique formats, but it sums the duplicates of a non-unique one into every copy:
-            # a leaf used twice then got twice its gradient.
+            # a leaf used twice then got twice its gradient. (The shared buffers are checked: no kernel reads them.)
+            x.check_unchanged()
             values = x.stored_values + (sign * alpha) * y.stored_values
             return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
         idx = ",".join(_LETTERS[: x.dim()])
@@ -167,7 +168,7 @@ def _add_inplace(x, y, *, alpha=1):
     for name, b in out.level_buffers.items():
         setattr(x, name, b)
     x._values = out.stored_values
-    x._checked_versions = x._buffer_versions()
+    x._pattern_changed()
     return x
 
 
@@ -190,7 +191,7 @@ def _copy_into(x, src, non_blocking=False):  # noqa: ARG001
     for name, b in zip(src._buffer_names, src._buffer_list()):
         setattr(x, name, b.clone())
     x._values = src._values.to(x.dtype, copy=True)
-    x._checked_versions = x._buffer_versions()
+    x._pattern_changed()
     return x
 
 

@@ -144,9 +144,19 @@ class SparseTensor(torch.Tensor):
             self._projecting = True
             # (the pattern, not the tensor: torch.utils.swap_tensors refuses a tensor with weak references and
             # moves the hook with the tensor's data, away from the Python object)
-            pattern = SparseTensor(self._format, self.shape, self._buffer_list(), self._values.detach(),
-                                   validate=False)
-            self.register_hook(functools.partial(_onto_pattern, pattern))
+            holder = [SparseTensor(self._format, self.shape, self._buffer_list(), self._values.detach(),
+                                   validate=False)]
+            self._grad_pattern = holder
+            self.register_hook(functools.partial(_onto_held_pattern, holder))
+
+    def _pattern_changed(self) -> None:
+        """Called by rules that give this tensor new buffers in place (copy_, add_): the gradient hook of a
+        leaf then projects onto the new pattern."""
+        self._checked_versions = self._buffer_versions()
+        holder = getattr(self, "_grad_pattern", None)
+        if holder is not None:
+            holder[0] = SparseTensor(self._format, self.shape, self._buffer_list(), self._values.detach(),
+                                     validate=False)
 
     def _buffer_versions(self):
         """The buffers' version counters; -1 for a buffer that has none (an inference tensor, made under
@@ -345,6 +355,10 @@ def _values_on(pattern: "SparseTensor", grad: torch.Tensor) -> torch.Tensor:
     return grad[tuple(pattern.coordinates())].reshape(pattern._values.shape)
 
 
+def _onto_held_pattern(holder, grad):
+    return _onto_pattern(holder[0], grad)
+
+
 def _onto_pattern(x, grad):
     if isinstance(grad, SparseTensor) and _shares_pattern(grad, x):
         return grad
@@ -375,7 +389,8 @@ def _mutated_sparse_argument(func, args, kwargs) -> str | None:
         if a.alias_info is None or not a.alias_info.is_write:
             continue
         value = args[k] if k < len(args) else kwargs.get(a.name)
-        if isinstance(value, SparseTensor):
+        if isinstance(value, SparseTensor) or (
+                isinstance(value, (list, tuple)) and any(isinstance(v, SparseTensor) for v in value)):
             return a.name
     return None
 
@@ -423,8 +438,25 @@ def _rule(*funcs):
 
 def rebuild_sparse_tensor(canonical: str, ndim: int, shape, buffers, values, requires_grad: bool):
     """Unpickling (torch.load, copy): the SparseTensor again, its buffers validated (a file is only data)."""
-    out = SparseTensor(Format(canonical, ndim), shape, buffers, values)
+    if _legacy_load_in_progress():
+        # torch's legacy (non-zipfile) loader fills the storages only after unpickling: what is read here is
+        # not the file's data yet (a check of it failed at random, helper-64). Built unchecked, with versions
+        # no buffer has, so the first use checks the buffers (SparseTensor.check_unchanged, the C++ side).
+        out = SparseTensor(Format(canonical, ndim), shape, buffers, values, validate=False)
+        out._checked_versions = tuple(-2 for _ in out._buffer_names)
+    else:
+        out = SparseTensor(Format(canonical, ndim), shape, buffers, values)
     return out.requires_grad_() if requires_grad else out
+
+
+def _legacy_load_in_progress() -> bool:
+    """Whether torch.load's legacy (non-zipfile) loader is unpickling this (its frame is on the stack)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "_legacy_load" and f.f_globals.get("__name__") == "torch.serialization":
+            return True
+        f = f.f_back
+    return False
 
 
 def _reduce_ex(x, proto):
@@ -440,7 +472,32 @@ torch.serialization.add_safe_globals([rebuild_sparse_tensor])  # it validates wh
 
 
 # Torch functions a SparseTensor answers above autograd (pattern_ops.py adds the torch.sparse accessors).
-_TORCH_FUNCTION_RULES = {torch.Tensor.__reduce_ex__: _reduce_ex}
+def _set_data(x, src):
+    """`x.data = src` (vector_to_parameters, prune.remove): torch would swap the wrapper's impl and leave the
+    buffers and values held in Python alone, silently. Take src's pattern and values in x's format, as copy_."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    if not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(x.shape) or src.dtype != x.dtype:
+        raise NotImplementedError(
+            f"scorch: `.data =` on a SparseTensor takes a tensor of the same shape {tuple(x.shape)} and dtype "
+            f"{x.dtype}, got {type(src).__name__} {tuple(getattr(src, 'shape', ()))} "
+            f"{getattr(src, 'dtype', None)}; assign a new Parameter instead")
+    with torch.no_grad():
+        torch.ops.aten.copy_.default(x, src.detach())
+
+
+def _share_memory(x):
+    """Tensor.share_memory_(): torch's own reads the wrapper's (absent) storage and crashes (SIGSEGV)."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    for b in x._buffer_list():
+        b.share_memory_()
+    x._values.share_memory_()
+    return x
+
+
+_TORCH_FUNCTION_RULES = {torch.Tensor.__reduce_ex__: _reduce_ex, torch.Tensor.data.__set__: _set_data,
+                         torch.Tensor.share_memory_: _share_memory}
 
 
 # --- checks and conversions between formats (the methods above; convert.py builds SparseTensors from other
@@ -541,6 +598,7 @@ def to_format(x: SparseTensor, format: FormatLike, *, mode_order=None, blocksize
 
 def to_torch(x: SparseTensor, layout=torch.sparse_coo, *, blocksize=None) -> torch.Tensor:
     """The same tensor as a torch.sparse tensor (COO, CSR, CSC, BSR) or a dense one (torch.strided)."""
+    x.check_unchanged()  # (torch's tensors are made unchecked: its kernels trust their indices as Scorch's do)
     if layout == torch.strided:
         return x.to_dense()
     if layout == torch.sparse_coo:
@@ -570,6 +628,7 @@ def to_torch(x: SparseTensor, layout=torch.sparse_coo, *, blocksize=None) -> tor
 
 def to_scipy(x: SparseTensor):
     """A scipy.sparse array: csr/csc/bsr when x is in that format, else COO."""
+    x.check_unchanged()
     import scipy.sparse as sp
 
     if x.dim() != 2:
