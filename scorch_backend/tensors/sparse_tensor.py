@@ -196,6 +196,12 @@ class SparseTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if torch.compiler.is_exporting():
+            # Strict export captured the values as a fake constant and the exported program returned a fake
+            # tensor (helper-63); non-strict export fails inside torch.sparse. Neither is a program to deploy.
+            raise NotImplementedError(
+                "scorch: torch.export of a model holding SparseTensors is not supported; export the model that "
+                "scorch_backend.jit.rewrite makes of it (its sparse weights are packed buffers; docs/deploy.md)")
         # (torch.einsum is decomposed before __torch_dispatch__: rules.py catches it here, whole)
         special = _TORCH_FUNCTION_RULES.get(func)
         if special is not None:
@@ -215,7 +221,7 @@ class SparseTensor(torch.Tensor):
         The tensor's storage is a wrapper (strided to torch's C++ core). While torch.compile works (Dynamo's
         checks, fake tensors, AOTAutograd, Inductor) the property says so, except to the record Dynamo keeps
         of what traced code sees, so a model traced by torch.compile reads the same layout as in eager mode."""
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # (export: its fakes, its raise below)
             code = _dynamo_specialize_code()
             if code is None or sys._getframe(1).f_code is not code:
                 return torch.strided

@@ -116,3 +116,26 @@ def test_a_legacy_file_with_bad_indices_is_refused_at_first_use():
         B = torch.load(io.BytesIO(bytes(raw)), weights_only=False)
         with pytest.raises(ValueError, match="out of range"):
             use(B)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csf"])
+def test_torch_export_of_a_model_holding_sparse_tensors_raises(strict, fmt):
+    # Strict export captured the values as a fake constant: the exported program returned a fake tensor, no
+    # error (helper-63). What exports is the model jit.rewrite makes (tests/python/test_deploy*.py).
+    W = torch.randn(8, 6) * (torch.rand(8, 6) < 0.3)
+    if fmt == "csf":
+        W = W.reshape(2, 4, 6)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("W", sb.sparse(W, fmt))
+
+        def forward(self, x):
+            return sb.einsum("...j,jk->...k", self.W, x) if fmt == "csf" else self.W @ x
+
+    with pytest.raises(Exception) as raised:
+        torch.export.export(M(), (torch.randn(6, 4),), strict=strict)
+    if fmt != "csr" and not strict:
+        assert "jit.rewrite" in str(raised.value)
