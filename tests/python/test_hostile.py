@@ -287,6 +287,14 @@ assert torch.equal(C.stored_values, torch.tensor([3.0, 3.0])), C.stored_values
 B = mk((2**61, 2), [0, 7], [0, 1])
 assert torch.equal(sb.einsum("ij,ik->jk", B, B).to_dense(), torch.tensor([[1.0, 0], [0, 4]]))
 """, env={"SCORCH_DISPATCH": "auto"}),
+    # A sparse result's dense workspace over a 2^50 extent does not fit; the message named only the result
+    # (3 entries here), not the workspace (helper-60).
+    "huge_workspace_is_named": case("""
+K = 2**50
+C = sb.from_coordinates(torch.tensor([[0, 5, K - 1], [1, 0, 1]]), torch.tensor([1.0, 2.0, 3.0]), (K, 2), "dcsc",
+                        index_dtype=torch.int64)
+sb.einsum("ij->i", C, out_format="coo")
+""", MemoryError, r"dense workspace it keeps per thread over the output's last index \(1125899906842624 entries"),
     "element_count_past_int64_refused": case("""
 n = 2**40
 sb.from_coordinates(torch.tensor([[0, n - 1], [n - 1, 0]]), torch.tensor([1.0, 2.0]), (n, n), "coo",
