@@ -172,6 +172,59 @@ def _add_inplace(x, y, *, alpha=1):
     return x
 
 
+# --- in place on the stored values: what training utilities do to gradients ----------------------------------
+# clip_grad_norm_ scales each gradient (mul_ by a 0-d tensor), clip_grad_value_ clamps it, zero_grad(set_to_none=
+# False) zeroes it, each in place: on a SparseTensor they act on its stored values, which gives the dense result
+# wherever the unstored zeros stay zero (a clamp whose range excludes zero would make them nonzero: not here).
+def _scalar(v) -> bool:
+    return not isinstance(v, torch.Tensor) or (v.dim() == 0 and not isinstance(v, SparseTensor))
+
+
+@_rule(aten.mul_.Tensor)
+@_rule(aten.mul_.Scalar)
+def _mul_inplace(x, other):
+    if not isinstance(x, SparseTensor) or not _scalar(other):
+        return NotImplemented
+    x._values.mul_(other)
+    return x
+
+
+@_rule(aten.zero_.default)
+def _zero_inplace(x):
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    x._values.zero_()
+    return x
+
+
+@_rule(aten.clamp_.default)
+def _clamp_inplace(x, min=None, max=None):  # noqa: A002 - aten's argument names
+    if not isinstance(x, SparseTensor) or (min is not None and min > 0) or (max is not None and max < 0):
+        return NotImplemented
+    x._values.clamp_(min, max)
+    return x
+
+
+def _each(single):
+    """A foreach op over a list: the single-tensor op on each (a SparseTensor's by the rules above)."""
+    def apply(tensors, *args):
+        if not any(isinstance(t, SparseTensor) for t in tensors):
+            return NotImplemented
+        per = [args[0]] * len(tensors) if args and not isinstance(args[0], (list, tuple)) else (args[0] if args else [None] * len(tensors))
+        for t, a in zip(tensors, per):
+            single(t) if a is None else single(t, a)
+        return None
+    return apply
+
+
+_rule(aten._foreach_mul_.Scalar)(_each(aten.mul_.Scalar))
+_rule(aten._foreach_mul_.Tensor)(_each(aten.mul_.Tensor))
+_rule(aten._foreach_mul_.ScalarList)(_each(aten.mul_.Scalar))
+_rule(aten._foreach_zero_.default)(_each(aten.zero_.default))
+_rule(aten._foreach_clamp_min_.Scalar)(_each(lambda t, v: aten.clamp_.default(t, v, None)))
+_rule(aten._foreach_clamp_max_.Scalar)(_each(lambda t, v: aten.clamp_.default(t, None, v)))
+
+
 # --- copy_ into a SparseTensor ---------------------------------------------------------------------------
 @_rule(aten.copy_.default)
 def _copy_into(x, src, non_blocking=False):  # noqa: ARG001

@@ -67,15 +67,51 @@ def test_prune_remove_keeps_the_pruned_weight():
 def test_foreach_updates_raise_instead_of_doing_nothing():
     A = sb.sparse(D, "csr")
     with pytest.raises(NotImplementedError, match="would write into a SparseTensor"):
-        torch._foreach_mul_([A], 3.0)
+        torch._foreach_add_([A], [torch.ones(3, 3)])
+    dense = torch.ones(2)
+    torch._foreach_mul_([A, dense], 3.0)  # (scaling keeps the pattern: done on the stored values)
+    assert torch.equal(A.to_dense(), 3 * D) and torch.equal(dense, torch.full((2,), 3.0))
     p = torch.nn.Parameter(sb.sparse(D, "csr"))
     p.grad = sb.sparse(D, "csr")
     with pytest.raises(NotImplementedError):
         torch.optim.SGD([p], lr=0.1, foreach=True).step()
-    with pytest.raises(NotImplementedError):
-        torch.nn.utils.clip_grad_norm_([p], 0.1, foreach=True)
     torch.optim.SGD([p], lr=0.5, foreach=False).step()  # the per-tensor path works
     assert torch.equal(p.to_dense(), D * 0.5)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("fmt", ["csr", "nm(2,4)", "bitmap"])
+def test_gradient_clipping_and_zeroing_act_on_the_stored_values(fmt, foreach):
+    # clip_grad_norm_ scales gradients in place, clip_grad_value_ clamps them, zero_grad(set_to_none=False)
+    # zeroes them: each raised the generic in-place error on a SparseTensor gradient (helper-64).
+    torch.manual_seed(0)
+    w = torch.randn(4, 8) * torch.tensor([1.0, 0, 1, 0] * 8).reshape(4, 8)
+    x, b = torch.randn(3, 8), torch.randn(4)
+
+    def model(sparse):
+        lin = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        if sparse:
+            lin.weight = torch.nn.Parameter(sb.sparse(w, fmt))
+        (lin(x) ** 2).sum().backward()
+        if not sparse:
+            lin.weight.grad *= (w != 0)  # the sparse weight's gradient lives on its pattern
+        return lin
+
+    for clip in (lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5, foreach=foreach),
+                 lambda m: torch.nn.utils.clip_grad_value_(m.parameters(), 0.05, foreach=foreach)):
+        dense, sparse = model(False), model(True)
+        clip(dense)
+        clip(sparse)
+        torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
+        torch.testing.assert_close(sparse.bias.grad, dense.bias.grad)
+    sparse.zero_grad(set_to_none=False)
+    assert not sparse.weight.grad.to_dense().any() and isinstance(sparse.weight.grad, sb.SparseTensor)
+    g = sb.sparse(w, fmt)
+    with pytest.raises(NotImplementedError, match="would write into a SparseTensor"):
+        g.clamp_(min=0.1)  # (the unstored zeros would become 0.1)
 
 
 def test_a_state_dict_with_another_pattern_moves_the_gradient_with_it():
