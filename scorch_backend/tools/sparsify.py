@@ -35,6 +35,11 @@ NameFilter = Union[str, Callable[[str], bool], Iterable[Union[str, Callable[[str
 def _check_weight(w, what: str = "w") -> torch.Tensor:
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(w).__name__}")
+    from ..tensors.sparse_tensor import SparseTensor  # (tools sit above tensors: imported where used)
+
+    if isinstance(w, SparseTensor):  # (an n:m or bitmap one reads as strided)
+        raise TypeError(f"{what} must be a dense (strided) tensor, got a SparseTensor in format {w.format.name}: "
+                        "prune its dense form (w.to_dense()) and store the result sparse again")
     if w.layout != torch.strided:
         raise TypeError(f"{what} must be a dense (strided) tensor, got layout {w.layout}")
     if not (w.is_floating_point() or w.is_complex()):

@@ -1,6 +1,7 @@
 """Sparsifiers: exact keep counts, the n:m and block properties, tie-breaking, prune() on models, errors."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -172,6 +173,17 @@ def test_non_float_and_non_tensor_inputs():
         sp.threshold_mask([1.0, 2.0], 0.5)
     with pytest.raises(TypeError):
         sp.magnitude_mask(torch.ones(4), "0.5")
+
+
+@pytest.mark.parametrize("fmt", ["csr", "nm(2,4)", "bitmap"])
+def test_an_already_sparse_weight_is_named(fmt):
+    # n:m and bitmap SparseTensors read as strided: their pruning ended in a generic in-place error (helper-64).
+    import scorch_backend as sb
+
+    lin = torch.nn.Linear(8, 4)
+    lin.weight = torch.nn.Parameter(sb.sparse(sp.nm_mask(lin.weight.detach(), 2, 4) * lin.weight.detach(), fmt))
+    with pytest.raises(TypeError, match=f"got a SparseTensor in format {re.escape(fmt)}.*prune its dense form"):
+        sb.prune(lin, "magnitude", 0.9)
 
 
 # -------------------------------------------------------------------------------------------------- prune
