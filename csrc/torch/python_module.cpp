@@ -40,7 +40,6 @@
 #include "runtime/byte_hash.h"
 #include "runtime/fma_probe.h"
 #include "runtime/jit.h"
-#include "runtime/process.h"
 #include "runtime/target.h"
 
 namespace py = pybind11;
@@ -180,7 +179,7 @@ void compile_kernels(const std::vector<std::string>& specs, int workers) {
 }
 
 py::dict kernel_info(const std::string& spec) {
-  const auto k = scorch::get_kernel(spec);
+  const auto k = [&] { py::gil_scoped_release release; return scorch::get_kernel(spec); }();  // (may compile)
   py::dict d;
   d["spec"] = k->spec;
   d["statement"] = k->statement;
@@ -463,7 +462,7 @@ py::dict bundle_dict(const scorch::BundleInfo& b) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Scorch native module";
-  scorch::set_interrupt_check(&glue::python_signals::check);
+  glue::python_signals::install();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -502,7 +501,7 @@ PYBIND11_MODULE(_C, m) {
                           const std::vector<int64_t>& sizes, int64_t threads, int repeats, int warmup, bool mean) {
           return glue::time_kernel(spec, inputs, sizes, threads, repeats, warmup, mean);
         }, py::arg("spec"), py::arg("inputs"), py::arg("sizes"), py::arg("threads"), py::arg("repeats") = 200,
-        py::arg("warmup") = 3, py::arg("mean") = false,
+        py::arg("warmup") = 3, py::arg("mean") = false, py::call_guard<py::gil_scoped_release>(),
         "Seconds per call of a kernel alone, median (or with mean=True mean) over `repeats` calls after `warmup` "
         "(a benchmark tool; dense outputs only).");
   m.def("values_at", [](py::object sparse, const at::Tensor& coords) -> py::object {

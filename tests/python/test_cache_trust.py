@@ -503,3 +503,31 @@ def test_a_timed_out_compile_leaves_no_compiler_temporaries(tmp_path):
     failed = run_child(cache, SCORCH_COMPILE_TIMEOUT="0.2", TMPDIR=str(tmp))
     assert failed.get("error") == "RuntimeError" and "timed out" in failed["message"], failed
     assert [p.name for p in tmp.iterdir() if p.name.startswith("cc")] == []
+
+
+def test_a_thread_waiting_for_the_kernel_the_main_thread_compiles_does_not_deadlock(tmp_path):
+    # While the main thread compiles (holding the key's lock) it takes the GIL every 50-100 ms to run Python's
+    # signal handlers; a thread that waited for that lock holding the GIL (kernel_info did not release it) would
+    # have deadlocked the two.
+    code = r"""
+import threading, time, torch, scorch_backend as sb
+A = sb.sparse(torch.tensor([[1., 0, 2], [0, 0, 0], [0, 3, 0]]), "csr")
+x = torch.tensor([1., 2, 3])
+spec = sb.plan_einsum("ij,j->i", A, x)["spec"]
+seen = {}
+def other():
+    time.sleep(1.0)  # (the main thread is compiling by then)
+    seen["info"] = sb.kernel_info(spec)["spec"] == spec
+t = threading.Thread(target=other)
+t.start()
+y = sb.einsum("ij,j->i", A, x)
+t.join()
+print("done", y.tolist(), seen["info"])
+"""
+    env = child_env(tmp_path / "cache", CXX=compiler_script(tmp_path, "sleep 4"))
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the two threads did not finish in 120 s (a 4 s compile): deadlocked")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "done [7.0, 0.0, 6.0] True", proc.stdout
