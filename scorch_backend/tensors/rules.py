@@ -210,9 +210,13 @@ def _each(single):
     def apply(tensors, *args):
         if not any(isinstance(t, SparseTensor) for t in tensors):
             return NotImplemented
-        per = [args[0]] * len(tensors) if args and not isinstance(args[0], (list, tuple)) else (args[0] if args else [None] * len(tensors))
-        for t, a in zip(tensors, per):
-            single(t) if a is None else single(t, a)
+        if not args:  # (zero_)
+            for t in tensors:
+                single(t)
+            return None
+        each = args[0] if isinstance(args[0], (list, tuple)) else [args[0]] * len(tensors)
+        for t, a in zip(tensors, each):
+            single(t, a)
         return None
     return apply
 
