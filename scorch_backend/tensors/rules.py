@@ -229,6 +229,35 @@ _rule(aten._foreach_clamp_min_.Scalar)(_each(lambda t, v: aten.clamp_.default(t,
 _rule(aten._foreach_clamp_max_.Scalar)(_each(lambda t, v: aten.clamp_.default(t, None, v)))
 
 
+# --- `.data =` and share_memory_ (torch functions, caught above autograd) -------------------------------------
+def _set_data(x, src):
+    """`x.data = src` (vector_to_parameters, prune.remove): torch would swap the wrapper's impl and leave the
+    buffers and values held in Python alone, silently. Take src's pattern and values in x's format, as copy_."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    if not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(x.shape) or src.dtype != x.dtype:
+        raise NotImplementedError(
+            f"scorch: `.data =` on a SparseTensor takes a tensor of the same shape {tuple(x.shape)} and dtype "
+            f"{x.dtype}, got {type(src).__name__} {tuple(getattr(src, 'shape', ()))} "
+            f"{getattr(src, 'dtype', None)}; assign a new Parameter instead")
+    with torch.no_grad():
+        torch.ops.aten.copy_.default(x, src.detach())
+
+
+def _share_memory(x):
+    """Tensor.share_memory_(): torch's own reads the wrapper's (absent) storage and crashes (SIGSEGV)."""
+    if not isinstance(x, SparseTensor):
+        return NotImplemented
+    for b in x._buffer_list():
+        b.share_memory_()
+    x._values.share_memory_()
+    return x
+
+
+_TORCH_FUNCTION_RULES[torch.Tensor.data.__set__] = _set_data
+_TORCH_FUNCTION_RULES[torch.Tensor.share_memory_] = _share_memory
+
+
 # --- copy_ into a SparseTensor ---------------------------------------------------------------------------
 @_rule(aten.copy_.default)
 def _copy_into(x, src, non_blocking=False):  # noqa: ARG001

@@ -477,33 +477,9 @@ def _reduce_ex(x, proto):
 torch.serialization.add_safe_globals([rebuild_sparse_tensor])  # it validates what it reads
 
 
-# Torch functions a SparseTensor answers above autograd (pattern_ops.py adds the torch.sparse accessors).
-def _set_data(x, src):
-    """`x.data = src` (vector_to_parameters, prune.remove): torch would swap the wrapper's impl and leave the
-    buffers and values held in Python alone, silently. Take src's pattern and values in x's format, as copy_."""
-    if not isinstance(x, SparseTensor):
-        return NotImplemented
-    if not isinstance(src, torch.Tensor) or tuple(src.shape) != tuple(x.shape) or src.dtype != x.dtype:
-        raise NotImplementedError(
-            f"scorch: `.data =` on a SparseTensor takes a tensor of the same shape {tuple(x.shape)} and dtype "
-            f"{x.dtype}, got {type(src).__name__} {tuple(getattr(src, 'shape', ()))} "
-            f"{getattr(src, 'dtype', None)}; assign a new Parameter instead")
-    with torch.no_grad():
-        torch.ops.aten.copy_.default(x, src.detach())
-
-
-def _share_memory(x):
-    """Tensor.share_memory_(): torch's own reads the wrapper's (absent) storage and crashes (SIGSEGV)."""
-    if not isinstance(x, SparseTensor):
-        return NotImplemented
-    for b in x._buffer_list():
-        b.share_memory_()
-    x._values.share_memory_()
-    return x
-
-
-_TORCH_FUNCTION_RULES = {torch.Tensor.__reduce_ex__: _reduce_ex, torch.Tensor.data.__set__: _set_data,
-                         torch.Tensor.share_memory_: _share_memory}
+# Torch functions a SparseTensor answers above autograd (pattern_ops.py adds the torch.sparse accessors,
+# rules.py `.data =` and share_memory_).
+_TORCH_FUNCTION_RULES = {torch.Tensor.__reduce_ex__: _reduce_ex}
 
 
 # --- checks and conversions between formats (the methods above; convert.py builds SparseTensors from other
