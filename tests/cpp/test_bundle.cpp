@@ -41,7 +41,7 @@ void write_all(const std::string& path, const std::string& bytes) {
 class Bundle : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::string(::testing::TempDir()) + "/scorch-bundle-test-" + std::to_string(::getpid());
+    dir_ = test::scratch_dir("bundle-test");
     setenv("SCORCH_CACHE_DIR", (dir_ + "/cache").c_str(), 1);
     path_ = dir_ + ".kernels";
   }

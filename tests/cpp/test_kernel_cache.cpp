@@ -35,13 +35,7 @@ using test::read_all;
 
 
 // A scratch directory of one test: its kernel cache and any compiler script.
-std::string fresh_dir(const std::string& name) {
-  std::string d = ::testing::TempDir();
-  if (!d.empty() && d.back() == '/') d.pop_back();  // readlink() gives paths without "//"
-  d += "/scorch-jit-" + name + "-" + std::to_string(::getpid());
-  EXPECT_EQ(std::system(("rm -rf '" + d + "' && mkdir -p '" + d + "'").c_str()), 0);
-  return d;
-}
+std::string fresh_dir(const std::string& name) { return test::scratch_dir("jit-" + name); }
 
 std::vector<std::string> files_in(const std::string& dir) {
   std::vector<std::string> out;

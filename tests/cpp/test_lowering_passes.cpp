@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "golden_corpus.h"
+#include "test_util.h"
 #include "lower/kernel_spec.h"
 #include "lower/pipeline.h"
 #include "lower/schedule.h"
@@ -253,7 +254,7 @@ TEST(LoweringPasses, NativeFormsComeOutWholeAndTheOtherPassesLeaveThem) {
 }
 
 TEST(LoweringPasses, DumpsOneFilePerPassNamedByKernelAndNumber) {
-  const std::string dir = ::testing::TempDir() + "/scorch-pass-dumps-" + std::to_string(::getpid());
+  const std::string dir = test::scratch_dir("pass-dumps");
   const KernelSpec spec = KernelSpec::parse(kSpmv);
   const Schedule sched = make_schedule(spec);
   run_pipeline(spec, sched, kV32, dump_to_folder(dir + "/nested", "abc123", kSpmv));
