@@ -48,12 +48,12 @@ const auto& kernel_handle() {
 }
 const auto& to_dense_handle() {
   static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::to_dense", "").typed<
-      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+      at::Tensor(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view)>();
   return h;
 }
 const auto& unpack_handle() {
   static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::unpack", "").typed<
-      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+      at::Tensor(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view)>();
   return h;
 }
 
@@ -335,11 +335,11 @@ OperandDesc Operand::desc() const { return {text_of(format), shape, sparse() ? n
 
 at::Tensor Operand::to_dense() const {
   if (!sparse()) return values;
-  return to_dense_handle().call(buffers, values, shape, text_of(format));
+  return to_dense_handle().call(buffers, values, c10::fromIntArrayRefSlow(shape), text_of(format));
 }
 
 at::Tensor Operand::coordinates() const {
-  return unpack_handle().call(buffers, values.detach(), shape, text_of(format));
+  return unpack_handle().call(buffers, values.detach(), c10::fromIntArrayRefSlow(shape), text_of(format));
 }
 
 Operand Operand::with_values(at::Tensor v) const { return Operand{format, shape, buffers, std::move(v)}; }

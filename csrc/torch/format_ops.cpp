@@ -141,18 +141,18 @@ at::Tensor to_dense_op(at::TensorList buffers, const at::Tensor& values, c10::In
 // coordinates (a zero a dense level pads is a value too, and gets its gradient the same way). Registered
 // here, in C++, so TorchScript and C++ programs differentiate it as Python does.
 
-at::Tensor to_dense_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+at::Tensor to_dense_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::SymIntArrayRef size,
                                    c10::string_view format) {
   static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::to_dense", "").typed<
-      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+      at::Tensor(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view)>();
   at::AutoDispatchBelowADInplaceOrView guard;
   return h.call(buffers, values, size, format);
 }
 
-at::Tensor unpack_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+at::Tensor unpack_below_autograd(at::TensorList buffers, const at::Tensor& values, c10::SymIntArrayRef size,
                                  c10::string_view format) {
   static const auto h = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::unpack", "").typed<
-      at::Tensor(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+      at::Tensor(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view)>();
   at::AutoDispatchBelowADInplaceOrView guard;
   return h.call(buffers, values, size, format);
 }
@@ -160,8 +160,8 @@ at::Tensor unpack_below_autograd(at::TensorList buffers, const at::Tensor& value
 class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList buffers, const at::Tensor& values,
-                            const std::vector<int64_t>& size, const std::string& format) {
-    ctx->saved_data["size"] = size;
+                            c10::SymIntArrayRef size, const std::string& format) {
+    ctx->saved_data["size"] = size;  // (symbolic under torch.compile's tracing: kept as SymInts)
     ctx->saved_data["format"] = format;
     std::vector<at::Tensor> saved(buffers.begin(), buffers.end());
     saved.push_back(values);
@@ -174,7 +174,7 @@ class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor values = saved.back();
     saved.pop_back();
-    const std::vector<int64_t> size = ctx->saved_data["size"].toIntVector();
+    const std::vector<c10::SymInt> size = ctx->saved_data["size"].toSymIntVector();
     const std::string format = ctx->saved_data["format"].toStringRef();
     torch::autograd::variable_list out(saved.size());  // no gradient for the index buffers
     const at::Tensor& g = grads[0];
@@ -185,7 +185,9 @@ class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
       } else {
         const at::Tensor coords = unpack_below_autograd(saved, values, size, format);
         c10::List<std::optional<at::Tensor>> index;
-        for (int64_t d = 0; d < coords.size(0); ++d) index.push_back(coords[d]);
+        // (the rank from `size`, not coords.size(0): sizes() on a traced tensor turns every symbolic size into a
+        // constant, the stored-entry count among them, and the compiled graph then assumed that count)
+        for (int64_t d = 0; d < static_cast<int64_t>(size.size()); ++d) index.push_back(coords.select(0, d));
         gv = g.index(index);
       }
       gv = gv.to(values.scalar_type());
@@ -197,20 +199,23 @@ class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
   }
 };
 
-at::Tensor to_dense_autograd(at::TensorList buffers, const at::Tensor& values, c10::IntArrayRef size,
+at::Tensor to_dense_autograd(at::TensorList buffers, const at::Tensor& values, c10::SymIntArrayRef size,
                              c10::string_view format) {
   if (!(at::GradMode::is_enabled() && values.requires_grad())) return to_dense_below_autograd(buffers, values, size, format);
-  return ToDenseFunction::apply(buffers, values, size.vec(), std::string(format));
+  return ToDenseFunction::apply(buffers, values, size, std::string(format));
 }
 
 // --- shapes for fake tensors (torch.compile, export) ------------------------------------------------------------
-at::Tensor to_dense_meta(at::TensorList, const at::Tensor& values, c10::IntArrayRef size, c10::string_view) {
-  return at::empty(size, values.options());
+// The sizes are SymInt[] in the schemas, so a traced call keeps a SparseTensor's symbolic sizes: with int[] every
+// call specialized them (one recompile per new shape under dynamic=True), and a traced graph whose sparse output
+// had specialized sizes returned None for them (its outer sizes were symbolic), so the call failed.
+at::Tensor to_dense_meta(at::TensorList, const at::Tensor& values, c10::SymIntArrayRef size, c10::string_view) {
+  return at::empty_symint(size, values.options());
 }
 
-void validate_meta(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view) {}
+void validate_meta(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view) {}
 
-at::Tensor unpack_meta(at::TensorList, const at::Tensor& values, c10::IntArrayRef size, c10::string_view) {
+at::Tensor unpack_meta(at::TensorList, const at::Tensor& values, c10::SymIntArrayRef size, c10::string_view) {
   return at::empty_symint({c10::SymInt(static_cast<int64_t>(size.size())), values.sym_size(0)},
                          values.options().dtype(at::kLong));
 }
@@ -219,9 +224,9 @@ at::Tensor unpack_meta(at::TensorList, const at::Tensor& values, c10::IntArrayRe
 
 TORCH_LIBRARY(scorch, m) {
   m.def("pack(Tensor indices, Tensor values, int[] size, str format, ScalarType index_dtype) -> (Tensor[], Tensor)");
-  m.def("validate(Tensor[] buffers, Tensor values, int[] size, str format) -> ()");
-  m.def("unpack(Tensor[] buffers, Tensor values, int[] size, str format) -> Tensor");
-  m.def("to_dense(Tensor[] buffers, Tensor values, int[] size, str format) -> Tensor");
+  m.def("validate(Tensor[] buffers, Tensor values, SymInt[] size, str format) -> ()");
+  m.def("unpack(Tensor[] buffers, Tensor values, SymInt[] size, str format) -> Tensor");
+  m.def("to_dense(Tensor[] buffers, Tensor values, SymInt[] size, str format) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(scorch, CPU, m) {

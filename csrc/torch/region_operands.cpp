@@ -67,7 +67,7 @@ Slots split_operands(const RegionProgram& p, at::TensorList operands, bool resol
 // Packed operand k as the executor takes it, its buffers validated (once per version) against its format.
 Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype) {
   static const auto validate = c10::Dispatcher::singleton().findSchemaOrThrow("scorch::validate", "").typed<
-      void(at::TensorList, const at::Tensor&, c10::IntArrayRef, c10::string_view)>();
+      void(at::TensorList, const at::Tensor&, c10::SymIntArrayRef, c10::string_view)>();
   const RegionOperand& o = p.operands[k];
   const at::Tensor& values = s.slots[k];
   SCORCH_CHECK(values.dim() == 1, "scorch::region {}: packed operand {} takes its stored values (1-D), got {} dimensions",
@@ -77,7 +77,7 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   for (const auto& b : s.buffers[k]) key.add(b);
   const std::vector<int64_t>& size = s.packed_sizes[k];
   key.words.insert(key.words.end(), size.begin(), size.end());
-  validated.check_once(std::move(key), [&] { validate.call(s.buffers[k], values, size, o.packed); });
+  validated.check_once(std::move(key), [&] { validate.call(s.buffers[k], values, c10::fromIntArrayRefSlow(size), o.packed); });
   const FormatRef& f = interned_format(o.packed, static_cast<int>(size.size()));
   std::vector<at::Tensor> buffers;
   for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());

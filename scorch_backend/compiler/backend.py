@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -395,7 +397,8 @@ def _compile(gm: fx.GraphModule, example_inputs, opts: dict):
     from torch._inductor.compile_fx import compile_fx
 
     try:
-        return compile_fx(gm, example_inputs), report
+        with torch.compiler.config.patch(cache_key_tag=_cache_key_tag()):
+            return compile_fx(gm, example_inputs), report
     except Exception as e:  # noqa: BLE001 - re-raised unless it is the one kind below
         if not _data_dependent(e):
             raise
@@ -405,6 +408,22 @@ def _compile(gm: fx.GraphModule, example_inputs, opts: dict):
         _log.get("backend").warning("Inductor cannot compile this graph (%s: %s); it runs uncompiled around its "
                                     "Scorch ops", type(e).__name__, str(e).splitlines()[0][:200])
         return gm.forward, report
+
+
+@functools.lru_cache(maxsize=1)
+def _schemas_digest() -> str:
+    schemas = sorted(str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("scorch::"))
+    return hashlib.sha256("\n".join(schemas).encode()).hexdigest()[:16]
+
+
+def _cache_key_tag() -> str:
+    """The user's cache tag with the digest of Scorch's op schemas appended, for the Inductor and AOTAutograd
+    caches while this backend compiles. Their keys hold a graph's code, not the schemas of the custom ops it
+    calls, so after a Scorch upgrade that changed a schema (to_dense's sizes int[] -> SymInt[]) a warm cache
+    handed back graphs traced against the old one: sizes specialized to the first shape, and the call
+    failed."""
+    user = torch.compiler.config.cache_key_tag
+    return f"{user}|scorch-ops-{_schemas_digest()}" if user else f"scorch-ops-{_schemas_digest()}"
 
 
 def _data_dependent(e: BaseException) -> bool:

@@ -177,3 +177,77 @@ def test_no_size_constant_left_in_the_traced_kernel_calls():
     for sizes in seen:
         assert 300 not in [s for s in sizes if isinstance(s, int)], sizes
         assert any(isinstance(s, torch.SymInt) for s in sizes), sizes
+
+
+def _random_sparse(n: int, m: int, seed: int, fmt: str = "csr", grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(n, m, generator=g) * (torch.rand(n, m, generator=g) < 0.4)
+    extra = {"blocksize": (2, 2)} if fmt == "bsr" else {}
+    return dense, sb.sparse(dense, fmt, **extra).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("body", ["to_dense", "coordinates"])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr", "bsr"])
+def test_format_ops_keep_symbolic_sizes(body, fmt):
+    """to_dense() and coordinates() inside a dynamic compile: the format ops take SymInt[] sizes, so one graph
+    serves every shape (with int[] each new shape specialized the sizes and compiled again). Duck shaping is off:
+    it gives equal sizes one symbol, and a DCSR operand whose stored-row count equals its row count by chance
+    then recompiles for the next shape (a guard of PyTorch's, not of these ops)."""
+    def f(A, x):
+        if body == "to_dense":
+            return A.to_dense() @ x
+        return A.coordinates().to(x.dtype).sum() + x.sum()
+
+    from torch.fx.experimental import _config as fx_config
+
+    fast = torch.compile(f, backend="scorch", dynamic=True)
+    with fx_config.patch(use_duck_shape=False):
+        for k, n in enumerate((6, 10, 14, 18)):
+            _, A = _random_sparse(n, n, k, fmt)
+            x = torch.randn(n)
+            torch.testing.assert_close(fast(A, x), f(A, x), rtol=1e-5, atol=1e-5)
+    assert _graphs() == 1
+
+
+@pytest.mark.parametrize("backend", ["scorch", "aot_eager"])
+def test_sparse_result_that_requires_grad_under_dynamic_shapes(backend):
+    """A product of two SparseTensors (a sparse result) whose operand requires grad, densified, under
+    dynamic=True: the traced graph returned None for the result's sizes and the call raised 'sizes must be
+    integers, got None'. Now outputs and gradients match eager for every shape."""
+    def f(A, B):
+        return (A * B).to_dense()
+
+    fast = torch.compile(f, backend=backend, dynamic=True)
+    for k, (n, m) in enumerate(((6, 5), (9, 7), (13, 11))):
+        Ad, A = _random_sparse(n, m, 2 * k, grad=True)
+        Bd, B = _random_sparse(n, m, 2 * k + 1)
+        out = fast(A, B)
+        torch.testing.assert_close(out, Ad * Bd)
+        out.square().sum().backward()
+        expect = (2 * Ad * Bd * Bd) * (Ad != 0)
+        torch.testing.assert_close(A.grad.to_dense(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_inductor_cache_keys_carry_scorch_op_schemas(monkeypatch):
+    """Inductor's and AOTAutograd's cache keys hold a graph's code, not the schemas of the custom ops it calls:
+    after a schema change (the format ops' sizes int[] -> SymInt[]) a warm cache returned graphs traced against
+    the old one, and the test above failed again on a machine with such entries. The backend compiles with a
+    cache tag naming a digest of Scorch's op schemas, after any tag of the user's."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    seen = []
+    real = compile_fx_module.compile_fx
+
+    def spy(gm, example_inputs, *args, **kwargs):
+        seen.append(torch.compiler.config.cache_key_tag)
+        return real(gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", spy)
+    for user_tag in ("", "mine"):
+        torch._dynamo.reset()
+        with torch.compiler.config.patch(cache_key_tag=user_tag):
+            torch.compile(lambda x: torch.relu(x) * 2, backend="scorch")(torch.randn(4))
+            assert torch.compiler.config.cache_key_tag == user_tag  # (put back after the compile)
+        assert seen, "the backend did not hand the graph to Inductor"
+        prefix = f"{user_tag}|scorch-ops-" if user_tag else "scorch-ops-"
+        assert seen[-1].startswith(prefix) and len(seen[-1]) == len(prefix) + 16, seen[-1]
