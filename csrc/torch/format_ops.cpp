@@ -11,6 +11,10 @@
 
 namespace scorch::torch_glue {
 
+// The index buffers checked for dtype, rank and device, each as a private copy: the op validates the copy and
+// reads it, so a buffer another thread writes meanwhile (a user's in-place edit racing the op) cannot change a
+// value between its check and its use. Reading the caller's buffers, validate() re-read pos and crd after
+// checking them and to_dense scattered at offsets computed from values written since: a segfault (helper-61).
 std::vector<at::Tensor> checked_index_buffers(at::TensorList buffers,
                                               const std::vector<std::string>& names) {
   SCORCH_CHECK(buffers.size() == names.size(), "expected {} index buffers, got {}", names.size(), buffers.size());
@@ -21,7 +25,7 @@ std::vector<at::Tensor> checked_index_buffers(at::TensorList buffers,
                       "index buffer '{}' must be int32 or int64, got {}", names[i], c10::toString(b.scalar_type()));
     SCORCH_CHECK(b.dim() == 1, "index buffer '{}' must be 1-D, got {} dimensions", names[i], b.dim());
     SCORCH_CHECK(b.device().is_cpu(), "index buffer '{}' must be on the CPU", names[i]);
-    out.push_back(b.contiguous());
+    out.push_back(b.clone(at::MemoryFormat::Contiguous));
   }
   return out;
 }

@@ -348,6 +348,42 @@ assert torch.equal(A.permute(-1, -2).to_dense(), A.to_dense().t())
 assert torch.equal(A.transpose(1, 1).to_dense(), A.to_dense())
 """),
 
+    # A thread writing an index buffer in place (out-of-range values, then the original back) while this one
+    # densifies and unpacks the matrix: each call must raise or answer, never read or scatter out of bounds
+    # (both segfaulted: validation read pos and crd again after checking them, helper-61). The kernels'
+    # checks have the same window and are not covered here (see the session note).
+    "racing_index_writes_to_dense_and_coordinates": case("""
+import threading, time
+torch.manual_seed(0)
+N = 1500
+A = sb.sparse(torch.randn(N, N).relu() * (torch.rand(N, N) < 0.02), "csr")
+outcomes = {}
+for name in ("crd1", "pos1"):
+    buf = A.level_buffers[name]
+    orig = buf.clone()
+    stop = time.time() + 1.5
+    def writer():
+        i = 0
+        while time.time() < stop:
+            i += 1
+            buf[(i * 7919) % (buf.numel() - 2) + 1] = 10**9 if i % 2 else -10**9
+            time.sleep(0.0002)
+            buf.copy_(orig)
+    t = threading.Thread(target=writer)
+    t.start()
+    while time.time() < stop:
+        for f in (A.to_dense, A.coordinates):
+            try:
+                f()
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except ValueError:
+                outcomes["ValueError"] = outcomes.get("ValueError", 0) + 1
+    t.join()
+    buf.copy_(orig)
+assert outcomes.get("ValueError", 0) > 0, outcomes  # the writer did land inside calls
+torch.testing.assert_close(A.to_dense().to_sparse_csr().values(), A.stored_values)
+"""),
+
     # --- 7. semantics that must not depend on dispatch ------------------------------------------------------
     **{f"inf_in_dense_operand_{mode}": case("""
 A = sb.sparse(torch.tensor([[1.0, 0, 0], [1, 1, 0]]), "csr")  # its third column is empty
