@@ -470,6 +470,7 @@ void describe_kernel(const Lowered& l, const std::string& text, CompiledKernel& 
   k.overwrites_output = l.kernel.overwrites_output;
   k.assembled_output = l.kernel.assembled_output;
   k.sorted_output = l.schedule.output == OutputMode::append || l.schedule.output == OutputMode::workspace;
+  k.workspace_output = l.schedule.output == OutputMode::workspace;
   const bool sampled = l.schedule.output == OutputMode::sampled || l.schedule.output == OutputMode::fibers;
   k.sampled_operand = sampled ? l.schedule.sampled_tensor : -1;
   if (sampled) {

@@ -32,6 +32,8 @@ struct CompiledKernel {
   bool sorted_output = false;   // sparse output arrives sorted in storage order, without repeats
   bool overwrites_output = false;  // dense output: every element stored once, never read (need not be zeroed)
   bool assembled_output = false;   // sparse output returned as the format's own buffers (lower/assemble.h)
+  bool workspace_output = false;   // sparse output collected per thread in a dense workspace over its last index
+                                   // (OutputMode::workspace), allocated whatever the data
   int sampled_operand = -1;     // >= 0: the sparse output has this operand's pattern; the caller passes a
                                 // zeroed values array of its size as out_dense and reuses its index buffers
   int sampled_buffers = 0;      // how many of them: all, or those of the leading levels the output shares

@@ -68,6 +68,16 @@ struct Steps {
   std::vector<std::vector<int>> operands;  // global operand ids of each step
 };
 
+// The steps of `st` on operands of these shapes (one step when nothing is worth summing first).
+std::shared_ptr<Steps> steps_of(const ir::Statement& st, const std::vector<std::vector<int64_t>>& shapes) {
+  auto s = std::make_shared<Steps>();
+  for (const auto& step : ir::split_reductions(st, ir::infer_var_sizes(st, shapes))) {
+    s->texts.push_back(step.stmt.canonical());
+    s->operands.push_back(step.operands);
+  }
+  return s;
+}
+
 // A plan with the formats it names already parsed.
 struct PlanEntry {
   Plan plan;
@@ -506,14 +516,8 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
     }
     auto e = make_entry(plan_einsum(equation, descs_of(ops), out_format, f64, idx == at::kLong), ops);
     if (equation.find('.') == std::string::npos && ops.size() >= 2) {
-      const ir::Statement st = ir::parse_einsum(equation, ndims_of(ops));
-      const auto split = ir::split_reductions(st, ir::infer_var_sizes(st, shapes_of(ops)));
-      if (split.size() > 1) {
-        auto steps = std::make_shared<Steps>();
-        for (const auto& step : split) {
-          steps->texts.push_back(step.stmt.canonical());
-          steps->operands.push_back(step.operands);
-        }
+      auto steps = steps_of(ir::parse_einsum(equation, ndims_of(ops)), shapes_of(ops));
+      if (steps->texts.size() > 1) {
         auto with_steps = std::make_shared<PlanEntry>(*e);
         with_steps->steps = std::move(steps);
         return std::shared_ptr<const PlanEntry>(std::move(with_steps));
@@ -591,12 +595,7 @@ std::shared_ptr<const Steps> split_statement(const std::string& key, Parse parse
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  const ir::Statement st = parse();
-  auto s = std::make_shared<Steps>();
-  for (const auto& step : ir::split_reductions(st, ir::infer_var_sizes(st, shapes))) {
-    s->texts.push_back(step.stmt.canonical());
-    s->operands.push_back(step.operands);
-  }
+  std::shared_ptr<const Steps> s = steps_of(parse(), shapes);
   std::lock_guard lock(mu);
   if (cache.size() >= kMaxCachedPlans) cache.clear();
   return cache.emplace(key, std::move(s)).first->second;

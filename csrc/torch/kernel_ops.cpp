@@ -347,10 +347,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> kernel_op(c10::string_view spec_
         // A dense workspace over the output's last index is allocated per thread whatever the data: over a
         // huge extent it, not the result, is what does not fit (helper-60: a 3-entry product over 2^31 columns).
         std::string workspace;
-        for (const auto& r : e.kernel->reasons)
-          if (r.find("dense workspace") != std::string::npos)
-            workspace = fmt::format(", or the dense workspace it keeps per thread over the output's last index ({} "
-                                    "entries; {})", out_shape.empty() ? 0 : out_shape.back(), r);
+        if (e.kernel->workspace_output)
+          workspace = fmt::format(", or the dense workspace it keeps per thread over the output's last index ({} "
+                                  "entries; {})", out_shape.empty() ? 0 : out_shape.back(), e.kernel->schedule);
         throw_error(ErrorKind::memory, fmt::format("scorch kernel '{}' ran out of memory building its result (a sparse "
                                                    "result holds an entry per nonzero product: this one does not "
                                                    "fit{})",
