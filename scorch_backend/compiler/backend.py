@@ -52,6 +52,7 @@ from .passes import discover, example_run, partition, propagate, rewrite
 from .passes.partition import grad_density
 from .passes.graph import describe, example, op_of
 from .sparse_calls import route_sparse_calls
+from ..tensors.sparse_tensor import SparseTensor, _onto_pattern
 
 DEFAULT_OPTIONS = {"sparse_threshold": None, "fallback": "inductor", "frozen_weights": False, "measure": True,
                    "measure_inputs": True, "chains": "direct", "sequences": True, "redecide": True}
@@ -363,10 +364,41 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
     pristine = redecide.pristine_copy(gm) if opts["redecide"] and _all_cpu(example_inputs) else None
     compiled, report = _compile(gm, example_inputs, opts)
     watch = redecide.watched_inputs(pristine, example_inputs, report.attrs) if pristine is not None and report else []
-    if not watch:
-        return compiled
-    return redecide.Redeciding(compiled, pristine, example_inputs, watch, float(opts["sparse_threshold"]),
-                               lambda g, inputs: _compile(g, inputs, opts)[0])
+    if watch:
+        compiled = redecide.Redeciding(compiled, pristine, example_inputs, watch, float(opts["sparse_threshold"]),
+                                       lambda g, inputs: _compile(g, inputs, opts)[0])
+    return _sparse_gradients_accepted(compiled)
+
+
+class _GradientOntoPattern(torch.autograd.Function):
+    """Identity on a SparseTensor that a compiled graph returns with a gradient wanted; its backward hands the
+    graph the gradient as a SparseTensor of that pattern. AOTAutograd traces a subclass output's gradient as the
+    subclass and cannot take another type at run time, while the gradient that reaches such an output is dense
+    whenever the code after the graph is an ordinary op (`out.sum()`, `out.square()`: their formulas give dense
+    gradients): `backward()` raised "Expected a SparseTensor tangent but got a plain Tensor" (helper-65). The
+    gradient is read at the stored positions, as an eager result's is (_FromValues)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.pattern = x
+        return SparseTensor(x.format, x.shape, x._buffer_list(), x.stored_values.detach(), validate=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _onto_pattern(ctx.pattern, grad)
+
+
+def _sparse_gradients_accepted(compiled):
+    """`compiled`, its SparseTensor outputs that require grad passed through _GradientOntoPattern."""
+    def run(*args):
+        out = compiled(*args)
+        if isinstance(out, (tuple, list)) and any(isinstance(o, SparseTensor) and o.requires_grad for o in out):
+            return type(out)(_GradientOntoPattern.apply(o) if isinstance(o, SparseTensor) and o.requires_grad
+                             else o for o in out)
+        return out
+
+    run.compiled = compiled  # (what the backend built, for tests and tools)
+    return run
 
 
 def _compile(gm: fx.GraphModule, example_inputs, opts: dict):

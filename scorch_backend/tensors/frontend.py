@@ -333,6 +333,8 @@ def einsum(equation: str, *operands, out_format=None):
     dimensions). The result is a SparseTensor when the computation is sparse (a product with a sparse factor,
     a sum of sparse terms), else a dense tensor; `out_format` ("dense", a preset or format text) overrides it.
     """
+    if torch.compiler.is_dynamo_compiling():
+        torch._dynamo.graph_break(msg=_EINSUM_NOT_ONE_GRAPH)
     if type(equation) is str and out_format is None and operands and not _is_compiling():
         # The common call goes straight to the executor: every Python step on this path is paid on every call,
         # and after a long kernel each is paid again in cache misses (docs/seam.md, "After a kernel").
@@ -353,6 +355,15 @@ def einsum(equation: str, *operands, out_format=None):
     if not 1 <= len(operands):
         raise ValueError("einsum needs at least one operand")
     return _einsum(equation, operands, out_format, choose=True)
+
+
+# Dynamo cannot trace the planner (C++ through pybind11): a call of sb.einsum or sb.compute inside
+# torch.compile breaks the graph there, and under fullgraph=True Dynamo's error named only a pybind11 function.
+_NOT_ONE_GRAPH = ("{} runs between compiled graphs (Dynamo cannot trace Scorch's planner): under "
+                  "fullgraph=True write the product with torch ops on SparseTensors (A @ x, A * B, torch.einsum), "
+                  "which torch.compile traces whole, or compile without fullgraph")
+_EINSUM_NOT_ONE_GRAPH = _NOT_ONE_GRAPH.format("sb.einsum")
+_COMPUTE_NOT_ONE_GRAPH = _NOT_ONE_GRAPH.format("sb.compute")
 
 
 def _fast_out_text(out_format):
@@ -511,6 +522,8 @@ def compute(expression: str, out_format=None, **operands):
     A @ x + b). Operands are SparseTensors, dense tensors or Python numbers (0-dimensional: written without
     parentheses).
     """
+    if torch.compiler.is_dynamo_compiling():
+        torch._dynamo.graph_break(msg=_COMPUTE_NOT_ONE_GRAPH)
     if not isinstance(expression, str):
         raise TypeError(f"expression must be a str, got {type(expression).__name__}")
     names = list(operands)

@@ -251,3 +251,52 @@ def test_inductor_cache_keys_carry_scorch_op_schemas(monkeypatch):
         assert seen, "the backend did not hand the graph to Inductor"
         prefix = f"{user_tag}|scorch-ops-" if user_tag else "scorch-ops-"
         assert seen[-1].startswith(prefix) and len(seen[-1]) == len(prefix) + 16, seen[-1]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("body", ["times_two", "with_values"])
+def test_compiled_sparse_result_takes_a_dense_gradient(body, dynamic):
+    """A compiled function returning a SparseTensor that requires grad, the loss taken after it by ordinary ops:
+    the gradient reaching the graph is dense, and AOTAutograd wanted a SparseTensor ("Expected a SparseTensor
+    tangent but got a plain Tensor", helper-65). Gradients match eager, at the stored positions."""
+    def f(A):
+        return A * 2.0 if body == "times_two" else A.with_values(A.stored_values * 2)
+
+    fast = torch.compile(f, backend="scorch", dynamic=dynamic)
+    for k, (n, m) in enumerate(((6, 5), (9, 7))):
+        _, a = _random_sparse(n, m, k, grad=True)
+        _, b = _random_sparse(n, m, k, grad=True)
+        out = fast(a)
+        assert isinstance(out, sb.SparseTensor) and out.requires_grad
+        out.square().sum().backward()
+        f(b).square().sum().backward()
+        torch.testing.assert_close(a.grad.to_dense(), b.grad.to_dense())
+
+
+@pytest.mark.parametrize("fmt", ["dcsr", "csr"])
+def test_compiled_product_with_a_sparse_intermediate_trains(fmt):
+    """A DCSR matrix with few stored values times a vector is stored as a sparse vector, the graph breaks after
+    it, and the next graph's dense gradient met the SparseTensor output of the first (helper-65), at nnz 0 too."""
+    fast = torch.compile(lambda A, x: (A @ x).square().sum(), backend="scorch", dynamic=True)
+    for dense in (torch.eye(6), torch.zeros(8, 8), torch.eye(6) * 3, torch.ones(1, 1)):
+        A = sb.sparse(dense, fmt).requires_grad_()
+        x = torch.randn(dense.shape[1], requires_grad=True)
+        fast(A, x).backward()
+        expect = 2 * torch.outer(dense @ x.detach(), x.detach()) * (dense != 0)
+        torch.testing.assert_close(A.grad.to_dense(), expect)
+        torch.testing.assert_close(x.grad, 2 * dense.T @ (dense @ x.detach()))
+
+
+def test_einsum_under_fullgraph_names_the_way_out():
+    """sb.einsum and sb.compute run between graphs (Dynamo cannot trace the planner): under fullgraph=True the
+    error said only that Dynamo cannot trace a pybind11 builtin. It now says what to write instead, and the
+    same product written with torch ops compiles whole."""
+    dense = torch.eye(6, 5)
+    A, x = sb.sparse(dense, "csr"), torch.randn(5)
+    for f in (lambda A, x: sb.einsum("ij,j->i", A, x), lambda A, x: sb.compute("y(i) = A(i,j) * x(j)", A=A, x=x)):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=r"runs between compiled graphs .* torch ops on SparseTensors"):
+            torch.compile(f, backend="scorch", fullgraph=True)(A, x)
+    torch._dynamo.reset()
+    out = torch.compile(lambda A, x: torch.einsum("ij,j->i", A, x), backend="scorch", fullgraph=True)(A, x)
+    torch.testing.assert_close(out, dense @ x)
