@@ -367,7 +367,7 @@ def scorch(gm: fx.GraphModule, example_inputs, options=None, **kwargs):
     if watch:
         compiled = redecide.Redeciding(compiled, pristine, example_inputs, watch, float(opts["sparse_threshold"]),
                                        lambda g, inputs: _compile(g, inputs, opts)[0])
-    return _sparse_gradients_accepted(compiled)
+    return _sparse_gradients_accepted(compiled) if _may_return_sparse(gm) else compiled
 
 
 class _GradientOntoPattern(torch.autograd.Function):
@@ -386,6 +386,21 @@ class _GradientOntoPattern(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _onto_pattern(ctx.pattern, grad)
+
+
+def _may_return_sparse(gm: fx.GraphModule) -> bool:
+    """Whether the graph may return a SparseTensor (by Dynamo's example values; True where one is missing): only
+    then is the compiled function wrapped (a dense model's calls pay nothing for it)."""
+    outputs = [n for n in gm.graph.nodes if n.op == "output"]
+    if not outputs:
+        return True
+    nodes: list[fx.Node] = []
+    fx.node.map_arg(outputs[0].args, nodes.append)
+    for n in nodes:
+        v = n.meta.get("example_value", n.meta.get("val"))
+        if v is None or isinstance(v, SparseTensor):
+            return True
+    return False
 
 
 def _sparse_gradients_accepted(compiled):
