@@ -205,6 +205,13 @@ class ToDenseFunction : public torch::autograd::Function<ToDenseFunction> {
 
 at::Tensor to_dense_autograd(at::TensorList buffers, const at::Tensor& values, c10::SymIntArrayRef size,
                              c10::string_view format) {
+  // (A size below -2^62 is held as a heap SymInt, which the dispatcher refuses to pass to the CPU kernel with a
+  // message about SymInts; the CPU kernel's own check names it.)
+  translate_errors([&] {
+    for (const auto& s : size)
+      if (const auto v = s.maybe_as_int()) SCORCH_CHECK(*v >= 0, "sizes must be non-negative, got {}", *v);
+    return 0;
+  });
   if (!(at::GradMode::is_enabled() && values.requires_grad())) return to_dense_below_autograd(buffers, values, size, format);
   return ToDenseFunction::apply(buffers, values, size, std::string(format));
 }

@@ -117,7 +117,7 @@ class SparseTensor(torch.Tensor):
             for what, t in [("values", values), *((f"index buffer '{n}'", b) for n, b in zip(names, buffers))]:
                 if t.device.type != "cpu":
                     raise ValueError(f"{what} is on the {t.device} device; Scorch's sparse tensors hold CPU tensors")
-            ops.validate(buffers, values, list(shape), format.canonical)
+            ops.validate(buffers, values, _op_sizes(shape), format.canonical)
         r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=values.dtype, device=values.device,
                                                 requires_grad=requires_grad)
         r._format = format
@@ -173,7 +173,7 @@ class SparseTensor(torch.Tensor):
         except RuntimeError:  # fake or functional tensors have no version counter
             return
         if versions != self._checked_versions or -1 in versions:
-            ops.validate(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+            ops.validate(self._buffer_list(), self._values, _op_sizes(self.shape), self._format.canonical)
             self._checked_versions = versions
 
     # --- tracing support -------------------------------------------------------------------------------
@@ -273,11 +273,12 @@ class SparseTensor(torch.Tensor):
 
     def coordinates(self) -> torch.Tensor:
         """Coordinates of the stored values, shape (ndim, nnz), in storage order."""
-        return ops.unpack(self._buffer_list(), self._values, list(self.shape), self._format.canonical)
+        return ops.unpack(self._buffer_list(), self._values, _op_sizes(self.shape), self._format.canonical)
 
     # --- conversions -----------------------------------------------------------------------------------
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:  # noqa: ARG002 - torch's signature
-        out = ops.to_dense(self._buffer_list(), self.differentiable_values(), list(self.shape), self._format.canonical)
+        out = ops.to_dense(self._buffer_list(), self.differentiable_values(), _op_sizes(self.shape),
+                           self._format.canonical)
         return out if dtype is None else out.to(dtype)
 
     def to_format(self, format, *, mode_order=None, blocksize=None, index_dtype=None) -> "SparseTensor":
@@ -644,6 +645,13 @@ def _format_of(text: str, ndim: int) -> Format:
 def _result_format(text: str, ndim: int) -> tuple[Format, tuple[str, ...]]:
     fmt = _format_of(text, ndim)
     return fmt, tuple(fmt.buffer_names)
+
+
+def _op_sizes(shape) -> list:
+    """A shape as the format ops' SymInt[] sizes. Under torch.jit.trace, sizes read from a traced tensor are
+    traced values that torch's tracer cannot record in a SymInt list (an internal assert in TraceTypeManual):
+    they go as plain ints, constants of the trace, as when the ops took int[]."""
+    return [int(d) for d in shape] if torch.jit.is_tracing() else list(shape)
 
 
 def _version_of(t: torch.Tensor) -> int:

@@ -324,3 +324,16 @@ def test_operators_name_a_bad_dtype(expr):
     i, i2 = torch.ones(4, dtype=torch.int64), torch.ones(4, 4, dtype=torch.int64)
     with pytest.raises(TypeError, match="dtype torch.int64"):
         eval(expr, {"A": A, "i": i, "i2": i2})
+
+
+@pytest.mark.parametrize("size", [-6, -2**62 - 5, -2**63])
+@pytest.mark.parametrize("grad", [False, True])
+def test_format_ops_refuse_negative_sizes_by_name(size, grad):
+    """The format ops' sizes are SymInt[]: a size below -2^62 is held as a heap SymInt, and to_dense (whose
+    autograd kernel passes its sizes on as SymInts) failed with the dispatcher's "SymIntArrayRef expected to
+    contain only concrete integers" instead of Scorch's message (helper-66)."""
+    A = sb.sparse(torch.eye(6, 5), "csr")
+    values = A.stored_values.clone().requires_grad_(grad)
+    for op in (torch.ops.scorch.to_dense, torch.ops.scorch.unpack, torch.ops.scorch.validate):
+        with pytest.raises(ValueError, match="sizes must be non-negative"):
+            op(list(A.level_buffers.values()), values, [6, size], A.format.canonical)

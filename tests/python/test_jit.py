@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import scorch_backend as sb
 from conftest import random_dense
 from scorch_backend.compiler import jit
 from scorch_backend.tools import zoo
@@ -603,3 +604,16 @@ def test_gcn_with_its_graph_as_a_buffer_rewrites_packed(tmp_path):
         want = model(x2)
         _close(new(x2), want)
         _close(loaded(x2), want)
+
+
+def test_trace_through_sparse_tensor_to_dense_and_coordinates():
+    """torch.jit.trace through SparseTensor.to_dense() and coordinates(): the format ops take SymInt[] sizes,
+    which torch's tracer cannot record from traced sizes (an internal assert); SparseTensor passes plain ints
+    while tracing (the sizes are constants of the trace, as before)."""
+    dense = torch.tensor([[1.0, 0, 2], [0, 0, 3]])
+    A = sb.sparse(dense, "csr")
+    traced = torch.jit.trace(lambda v: A.with_values(v).to_dense() * 2, (A.stored_values,))
+    torch.testing.assert_close(traced(A.stored_values), dense * 2)
+    torch.testing.assert_close(traced(A.stored_values + 1), (dense + (dense != 0)) * 2)
+    coords = torch.jit.trace(lambda v: A.with_values(v).coordinates().to(v.dtype) * v, (A.stored_values,))
+    torch.testing.assert_close(coords(A.stored_values), A.coordinates().to(torch.float32) * A.stored_values)
