@@ -418,7 +418,6 @@ def _sparse_gradients_accepted(compiled):
                 wrapped[k] = _GradientOntoPattern.apply(o)
         return out if wrapped is None else type(out)(wrapped)
 
-    run.compiled = compiled  # (what the backend built, for tests and tools)
     return run
 
 

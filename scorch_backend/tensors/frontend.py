@@ -333,8 +333,6 @@ def einsum(equation: str, *operands, out_format=None):
     dimensions). The result is a SparseTensor when the computation is sparse (a product with a sparse factor,
     a sum of sparse terms), else a dense tensor; `out_format` ("dense", a preset or format text) overrides it.
     """
-    if torch.compiler.is_dynamo_compiling():
-        return _einsum_between_graphs(equation, *operands, out_format=out_format)
     if type(equation) is str and out_format is None and operands and not _is_compiling():
         # The common call goes straight to the executor: every Python step on this path is paid on every call,
         # and after a long kernel each is paid again in cache misses (docs/seam.md, "After a kernel").
@@ -348,6 +346,8 @@ def einsum(equation: str, *operands, out_format=None):
                 _explain(equation, why, plan if why.startswith("sparse") else None)
             return result
         return _einsum_python(equation, operands, None, True, executor_chose_dense=why != "python")
+    if torch.compiler.is_dynamo_compiling():  # (after the fast path: eager calls do not ask)
+        return _einsum_between_graphs(equation, *operands, out_format=out_format)
     if not isinstance(equation, str):
         raise TypeError(f"einsum: the equation must be a str such as 'ij,jk->ik', got {type(equation).__name__}")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -361,7 +361,7 @@ def einsum(equation: str, *operands, out_format=None):
 # through torch.compiler.disable: one graph break at the call, then the eager fast path. Dynamo used to trace
 # into them and break at every pybind11 call in resume frames (185 us a call against 12 us eager, helper-66),
 # and under fullgraph=True its error named only a pybind11 function; it now quotes the reason below. (Eager
-# calls do not go through the disabled wrapper: it costs about 0.5 us.)
+# calls do not go through the disabled wrapper, which costs about 0.5 us, nor ask whether Dynamo traces them.)
 _NOT_ONE_GRAPH = ("{} runs between compiled graphs (Dynamo cannot trace Scorch's planner): under "
                   "fullgraph=True write the product with torch ops on SparseTensors (A @ x, A * B, torch.einsum), "
                   "which torch.compile traces whole, or compile without fullgraph")
@@ -525,8 +525,6 @@ def compute(expression: str, out_format=None, **operands):
     A @ x + b). Operands are SparseTensors, dense tensors or Python numbers (0-dimensional: written without
     parentheses).
     """
-    if torch.compiler.is_dynamo_compiling():
-        return _compute_between_graphs(expression, out_format, **operands)
     if not isinstance(expression, str):
         raise TypeError(f"expression must be a str, got {type(expression).__name__}")
     names = list(operands)
@@ -536,6 +534,8 @@ def compute(expression: str, out_format=None, **operands):
             result = _C.compute(expression, names, [operands[n] for n in names], out_text, torch.get_num_threads())
             if result is not None:
                 return result
+    elif torch.compiler.is_dynamo_compiling():  # (after the fast path: eager calls do not ask)
+        return _compute_between_graphs(expression, out_format, **operands)
     ops_ = [_operand(operands[n], f"operand '{n}'") for n in names]
     steps = _split_cached(expression, tuple(names), tuple(tuple(_concrete(d) for d in o.tensor.shape) for o in ops_))
     return _run_steps(expression, steps, ops_, out_format)
