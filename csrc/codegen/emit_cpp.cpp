@@ -120,6 +120,19 @@ inline void segment(int64_t& k, int64_t& ke, int64_t len, int& bad) {
   ke = ok ? ke : 0;
 }
 
+// A coordinate or segment checked already (coords_in_range, rows_in_range) and read from its buffer again:
+// kept inside its range by a compare and a select, with no flag set. Between the check and the read only a
+// data race can change it (a caller writing the buffer in place while the kernel runs, which the caller must
+// not do): the race may then give a wrong result, but no access leaves its buffer. Cheaper than in_range and
+// segment: nothing to record, so no dependency from one load to the next.
+inline int64_t kept_in(int64_t c, int64_t n) { return (uint64_t)c < (uint64_t)n ? c : 0; }
+
+inline void kept_segment(int64_t& k, int64_t& ke, int64_t len) {
+  const uint64_t e = std::min<uint64_t>((uint64_t)ke, (uint64_t)len);
+  k = (int64_t)std::min<uint64_t>((uint64_t)k, e);
+  ke = (int64_t)e;
+}
+
 // All coordinates of a segment [k, ke) of a crd buffer checked at once, before the loop that uses them: the
 // loop then loads them unchecked. The largest coordinate, read as unsigned (a negative one becomes huge),
 // must be below n; that is one vectorizable max reduction over data the loop reads next from L1, instead of

@@ -5,7 +5,7 @@
 //     for each group of RT rows of the block (rr):
 //       for each tile of V vectors of the dense operand's free index (jo):
 //         RT x V vector accumulators
-//         for each stored block b of the row: qo = crd[b]
+//         for each stored block b of the row: qo = crd[b] (kept in range: checked above, read again)
 //           for each column c of the block (a constant trip count):
 //             V vectors of dense row qo * bw + c, then for each of the RT rows:
 //               one broadcast value of the block times the V vectors
@@ -169,7 +169,7 @@ LoweredKernel lower_blocked(const KernelSpec& spec, const Schedule& sched, const
       for (int v = 0; v < vectors; ++v) decl += fmt::format("{}a{}_{} = {}", r || v ? ", " : "", r, v, vector_code ? "{}" : "0");
     body.push_back(line(decl + ";"));
     Stmts inner{line(fmt::format("const val_t* __restrict blk = {} + (bq * {} + rr) * {};", vals, BH, BW)),
-                line(fmt::format("const val_t* __restrict dr = {} + (int64_t){}[bq] * ({} * {}) + jo;", dbase, crd, BW, dstride))};
+                line(fmt::format("const val_t* __restrict dr = {} + kept_in({}[bq], NQb) * ({} * {}) + jo;", dbase, crd, BW, dstride))};
     Stmts cbody;
     std::string loads = vt + " ";
     for (int v = 0; v < vectors; ++v) {

@@ -466,8 +466,11 @@ class Lowerer {
                                             loops::print(s.b), loops::print(s.e));
     const loops::StmtPtr decl = loops::decl("int64_t", {k, ke}, {loops::text(b), loops::text(e)});
     Stmts parts{decl};
-    if (!checked && kind.range_from_buffers())  // checked: inside rows checked by rows_in_range
-      parts.push_back(loops::eval(loops::call("segment", {V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")})));
+    // checked: inside rows checked by rows_in_range, read again: kept inside the buffer (kept_segment).
+    if (kind.range_from_buffers())
+      parts.push_back(loops::eval(loops::call(checked ? "kept_segment" : "segment",
+                                              checked ? std::vector<LExpr>{V(k), V(ke), V(buf(tensor, level, "crd") + "_n")}
+                                                      : std::vector<LExpr>{V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")})));
     if (kind.coordinate_cursor())
       parts.push_back(loops::line(kind.cursor_start([&](const std::string& n) { return buf(tensor, level, n.c_str()); },
                                                     loops::print(s.b), loops::print(s.e),

@@ -84,7 +84,7 @@ LoweredKernel lower_sampled_dot(const KernelSpec& spec, const Schedule& sched, c
   // The code for `n` entries at once starting at position e (n = G in the main loop, 1 for the rest).
   auto entries = [&](int n, bool prefetch) {
     std::string c;
-    for (int x = 0; x < n; ++x) c += fmt::format("const val_t* __restrict q{0} = Qd + (int64_t)sc[e + {0}] * K;\n", x);
+    for (int x = 0; x < n; ++x) c += fmt::format("const val_t* __restrict q{0} = Qd + kept_in(sc[e + {0}], NQ) * K;\n", x);
     if (n > 1 && prefetch) {
       // The rows of the group kPrefetchEntries entries ahead: far enough for their misses to overlap this
       // group's work and the next ones' (one group ahead, the loads of a random row from memory were still
@@ -187,7 +187,11 @@ const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
   const int64_t lo = balanced_bound(sp, R, tid, nt);
   int64_t hi = balanced_bound(sp, R, tid + 1, nt);
   if (!rows_in_range(sp, sc, lo, hi, sc_n, NQ, bad)) hi = lo;
-  const int64_t pend = sp[hi];
+  // Positions and coordinates are read again below, after their check: kept inside their buffers
+  // (kept_segment, kept_in), so that a caller writing them during the call cannot make a read or a write
+  // leave them.
+  int64_t pbegin = sp[lo], pend = sp[hi];
+  kept_segment(pbegin, pend, sc_n);
   // Long rows against a Q larger than half of L2 go in 2-D tiles: a block of rows (their P rows a quarter of
   // L2) visits Q one column range at a time (half of L2), each row's entries in that range found by binary
   // search, so every Q row is fetched once per block from beyond L2 instead of once per entry. Only when the
@@ -196,18 +200,23 @@ const bool pf = (double)NQ * (double)row_bytes > (double)l2_cache_bytes() / 2;
   const int64_t col_tile = std::max<int64_t>(1, (l2_cache_bytes() / 2) / std::max<int64_t>(1, row_bytes));
   const int64_t row_tile = std::max<int64_t>(1, (l2_cache_bytes() / 4) / std::max<int64_t>(1, row_bytes));
   const int64_t col_tiles = (NQ + col_tile - 1) / col_tile;
-  bool tiled = pf && col_tiles > 1 && pend - sp[lo] >= (hi - lo) * col_tiles * $G;
-  for (int64_t i = lo; tiled && i < hi; ++i)
-    for (int64_t e = sp[i] + 1; e < sp[i + 1]; ++e)
+  bool tiled = pf && col_tiles > 1 && pend - pbegin >= (hi - lo) * col_tiles * $G;
+  for (int64_t i = lo; tiled && i < hi; ++i) {
+    int64_t b = sp[i], be = sp[i + 1];
+    kept_segment(b, be, sc_n);
+    for (int64_t e = b + 1; e < be; ++e)
       if (sc[e - 1] >= sc[e]) { tiled = false; break; }
+  }
   if (tiled) {
     for (int64_t b0 = lo; b0 < hi; b0 += row_tile) {
       const int64_t b1 = std::min(hi, b0 + row_tile);
       for (int64_t c0 = 0; c0 < NQ; c0 += col_tile) {
         for (int64_t i = b0; i < b1; ++i) {
           const val_t* __restrict pr = Pd + i * K;
-          int64_t e = std::lower_bound(sc + sp[i], sc + sp[i + 1], (idx_t)c0) - sc;
-          const int64_t ee = std::lower_bound(sc + e, sc + sp[i + 1], (idx_t)std::min(NQ, c0 + col_tile)) - sc;
+          int64_t b = sp[i], be = sp[i + 1];
+          kept_segment(b, be, sc_n);
+          int64_t e = std::lower_bound(sc + b, sc + be, (idx_t)c0) - sc;
+          const int64_t ee = std::lower_bound(sc + e, sc + be, (idx_t)std::min(NQ, c0 + col_tile)) - sc;
 $TILED_ROW
         }
       }
@@ -215,8 +224,8 @@ $TILED_ROW
   } else {
     for (int64_t i = lo; i < hi; ++i) {
       const val_t* __restrict pr = Pd + i * K;
-      int64_t e = sp[i];
-      const int64_t ee = sp[i + 1];
+      int64_t e = sp[i], ee = sp[i + 1];
+      kept_segment(e, ee, sc_n);
 $ROW
     }
   }

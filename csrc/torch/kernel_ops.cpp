@@ -128,11 +128,25 @@ bool pack_sorted_rows(const Format& f, const std::vector<int64_t>& shape, const 
   return true;
 }
 
+// A copy of a contiguous index buffer (prepare made it so) with one allocation and one memcpy: at::clone
+// dispatches clone, empty_like and copy_ (about a microsecond each time, four buffers a call for a CSF
+// tensor's fibers), and a sampled result's buffers are copied on every call.
+at::Tensor copy_buffer(const at::Tensor& b) {
+  at::Tensor out = at::empty({b.numel()}, b.options());
+  if (b.numel() > 0) std::memcpy(out.data_ptr(), b.data_ptr(), b.numel() * b.element_size());
+  return out;
+}
+
 // The first index value out of range in an operand's buffers (the kernel found one): a coordinate outside
 // its level's extent, or a pos entry outside its crd buffer or decreasing. Falls back to the full validation
 // (which also catches unsorted coordinates, which a merge notices too); empty when all is well.
-std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape, const std::vector<at::Tensor>& bufs,
+// It reads a copy of the buffers: the levels' checks read a value again after checking it (a position, then
+// the coordinates it bounds), and a caller writing a buffer during the call made them read out of bounds.
+std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape, const std::vector<at::Tensor>& live,
                              int64_t value_count) {
+  std::vector<at::Tensor> bufs;
+  bufs.reserve(live.size());
+  for (const auto& b : live) bufs.push_back(copy_buffer(b.contiguous()));
   const auto spans = spans_of(bufs);
   const auto sizes = f.level_sizes(shape);
   const auto names = f.buffer_names();
@@ -157,14 +171,6 @@ std::string bad_index_report(const Format& f, const std::vector<int64_t>& shape,
   return "";
 }
 
-// A copy of a contiguous index buffer (prepare made it so) with one allocation and one memcpy: at::clone
-// dispatches clone, empty_like and copy_ (about a microsecond each time, four buffers a call for a CSF
-// tensor's fibers), and a sampled result's buffers are copied on every call.
-at::Tensor copy_buffer(const at::Tensor& b) {
-  at::Tensor out = at::empty({b.numel()}, b.options());
-  if (b.numel() > 0) std::memcpy(out.data_ptr(), b.data_ptr(), b.numel() * b.element_size());
-  return out;
-}
 
 ValidatedOnce validated_buffers;  // sparse operands' buffers, checked in full once per version
 
@@ -246,7 +252,11 @@ PreparedCall prepare(const Entry& e, at::TensorList inputs, c10::IntArrayRef siz
       SCORCH_CHECK_TYPE(b.scalar_type() == it, "operand {}: index buffer {} must be {}, got {}", t, name,
                         c10::toString(it), c10::toString(b.scalar_type()));
       SCORCH_CHECK(b.dim() == 1 && b.device().is_cpu(), "operand {}: index buffer {} must be a 1-D CPU tensor", t, name);
-      bufs.push_back(b.contiguous());
+      // A kernel that assembles a sparse result (lower/assemble.h) sizes its buffers from one read of the
+      // operands' positions and fills them in another: it gets its own copy, which no other thread can write
+      // between the two (a caller writing the buffer during the call made it write past its buffers). Other
+      // kernels keep every value they read again inside its range (kept_in, kept_segment).
+      bufs.push_back(e.kernel->assembled_output ? copy_buffer(b.contiguous()) : b.contiguous());
     }
     const at::Tensor& v = inputs[at++];
     SCORCH_CHECK_TYPE(v.scalar_type() == vt, "operand {}: values must be {}, got {}", t, c10::toString(vt),

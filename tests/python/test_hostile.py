@@ -47,6 +47,50 @@ x = torch.randn(600)
 """
 
 
+# A thread writes out-of-range values into one index buffer of A (and puts the original back) while this one
+# calls a kernel on A: every call must raise a clear error or answer, never fault ({make}, {call}: the operand
+# and the call; {buffers}: the buffers written, one after the other).
+_RACING_KERNEL = """
+import threading, time
+torch.manual_seed(0)
+N = 768
+D = torch.randn(N, N) * (torch.rand(N, N) < 0.03)
+D4 = (torch.rand(N // 4, N // 4) < 0.05).float().repeat_interleave(4, 0).repeat_interleave(4, 1) * torch.randn(N, N)
+T = torch.randn(48, 48, 48) * (torch.rand(48, 48, 48) < 0.05)
+v, X, W = torch.randn(N), torch.randn(N, 32), torch.randn(48, 16)
+A = {make}
+B = sb.sparse(torch.randn(N, N) * (torch.rand(N, N) < 0.03), "csr")
+call = lambda: {call}
+call()
+outcomes = {{}}
+for name in {buffers}:
+    buf = A.level_buffers[name]
+    orig = buf.clone()
+    stop = time.time() + 1.0
+    def writer():  # through numpy: no GIL released, no version bump; each bad value held about 20 us
+        c, o, i = buf.numpy(), orig.numpy(), 0
+        while time.time() < stop:
+            i += 1
+            j = (i * 7919) % (c.size - 2) + 1
+            c[j] = (10**9, -10**9, 0)[i % 3]
+            until = time.perf_counter() + 2e-5
+            while time.perf_counter() < until:
+                pass
+            c[j] = o[j]
+    t = threading.Thread(target=writer)
+    t.start()
+    while time.time() < stop:
+        try:
+            call()
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+        except ValueError:
+            outcomes["ValueError"] = outcomes.get("ValueError", 0) + 1
+    t.join()
+    buf.copy_(orig)
+assert outcomes.get("ValueError", 0) > 0, outcomes  # the writer did land inside calls
+"""
+
+
 def case(code: str, expect="ok", match: str = "", env: dict | None = None, timeout: float = 300):
     return pytest.param(textwrap.dedent(code), expect, match, env or {}, timeout)
 
@@ -350,8 +394,7 @@ assert torch.equal(A.transpose(1, 1).to_dense(), A.to_dense())
 
     # A thread writing an index buffer in place (out-of-range values, then the original back) while this one
     # densifies and unpacks the matrix: each call must raise or answer, never read or scatter out of bounds
-    # (both segfaulted: validation read pos and crd again after checking them, helper-61). The kernels'
-    # checks have the same window and are not covered here (see the session note).
+    # (both segfaulted: validation read pos and crd again after checking them, helper-61).
     "racing_index_writes_to_dense_and_coordinates": case("""
 import threading, time
 torch.manual_seed(0)
@@ -383,6 +426,21 @@ for name in ("crd1", "pos1"):
 assert outcomes.get("ValueError", 0) > 0, outcomes  # the writer did land inside calls
 torch.testing.assert_close(A.to_dense().to_sparse_csr().values(), A.stored_values)
 """),
+
+    # The same writer while generated kernels run on the matrix: each kernel checks a chunk's positions and
+    # coordinates and then reads them again, and those reads are kept in range (kept_in, kept_segment); a
+    # kernel that assembles a sparse result gets a copy of the buffers; the report of a bad index validates a
+    # copy. Before, every one of these died of SIGSEGV within a second or two.
+    **{f"racing_index_writes_to_{name}_kernel": case(_RACING_KERNEL.format(make=make, call=call, buffers=buffers))
+       for name, (make, call, buffers) in {
+           "spmv": ('sb.sparse(D, "csr")', 'sb.einsum("ij,j->i", A, v)', ("crd1", "pos1")),
+           "spmm": ('sb.sparse(D, "csr")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
+           "transposed_spmv": ('sb.sparse(D, "csr")', 'sb.einsum("ji,j->i", A, v)', ("crd1", "pos1")),
+           "sddmm": ('sb.sparse(D, "csr")', 'sb.einsum("ij,ik,kj->ij", A, X, X.t().contiguous())', ("crd1", "pos1")),
+           "bsr": ('sb.sparse(D4, "bsr(4,4)")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
+           "spadd": ('sb.sparse(D, "csr")', 'A + B', ("crd1", "pos1")),
+           "csf_ttm": ('sb.sparse(T, "csf")', 'sb.einsum("ijk,kr->ijr", A, W)', ("crd2", "pos2")),
+       }.items()},
 
     # --- 7. semantics that must not depend on dispatch ------------------------------------------------------
     **{f"inf_in_dense_operand_{mode}": case("""

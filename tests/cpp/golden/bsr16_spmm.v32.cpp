@@ -51,7 +51,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a1_0 = {}, a2_0 = {}, a3_0 = {}, a4_0 = {}, a5_0 = {}, a6_0 = {}, a7_0 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             vec_t d0 = vload(dr + c * t1_st0);
@@ -103,7 +103,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0, a4_0 = 0, a5_0 = 0, a6_0 = 0, a7_0 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             val_t d0 = *(dr + c * t1_st0);

@@ -51,7 +51,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a0_1 = {}, a0_2 = {}, a1_0 = {}, a1_1 = {}, a1_2 = {}, a2_0 = {}, a2_1 = {}, a2_2 = {}, a3_0 = {}, a3_1 = {}, a3_2 = {}, a4_0 = {}, a4_1 = {}, a4_2 = {}, a5_0 = {}, a5_1 = {}, a5_2 = {}, a6_0 = {}, a6_1 = {}, a6_2 = {}, a7_0 = {}, a7_1 = {}, a7_2 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 16), d2 = vload(dr + c * t1_st0 + 32);
@@ -167,7 +167,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a0_1 = {}, a1_0 = {}, a1_1 = {}, a2_0 = {}, a2_1 = {}, a3_0 = {}, a3_1 = {}, a4_0 = {}, a4_1 = {}, a5_0 = {}, a5_1 = {}, a6_0 = {}, a6_1 = {}, a7_0 = {}, a7_1 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 16);
@@ -251,7 +251,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a1_0 = {}, a2_0 = {}, a3_0 = {}, a4_0 = {}, a5_0 = {}, a6_0 = {}, a7_0 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             vec_t d0 = vload(dr + c * t1_st0);
@@ -303,7 +303,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0, a4_0 = 0, a5_0 = 0, a6_0 = 0, a7_0 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 16 + rr) * 16;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (16 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (16 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 16; ++c) {
             val_t d0 = *(dr + c * t1_st0);

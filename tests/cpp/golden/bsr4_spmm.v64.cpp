@@ -51,7 +51,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a0_1 = {}, a0_2 = {}, a0_3 = {}, a0_4 = {}, a0_5 = {}, a1_0 = {}, a1_1 = {}, a1_2 = {}, a1_3 = {}, a1_4 = {}, a1_5 = {}, a2_0 = {}, a2_1 = {}, a2_2 = {}, a2_3 = {}, a2_4 = {}, a2_5 = {}, a3_0 = {}, a3_1 = {}, a3_2 = {}, a3_3 = {}, a3_4 = {}, a3_5 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (4 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 16), d2 = vload(dr + c * t1_st0 + 32), d3 = vload(dr + c * t1_st0 + 48), d4 = vload(dr + c * t1_st0 + 64), d5 = vload(dr + c * t1_st0 + 80);
@@ -163,7 +163,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a0_1 = {}, a0_2 = {}, a0_3 = {}, a1_0 = {}, a1_1 = {}, a1_2 = {}, a1_3 = {}, a2_0 = {}, a2_1 = {}, a2_2 = {}, a2_3 = {}, a3_0 = {}, a3_1 = {}, a3_2 = {}, a3_3 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (4 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 16), d2 = vload(dr + c * t1_st0 + 32), d3 = vload(dr + c * t1_st0 + 48);
@@ -243,7 +243,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a0_1 = {}, a1_0 = {}, a1_1 = {}, a2_0 = {}, a2_1 = {}, a3_0 = {}, a3_1 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (4 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             vec_t d0 = vload(dr + c * t1_st0), d1 = vload(dr + c * t1_st0 + 16);
@@ -291,7 +291,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         vec_t a0_0 = {}, a1_0 = {}, a2_0 = {}, a3_0 = {};
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (4 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             vec_t d0 = vload(dr + c * t1_st0);
@@ -323,7 +323,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t0_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = t1_data + (int64_t)t0_crd1[bq] * (4 * t1_st0) + jo;
+          const val_t* __restrict dr = t1_data + kept_in(t0_crd1[bq], NQb) * (4 * t1_st0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             val_t d0 = *(dr + c * t1_st0);

@@ -70,7 +70,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         val_t a0_0 = 0, a0_1 = 0, a1_0 = 0, a1_1 = 0, a2_0 = 0, a2_1 = 0, a3_0 = 0, a3_1 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t1_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = Dt + (int64_t)t1_crd1[bq] * (4 * N0) + jo;
+          const val_t* __restrict dr = Dt + kept_in(t1_crd1[bq], NQb) * (4 * N0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             val_t d0 = *(dr + c * N0), d1 = *(dr + c * N0 + 1);
@@ -93,7 +93,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         val_t a0_0 = 0, a1_0 = 0, a2_0 = 0, a3_0 = 0;
         for (int64_t bq = kb; bq < kbe; ++bq) {
           const val_t* __restrict blk = t1_vals + (bq * 4 + rr) * 4;
-          const val_t* __restrict dr = Dt + (int64_t)t1_crd1[bq] * (4 * N0) + jo;
+          const val_t* __restrict dr = Dt + kept_in(t1_crd1[bq], NQb) * (4 * N0) + jo;
           #pragma GCC unroll 32
           for (int64_t c = 0; c < 4; ++c) {
             val_t d0 = *(dr + c * N0);

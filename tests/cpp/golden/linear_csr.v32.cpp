@@ -44,10 +44,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const int64_t jo = 0 + jt * 64;
               const int64_t jn = std::min<int64_t>(64, N0 - jo);
               val_t tacc[64] = {};
-              int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1];
+              int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1]; kept_segment(k1l1, ke1l1, t1_crd1_n);
               for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
                 const int64_t k1l1 = p1l1;
-                const int64_t i2 = t1_crd1[k1l1];
+                const int64_t i2 = kept_in(t1_crd1[k1l1], N2);
                 if (jn == 64) {
                   #pragma omp simd
                   for (int64_t jj = 0; jj < 64; ++jj) {

@@ -52,7 +52,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
       for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
         const int64_t k0l0 = p0l0;
-        const int64_t i0 = t0_crd0[k0l0];
+        const int64_t i0 = kept_in(t0_crd0[k0l0], N0);
         for (int64_t jo = 0; jo + 64 <= N1; jo += 64) {
           const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
           const val_t* __restrict t2_jo = t2_data + jo * t2_st1;

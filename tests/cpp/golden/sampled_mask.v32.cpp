@@ -35,10 +35,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
           {
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
-              const int64_t i1 = t0_crd1[k0l1];
+              const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
               val_t acc = 0; bool any = false; (void)any;
               acc += (t0_vals[k0l1] * t1_data[i0 * t1_st0 + i1 * t1_st1]); any = true;
               sampled_out[k0l1] = acc;

@@ -62,7 +62,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
           for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
             const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
+            const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
             val_t acc = 0; bool any = false;
             acc += t0_vals[k0l1]; any = true;
             if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
@@ -70,7 +70,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
           for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
             const int64_t k1l1 = p1l1;
-            const int64_t i1 = t1_crd1[k1l1];
+            const int64_t i1 = kept_in(t1_crd1[k1l1], N1);
             val_t acc = 0; bool any = false;
             acc += t1_vals[k1l1]; any = true;
             if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
@@ -80,7 +80,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
           for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
             const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
+            const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
             val_t acc = 0; bool any = false;
             acc += t0_vals[k0l1]; any = true;
             if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }

@@ -44,10 +44,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const int64_t jo = 0 + jt * 16;
               const int64_t jn = std::min<int64_t>(16, N1 - jo);
               val_t tacc[16] = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
+                const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                 if (jn == 16) {
                   #pragma omp simd
                   for (int64_t jj = 0; jj < 16; ++jj) {

@@ -43,7 +43,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             for (int64_t jo = 0; jo + 32 <= N1; jo += 32) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -57,7 +57,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 24);
                     }
                   }
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -70,7 +70,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -120,7 +120,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 16;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -132,7 +132,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 8);
                     }
                   }
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -141,7 +141,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -170,7 +170,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 8;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -181,14 +181,14 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
                     }
                   }
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                 }
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                 }
@@ -207,7 +207,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 4;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -218,13 +218,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
                     }
                   }
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                 }
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = t0_crd1[k0l1];
+                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                 }
               }
@@ -237,10 +237,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const int64_t jo = (N1 / 4) * 4 + jt * 32;
               const int64_t jn = std::min<int64_t>(32, N1 - jo);
               val_t tacc[32] = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
+                const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
                 if (jn == 32) {
                   #pragma omp simd
                   for (int64_t jj = 0; jj < 32; ++jj) {

@@ -39,7 +39,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
         for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
           const int64_t k0l1 = p0l1;
-          const int64_t i1 = t0_crd1[k0l1];
+          const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
           lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
         }
         o[i0 * os0] += lacc;

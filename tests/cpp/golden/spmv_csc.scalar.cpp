@@ -43,10 +43,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) { hi1 = lo1; c1 = ht1; }
         for (int64_t i1 = lo1; i1 < hi1; ++i1) {
           {
-            int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
+            int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
-              const int64_t i0 = t0_crd1[k0l1];
+              const int64_t i0 = kept_in(t0_crd1[k0l1], N0);
               o[i0 * os0] += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
             }
           }

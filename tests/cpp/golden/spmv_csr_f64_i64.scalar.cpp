@@ -40,35 +40,35 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               val_t lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               {
                 val_t lacc1 = (val_t)0, lacc2 = (val_t)0, lacc3 = (val_t)0;
                 int64_t p0l1 = k0l1;
                 for (; p0l1 + 4 <= ke0l1; p0l1 += 4) {
                   {
                     const int64_t k0l1 = p0l1;
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 1);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc1 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 2);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc2 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 3);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc3 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                 }
                 for (; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i1 = t0_crd1[k0l1];
+                  const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                   lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                 }
                 lacc += (lacc1 + lacc2 + lacc3);
@@ -80,10 +80,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               val_t lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i1 = t0_crd1[k0l1];
+                const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                 lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
               }
               o[i0 * os0] = lacc;

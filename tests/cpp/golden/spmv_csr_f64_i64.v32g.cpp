@@ -41,18 +41,18 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               val_t lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               {
                 vec_t s0 = {}, s1 = {};
                 int64_t pb = k0l1;
                 for (; pb + 8 <= ke0l1; pb += 8) {
-                  const vec_t g0_0 = {(val_t)t1_data[(t0_crd1[((pb + 0))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 1))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 2))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 3))]) * t1_st0]};
+                  const vec_t g0_0 = {(val_t)t1_data[(kept_in(t0_crd1[((pb + 0))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 1))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 2))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 3))], N1)) * t1_st0]};
                   s0 += (vload(&t0_vals[((pb))]) * g0_0);
-                  const vec_t g1_0 = {(val_t)t1_data[(t0_crd1[((pb + 4))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 5))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 6))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 7))]) * t1_st0]};
+                  const vec_t g1_0 = {(val_t)t1_data[(kept_in(t0_crd1[((pb + 4))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 5))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 6))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 7))], N1)) * t1_st0]};
                   s1 += (vload(&t0_vals[((pb))] + 4) * g1_0);
                 }
                 if (pb + 4 <= ke0l1) {
-                  const vec_t g0_0 = {(val_t)t1_data[(t0_crd1[((pb + 0))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 1))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 2))]) * t1_st0], (val_t)t1_data[(t0_crd1[((pb + 3))]) * t1_st0]};
+                  const vec_t g0_0 = {(val_t)t1_data[(kept_in(t0_crd1[((pb + 0))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 1))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 2))], N1)) * t1_st0], (val_t)t1_data[(kept_in(t0_crd1[((pb + 3))], N1)) * t1_st0]};
                   s0 += (vload(&t0_vals[((pb))]) * g0_0);
                   pb += 4;
                 }
@@ -60,7 +60,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 lacc += ((ss[0] + ss[1]) + (ss[2] + ss[3]));
                 for (int64_t p0l1 = pb; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i1 = t0_crd1[k0l1];
+                  const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                   lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                 }
               }
@@ -71,35 +71,35 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               val_t lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               {
                 val_t lacc1 = (val_t)0, lacc2 = (val_t)0, lacc3 = (val_t)0;
                 int64_t p0l1 = k0l1;
                 for (; p0l1 + 4 <= ke0l1; p0l1 += 4) {
                   {
                     const int64_t k0l1 = p0l1;
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 1);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc1 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 2);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc2 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 3);
-                    const int64_t i1 = t0_crd1[k0l1];
+                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                     lacc3 += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                   }
                 }
                 for (; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i1 = t0_crd1[k0l1];
+                  const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                   lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
                 }
                 lacc += (lacc1 + lacc2 + lacc3);
@@ -111,10 +111,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               val_t lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i1 = t0_crd1[k0l1];
+                const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
                 lacc += (t0_vals[k0l1] * t1_data[i1 * t1_st0]);
               }
               o[i0 * os0] = lacc;

@@ -151,19 +151,19 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
           for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
             const int64_t k0l1 = p0l1;
-            const int64_t i1 = t0_crd1[k0l1];
+            const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
             o[i0 * os0 + i1 * os1] += t0_vals[k0l1];
           }
           coords_in_range(t1_crd1, k1l1, ke1l1, N1, bad);
           for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
             const int64_t k1l1 = p1l1;
-            const int64_t i1 = t1_crd1[k1l1];
+            const int64_t i1 = kept_in(t1_crd1[k1l1], N1);
             o[i0 * os0 + i1 * os1] += (t1_vals[k1l1] * t2_data[i0 * t2_st0 + i1 * t2_st1]);
           }
           coords_in_range(t4_crd1, k4l1, ke4l1, N1, bad);
           for (int64_t p4l1 = k4l1; p4l1 < ke4l1; ++p4l1) {
             const int64_t k4l1 = p4l1;
-            const int64_t i1 = t4_crd1[k4l1];
+            const int64_t i1 = kept_in(t4_crd1[k4l1], N1);
             o[i0 * os0 + i1 * os1] += t4_vals[k4l1];
           }
         }

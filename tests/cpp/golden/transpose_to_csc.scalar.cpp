@@ -34,10 +34,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
         if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
           {
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
-              const int64_t i1 = t0_crd1[k0l1];
+              const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
               { const int64_t c[] = {i0, i1}; push(st, c, 2, (t0_vals[k0l1] * ((val_t)2.0))); }
             }
           }

@@ -44,19 +44,19 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
       for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
         const int64_t k0l0 = p0l0;
-        const int64_t i0 = t0_crd0[k0l0];
+        const int64_t i0 = kept_in(t0_crd0[k0l0], N0);
         int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
         coords_in_range(t0_crd1, k0l1, ke0l1, N1, bad);
         for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
           const int64_t k0l1 = p0l1;
-          const int64_t i1 = t0_crd1[k0l1];
+          const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
           const int64_t ofib = k0l1;
           val_t lacc = 0;
           int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
           coords_in_range(t0_crd2, k0l2, ke0l2, N2, bad);
           for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
             const int64_t k0l2 = p0l2;
-            const int64_t i2 = t0_crd2[k0l2];
+            const int64_t i2 = kept_in(t0_crd2[k0l2], N2);
             lacc += (t0_vals[k0l2] * t1_data[i2 * t1_st0]);
           }
           o[ofib] = lacc;

@@ -53,7 +53,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       coords_in_range(t0_crd0, k0l0, ke0l0, N0, bad);
       for (int64_t p0l0 = k0l0; p0l0 < ke0l0; ++p0l0) {
         const int64_t k0l0 = p0l0;
-        const int64_t i0 = t0_crd0[k0l0];
+        const int64_t i0 = kept_in(t0_crd0[k0l0], N0);
         val_t acc = 0; bool any = false;
         acc += t0_vals[k0l0]; any = true;
         if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
@@ -61,7 +61,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       coords_in_range(t1_crd0, k1l0, ke1l0, N0, bad);
       for (int64_t p1l0 = k1l0; p1l0 < ke1l0; ++p1l0) {
         const int64_t k1l0 = p1l0;
-        const int64_t i0 = t1_crd0[k1l0];
+        const int64_t i0 = kept_in(t1_crd0[k1l0], N0);
         val_t acc = 0; bool any = false;
         acc += t1_vals[k1l0]; any = true;
         if (any) { const int64_t c[] = {i0}; push(st, c, 1, acc); }
