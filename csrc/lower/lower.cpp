@@ -168,14 +168,15 @@ Stmts Lowerer::lower_depth(int d, const ExprPtr& e, const States& states) {
   // A level that keeps no coordinates has them in its iterator's cursor (LevelKind::coordinate_cursor).
   auto cursor = [&](int id) { return has_cursor(parts.at(id).tensor, parts.at(id).level); };
   auto crd = [&](int id) { return cursor(id) ? V(cursor_of(k(id))) : crd_at(id, k(id)); };
-  // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h). In rows
-  // rows_in_range checked already (and in a segment coords_in_range checked), only kept in range: read again
-  // after its check, it can differ only through the caller's data race, which must not reach out of bounds.
+  // A coordinate that becomes the loop variable is checked against the extent (kernel_abi.h). Not in rows
+  // checked on a private copy (rows_snapshot): they read the copy. In a segment coords_in_range checked, the
+  // coordinate read again is kept in range (kept_in): only the caller's data race could change it since, and
+  // that must not reach out of bounds.
   auto kept_crd = [&](int id) {
     return cursor(id) ? crd(id) : loops::call("kept_in", {crd(id), size_expr(v)});
   };
   auto checked_crd = [&](int id) {
-    return span_checked(id, parts.at(id).level) ? kept_crd(id) : loops::call("in_range", {crd(id), size_expr(v), V("bad")});
+    return span_checked(id, parts.at(id).level) ? crd(id) : loops::call("in_range", {crd(id), size_expr(v), V("bad")});
   };
   auto K = [&](int id) { return V(k(id)); };
   auto KE = [&](int id) { return V(ke(id)); };

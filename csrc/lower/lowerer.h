@@ -466,11 +466,8 @@ class Lowerer {
                                             loops::print(s.b), loops::print(s.e));
     const loops::StmtPtr decl = loops::decl("int64_t", {k, ke}, {loops::text(b), loops::text(e)});
     Stmts parts{decl};
-    // checked: inside rows checked by rows_in_range, read again: kept inside the buffer (kept_segment).
-    if (kind.range_from_buffers())
-      parts.push_back(loops::eval(loops::call(checked ? "kept_segment" : "segment",
-                                              checked ? std::vector<LExpr>{V(k), V(ke), V(buf(tensor, level, "crd") + "_n")}
-                                                      : std::vector<LExpr>{V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")})));
+    if (!checked && kind.range_from_buffers())  // checked: inside rows checked on a private copy (rows_snapshot)
+      parts.push_back(loops::eval(loops::call("segment", {V(k), V(ke), V(buf(tensor, level, "crd") + "_n"), V("bad")})));
     if (kind.coordinate_cursor())
       parts.push_back(loops::line(kind.cursor_start([&](const std::string& n) { return buf(tensor, level, n.c_str()); },
                                                     loops::print(s.b), loops::print(s.e),
@@ -596,16 +593,27 @@ class Lowerer {
         out.push_back(loops::decl("const int64_t", lt, loops::call("balanced_bound", {V(pos), size_expr(v), tid, nt})));
         out.push_back(loops::decl("const int64_t", ht, loops::call("balanced_bound", {V(pos), size_expr(v), next_tid, nt})));
         out.push_back(loops::decl("int64_t", c, V(lt)));
+        // The chunk's positions and coordinates are checked on a private copy (rows_snapshot), and inside the
+        // chunk the buffers' names stand for the copy: every later read sees the values checked, whatever a
+        // caller writing the buffers during the call does (checked and then read again, they reached out of
+        // bounds under such a race). snapshot_free after the chunk loop (close_chunks).
         const auto& lvars = access_.at(id).lvars;
-        const LExpr rows_ok = loops::call("rows_in_range", {V(pos), V(crd), V(lo_name), V(hi_name), V(crd + "_n"),
-                                                            size_expr(lvars.at(1)), V("bad")});
+        const std::string snap = fmt::format("snap{}", v), sp = fmt::format("sp{}", v), sc = fmt::format("sc{}", v);
+        const LExpr rows_ok = loops::call("rows_snapshot", {V(pos), V(crd), V(lo_name), V(hi_name), V(crd + "_n"),
+                                                            size_expr(lvars.at(1)), V("bad"), V(snap), V(sp), V(sc)});
+        out.push_back(loops::line(fmt::format("RowsSnapshot {} = {{nullptr, nullptr, 0, 0}};", snap)));
         chunk_cond_ = loops::lt(V(c), V(ht));
         chunk_prelude_ = {
             loops::decl("const int64_t", lo_name, V(c)),
             loops::decl("int64_t", hi_name, loops::call("chunk_end", {V(pos), V(c), V(ht), loops::call("chunk_entries", {})})),
             loops::assign(V(c), V(hi_name)),
+            loops::decl("const idx_t*", sp, V(pos)),
+            loops::decl("const idx_t*", sc, V(crd)),
             loops::on_one_line({loops::if_then(loops::unary(UnOp::logical_not, rows_ok),
-                                               {loops::assign(V(hi_name), V(lo_name)), loops::assign(V(c), V(ht))})})};
+                                               {loops::assign(V(hi_name), V(lo_name)), loops::assign(V(c), V(ht))})}),
+            loops::decl("const idx_t* __restrict", pos, V(sp)),
+            loops::decl("const idx_t* __restrict", crd, V(sc))};
+        chunk_free_ = loops::eval(loops::call("snapshot_free", {V(snap)}));
         chunk_mark_ = out.size();
         span_tensor_ = p.tensor;
         span_var_ = v;
@@ -662,12 +670,14 @@ class Lowerer {
   size_t chunk_mark_ = static_cast<size_t>(-1);
   LExpr chunk_cond_;
   Stmts chunk_prelude_;
+  loops::StmtPtr chunk_free_;
   Stmts& close_chunks(Stmts& out, int depth) {
     if (depth != 0 || chunk_mark_ == static_cast<size_t>(-1)) return out;  // the split is the outermost loop
     Stmts body = chunk_prelude_;
     body.insert(body.end(), out.begin() + static_cast<std::ptrdiff_t>(chunk_mark_), out.end());
     out.resize(chunk_mark_);
     out.push_back(loops::while_loop(chunk_cond_, body));
+    out.push_back(chunk_free_);
     chunk_mark_ = static_cast<size_t>(-1);
     chunk_prelude_.clear();
     return out;

@@ -97,7 +97,10 @@ TEST(GoldenLowering, CorpusCoversTheLoweringFeatures) {
   EXPECT_NE(hardware.find("#pragma omp simd reduction(+:lacc)"), std::string::npos);
   EXPECT_EQ(hardware.find("const vec_t g0_0 = {"), std::string::npos);
   EXPECT_EQ(soft.find("#pragma omp simd reduction(+:lacc)"), std::string::npos);
-  EXPECT_NE(soft.find("const vec_t g0_0 = {(val_t)t1_data[(kept_in(t0_crd1[((pb + 0))], N1)) * t1_st0]"), std::string::npos) << soft;
+  EXPECT_NE(soft.find("const vec_t g0_0 = {(val_t)t1_data[(t0_crd1[((pb + 0))]) * t1_st0]"), std::string::npos) << soft;
+  // Its rows read a checked private copy of the chunk's positions and coordinates, not the buffers again.
+  EXPECT_NE(soft.find("if (!rows_snapshot(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad, snap0, sp0, sc0))"), std::string::npos) << soft;
+  EXPECT_NE(soft.find("const idx_t* __restrict t0_crd1 = sc0;"), std::string::npos) << soft;
   EXPECT_NE(soft.find("s0 += (vload(&t0_vals[((pb))]) * g0_0);"), std::string::npos) << soft;
 }
 

@@ -34,18 +34,23 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt0 = balanced_bound(t1_pos1, N0, tid, nt);
       const int64_t ht0 = balanced_bound(t1_pos1, N0, tid + 1, nt);
       int64_t c0 = lt0;
+      RowsSnapshot snap0 = {nullptr, nullptr, 0, 0};
       while (c0 < ht0) {
         const int64_t lo0 = c0;
         int64_t hi0 = chunk_end(t1_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
-        if (!rows_in_range(t1_pos1, t1_crd1, lo0, hi0, t1_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* sp0 = t1_pos1;
+        const idx_t* sc0 = t1_crd1;
+        if (!rows_snapshot(t1_pos1, t1_crd1, lo0, hi0, t1_crd1_n, N1, bad, snap0, sp0, sc0)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* __restrict t1_pos1 = sp0;
+        const idx_t* __restrict t1_crd1 = sc0;
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
           {
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N1 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N1 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
-            int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; kept_segment(k1l1, ke1l1, t1_crd1_n);
+            int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1];
             while (k0l1 < ke0l1 && k1l1 < ke1l1) {
               const int64_t c0l1 = in_range(q0l1, N1, bad);
-              const int64_t c1l1 = kept_in(t1_crd1[k1l1], N1);
+              const int64_t c1l1 = t1_crd1[k1l1];
               const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
               if (c0l1 == i1 && c1l1 == i1) {
                 o[i0 * os0 + i1 * os1] += (t0_vals[k0l1] + t1_vals[k1l1]);
@@ -66,12 +71,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             bad |= !(q0l1 == INT64_MAX);
             for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
               const int64_t k1l1 = p1l1;
-              const int64_t i1 = kept_in(t1_crd1[k1l1], N1);
+              const int64_t i1 = t1_crd1[k1l1];
               o[i0 * os0 + i1 * os1] += t1_vals[k1l1];
             }
           }
         }
       }
+      snapshot_free(snap0);
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -34,22 +34,28 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt1 = balanced_bound(t0_pos1, N1, tid, nt);
       const int64_t ht1 = balanced_bound(t0_pos1, N1, tid + 1, nt);
       int64_t c1 = lt1;
+      RowsSnapshot snap1 = {nullptr, nullptr, 0, 0};
       while (c1 < ht1) {
         const int64_t lo1 = c1;
         int64_t hi1 = chunk_end(t0_pos1, c1, ht1, chunk_entries());
         c1 = hi1;
-        if (!rows_in_range(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad)) { hi1 = lo1; c1 = ht1; }
+        const idx_t* sp1 = t0_pos1;
+        const idx_t* sc1 = t0_crd1;
+        if (!rows_snapshot(t0_pos1, t0_crd1, lo1, hi1, t0_crd1_n, N0, bad, snap1, sp1, sc1)) { hi1 = lo1; c1 = ht1; }
+        const idx_t* __restrict t0_pos1 = sp1;
+        const idx_t* __restrict t0_crd1 = sc1;
         for (int64_t i1 = lo1; i1 < hi1; ++i1) {
           {
-            int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+            int64_t k0l1 = t0_pos1[(0 * N1 + i1)], ke0l1 = t0_pos1[(0 * N1 + i1) + 1];
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
-              const int64_t i0 = kept_in(t0_crd1[k0l1], N0);
+              const int64_t i0 = t0_crd1[k0l1];
               o[i0 * os0] += t0_vals[k0l1];
             }
           }
         }
       }
+      snapshot_free(snap1);
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

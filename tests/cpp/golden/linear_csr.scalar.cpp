@@ -33,21 +33,26 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt1 = balanced_bound(t1_pos1, N1, tid, nt);
       const int64_t ht1 = balanced_bound(t1_pos1, N1, tid + 1, nt);
       int64_t c1 = lt1;
+      RowsSnapshot snap1 = {nullptr, nullptr, 0, 0};
       while (c1 < ht1) {
         const int64_t lo1 = c1;
         int64_t hi1 = chunk_end(t1_pos1, c1, ht1, chunk_entries());
         c1 = hi1;
-        if (!rows_in_range(t1_pos1, t1_crd1, lo1, hi1, t1_crd1_n, N2, bad)) { hi1 = lo1; c1 = ht1; }
+        const idx_t* sp1 = t1_pos1;
+        const idx_t* sc1 = t1_crd1;
+        if (!rows_snapshot(t1_pos1, t1_crd1, lo1, hi1, t1_crd1_n, N2, bad, snap1, sp1, sc1)) { hi1 = lo1; c1 = ht1; }
+        const idx_t* __restrict t1_pos1 = sp1;
+        const idx_t* __restrict t1_crd1 = sc1;
         for (int64_t i1 = lo1; i1 < hi1; ++i1) {
           {
             for (int64_t jt = 0; jt < (N0 - 0 + 15) / 16; ++jt) {
               const int64_t jo = 0 + jt * 16;
               const int64_t jn = std::min<int64_t>(16, N0 - jo);
               val_t tacc[16] = {};
-              int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1]; kept_segment(k1l1, ke1l1, t1_crd1_n);
+              int64_t k1l1 = t1_pos1[(0 * N1 + i1)], ke1l1 = t1_pos1[(0 * N1 + i1) + 1];
               for (int64_t p1l1 = k1l1; p1l1 < ke1l1; ++p1l1) {
                 const int64_t k1l1 = p1l1;
-                const int64_t i2 = kept_in(t1_crd1[k1l1], N2);
+                const int64_t i2 = t1_crd1[k1l1];
                 if (jn == 16) {
                   #pragma omp simd
                   for (int64_t jj = 0; jj < 16; ++jj) {
@@ -68,6 +73,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           }
         }
       }
+      snapshot_free(snap1);
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -32,17 +32,22 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
       const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
       int64_t c0 = lt0;
+      RowsSnapshot snap0 = {nullptr, nullptr, 0, 0};
       while (c0 < ht0) {
         const int64_t lo0 = c0;
         int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
-        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* sp0 = t0_pos1;
+        const idx_t* sc0 = t0_crd1;
+        if (!rows_snapshot(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad, snap0, sp0, sc0)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* __restrict t0_pos1 = sp0;
+        const idx_t* __restrict t0_crd1 = sc0;
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
           {
-            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+            int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
             int64_t k1l1 = t1_pos1[(0 * N0 + i0)], ke1l1 = t1_pos1[(0 * N0 + i0) + 1]; segment(k1l1, ke1l1, t1_crd1_n, bad);
             while (k0l1 < ke0l1 && k1l1 < ke1l1) {
-              const int64_t c0l1 = kept_in(t0_crd1[k0l1], N1);
+              const int64_t c0l1 = t0_crd1[k0l1];
               const int64_t c1l1 = in_range(t1_crd1[k1l1], N1, bad);
               const int64_t i1 = std::min<int64_t>(c0l1, c1l1);
               if (c0l1 == i1 && c1l1 == i1) {
@@ -63,7 +68,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             }
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
-              const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+              const int64_t i1 = t0_crd1[k0l1];
               val_t acc = 0; bool any = false;
               acc += t0_vals[k0l1]; any = true;
               if (any) { const int64_t c[] = {i0, i1}; push(st, c, 2, acc); }
@@ -79,6 +84,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           }
         }
       }
+      snapshot_free(snap0);
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -33,17 +33,22 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
       const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
       int64_t c0 = lt0;
+      RowsSnapshot snap0 = {nullptr, nullptr, 0, 0};
       while (c0 < ht0) {
         const int64_t lo0 = c0;
         int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
-        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* sp0 = t0_pos1;
+        const idx_t* sc0 = t0_crd1;
+        if (!rows_snapshot(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N2, bad, snap0, sp0, sc0)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* __restrict t0_pos1 = sp0;
+        const idx_t* __restrict t0_crd1 = sc0;
         for (int64_t i0 = lo0; i0 < hi0; ++i0) {
           {
             for (int64_t jo = 0; jo + 32 <= N1; jo += 32) {
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {}, va4 = {}, va5 = {}, va6 = {}, va7 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -57,7 +62,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 24);
                     }
                   }
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -70,7 +75,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -120,7 +125,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 16;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {}, va2 = {}, va3 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -132,7 +137,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 8);
                     }
                   }
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -141,7 +146,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                   va2 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 8));
@@ -170,7 +175,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 8;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {}, va1 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -181,14 +186,14 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
                     }
                   }
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                 }
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                   va1 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0] + 4));
                 }
@@ -207,7 +212,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               jdone += 4;
               const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
               vec_t va0 = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
               if (pf_0l1) {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
@@ -218,13 +223,13 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                       __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
                     }
                   }
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                 }
               } else {
                 for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                  const int64_t i2 = t0_crd1[k0l1];
                   va0 += (t0_vals[k0l1] * vload(&t1_jo[i2 * t1_st0]));
                 }
               }
@@ -237,10 +242,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               const int64_t jo = (N1 / 4) * 4 + jt * 32;
               const int64_t jn = std::min<int64_t>(32, N1 - jo);
               val_t tacc[32] = {};
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i2 = kept_in(t0_crd1[k0l1], N2);
+                const int64_t i2 = t0_crd1[k0l1];
                 if (jn == 32) {
                   #pragma omp simd
                   for (int64_t jj = 0; jj < 32; ++jj) {
@@ -261,6 +266,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           }
         }
       }
+      snapshot_free(snap0);
     }
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
   }

@@ -31,45 +31,50 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
       const int64_t lt0 = balanced_bound(t0_pos1, N0, tid, nt);
       const int64_t ht0 = balanced_bound(t0_pos1, N0, tid + 1, nt);
       int64_t c0 = lt0;
+      RowsSnapshot snap0 = {nullptr, nullptr, 0, 0};
       while (c0 < ht0) {
         const int64_t lo0 = c0;
         int64_t hi0 = chunk_end(t0_pos1, c0, ht0, chunk_entries());
         c0 = hi0;
-        if (!rows_in_range(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* sp0 = t0_pos1;
+        const idx_t* sc0 = t0_crd1;
+        if (!rows_snapshot(t0_pos1, t0_crd1, lo0, hi0, t0_crd1_n, N1, bad, snap0, sp0, sc0)) { hi0 = lo0; c0 = ht0; }
+        const idx_t* __restrict t0_pos1 = sp0;
+        const idx_t* __restrict t0_crd1 = sc0;
         const bool medium_rows = (int64_t)(t0_pos1[hi0] - t0_pos1[lo0]) >= (int64_t)12 * (hi0 - lo0);
         if (medium_rows) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               double lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               {
                 val_t lacc1 = (val_t)0, lacc2 = (val_t)0, lacc3 = (val_t)0;
                 int64_t p0l1 = k0l1;
                 for (; p0l1 + 4 <= ke0l1; p0l1 += 4) {
                   {
                     const int64_t k0l1 = p0l1;
-                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                    const int64_t i1 = t0_crd1[k0l1];
                     lacc += t0_vals[k0l1];
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 1);
-                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                    const int64_t i1 = t0_crd1[k0l1];
                     lacc1 += t0_vals[k0l1];
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 2);
-                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                    const int64_t i1 = t0_crd1[k0l1];
                     lacc2 += t0_vals[k0l1];
                   }
                   {
                     const int64_t k0l1 = (p0l1 + 3);
-                    const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                    const int64_t i1 = t0_crd1[k0l1];
                     lacc3 += t0_vals[k0l1];
                   }
                 }
                 for (; p0l1 < ke0l1; ++p0l1) {
                   const int64_t k0l1 = p0l1;
-                  const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                  const int64_t i1 = t0_crd1[k0l1];
                   lacc += t0_vals[k0l1];
                 }
                 lacc += (lacc1 + lacc2 + lacc3);
@@ -81,10 +86,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           for (int64_t i0 = lo0; i0 < hi0; ++i0) {
             {
               double lacc = 0;
-              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; kept_segment(k0l1, ke0l1, t0_crd1_n);
+              int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
               for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
                 const int64_t k0l1 = p0l1;
-                const int64_t i1 = kept_in(t0_crd1[k0l1], N1);
+                const int64_t i1 = t0_crd1[k0l1];
                 lacc += t0_vals[k0l1];
               }
               o[0] += lacc;
@@ -92,6 +97,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
           }
         }
       }
+      snapshot_free(snap0);
     }
     dacc[tid] = oacc;
     if (bad) __atomic_store_n(&bad_index, 1, __ATOMIC_RELAXED);
