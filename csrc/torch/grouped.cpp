@@ -21,6 +21,7 @@
 #include <numeric>
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include "chain.h"
 #include "common/error.h"
@@ -309,7 +310,9 @@ StepResult run_step(const ChainStep& st, std::vector<Held> held, const Groups& g
       return g.counts[static_cast<size_t>(present[a])] > g.counts[static_cast<size_t>(present[b])];
     });
     std::atomic<size_t> next{0};
+    const at::ThreadLocalState caller;  // InferenceMode and the dispatch keys: OpenMP workers do not inherit them
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      at::ThreadLocalStateGuard tls(caller);
       for (size_t k = next++; k < order.size(); k = next++) {
         const int64_t q_ = present[order[k]];
         at::Tensor dst = keeps_p    ? parts.narrow(0, g.starts[static_cast<size_t>(q_)], g.counts[static_cast<size_t>(q_)])

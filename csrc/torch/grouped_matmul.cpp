@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include "common/error.h"
 #include "grouped_kernel.h"
@@ -44,7 +45,9 @@ void for_groups(const std::vector<int64_t>& counts, const Work& work) {
     return;
   }
   std::atomic<size_t> next{0};
+  const at::ThreadLocalState caller;  // InferenceMode and the dispatch keys: OpenMP workers do not inherit them
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {  // inside: ATen's products run single-threaded
+    at::ThreadLocalStateGuard tls(caller);
     for (size_t k = next++; k < small.size(); k = next++) work(small[k]);
   });
 }

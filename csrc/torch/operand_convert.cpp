@@ -102,15 +102,12 @@ Operand to_format(const Operand& x, const FormatRef& target, at::ScalarType idx)
     at::Tensor d = grad ? x.to_dense() : x.to_dense().detach();  // (to_dense is differentiable in the values)
     return Operand{&target, x.shape, {}, in_level_order(d, to).clone()};
   }
-  at::Tensor coords = x.coordinates();
-  at::Tensor values = x.values.detach();
-  const auto& levels = x.format->format.levels();
-  // A dense last level pads zeros, dropped here; a gradient is asked for every stored value, zeros included.
-  if (!grad && !levels.empty() && levels.back().kind->name() == "dense") {
-    const at::Tensor keep = values != 0;
-    coords = coords.index({at::indexing::Slice(), keep});
-    values = values.index({keep});
-  }
+  // Every stored value moves, zeros a format pads its blocks or groups with included: they are stored, as
+  // the native BSR and n:m kernels and torch's BSR treat them (0 * inf is NaN there). Dropping them only when
+  // no gradient was recorded made a forward value depend on requires_grad, and a BSR SpMV disagree with a BSR
+  // SpMM on a non-finite dense operand (helper-68).
+  const at::Tensor coords = x.coordinates();
+  const at::Tensor values = x.values.detach();
   // Through the op, so that fake tensors (a backward traced by torch.compile) get its fake kernel.
   auto [buffers, packed] = pack_handle().call(coords, values, x.shape, target.text, idx);
   Operand out{&target, x.shape, std::move(buffers), packed};

@@ -389,8 +389,14 @@ RegionGradient region_gradient(const std::string& text, int k) {
     o.col_major = (o.kind == RegionOperand::Kind::sparse || o.kind == RegionOperand::Kind::pattern) &&
                   o.letters.size() == 2 && o.expand == 0 && o.packed.empty() &&
                   g.out.find(o.letters[0]) == std::string::npos && g.out.find(o.letters[1]) != std::string::npos;
-  // A parameter's gradient goes to autograd's accumulation, which wants the parameter's layout.
-  g.requested_order = target.cached;
+  // Every gradient comes back contiguous in its tensor's own order. A parameter's goes to autograd's
+  // accumulation, which wants the parameter's layout. An activation's goes on into the backward graph, where
+  // torch 2.13's Inductor miscompiled a layout with the last dimension outermost: summed with another and
+  // passed through RMSNorm's backward into embedding_dense_backward, its vectorized scatter wrote wrong
+  // values, or out of bounds (helper-67: a pruned Llama's embedding gradient off by 1.56 relative, heap
+  // corruption in training; the same graph fails in plain torch.compile with inputs so laid out). The copy
+  // costs one pass over the gradient.
+  g.requested_order = true;
   g.coef = p.coef;
   g.frozen = p.frozen;
   g.name = p.name + ".grad" + std::to_string(k);

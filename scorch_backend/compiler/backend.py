@@ -463,19 +463,29 @@ def _compile(gm: fx.GraphModule, example_inputs, opts: dict):
 
 
 @functools.lru_cache(maxsize=1)
-def _schemas_digest() -> str:
-    schemas = sorted(str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("scorch::"))
-    return hashlib.sha256("\n".join(schemas).encode()).hexdigest()[:16]
+def _native_digest() -> str:
+    """A digest of Scorch's op schemas and of its native libraries' bytes (read once a process, ~10 ms)."""
+    from scorch_backend import _C
+    from scorch_backend._native import ops_library_path
+
+    h = hashlib.sha256()
+    h.update("\n".join(sorted(str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("scorch::"))).encode())
+    for path in (ops_library_path(), _C.__file__):
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def _cache_key_tag() -> str:
-    """The user's cache tag with the digest of Scorch's op schemas appended, for the Inductor and AOTAutograd
-    caches while this backend compiles. Their keys hold a graph's code, not the schemas of the custom ops it
-    calls, so after a Scorch upgrade that changed a schema (to_dense's sizes int[] -> SymInt[]) a warm cache
-    handed back graphs traced against the old one: sizes specialized to the first shape, and the call
-    failed."""
+    """The user's cache tag with a digest of Scorch's op schemas and native libraries appended, for the
+    Inductor and AOTAutograd caches while this backend compiles. Their keys hold a graph's code, not what the
+    custom ops it calls do when traced: after a Scorch upgrade that changed a schema (to_dense's sizes int[] ->
+    SymInt[]) a warm cache handed back graphs traced against the old one (sizes specialized to the first
+    shape, and the call failed), and after one that changed the gradient programs the C++ side writes while
+    AOTAutograd traces the backward, a warm cache handed back the old backward graph."""
     user = torch.compiler.config.cache_key_tag
-    return f"{user}|scorch-ops-{_schemas_digest()}" if user else f"scorch-ops-{_schemas_digest()}"
+    return f"{user}|scorch-{_native_digest()}" if user else f"scorch-{_native_digest()}"
 
 
 def _data_dependent(e: BaseException) -> bool:

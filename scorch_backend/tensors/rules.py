@@ -145,7 +145,8 @@ def _sum(x, *, dtype=None):
 def _sum_dims(x, dims, keepdim=False, *, dtype=None):
     if dtype is not None or keepdim:
         return NotImplemented
-    wrapped = [_wrap_dim(d, x.dim()) for d in (dims if dims is not None else range(x.dim()))]
+    # An empty list sums every dimension, as torch's sum does (helper-68).
+    wrapped = [_wrap_dim(d, x.dim()) for d in (dims if dims else range(x.dim()))]
     dims = set(wrapped)
     if len(dims) != len(wrapped):  # as torch: a repeated dimension is an error, not summed once (helper-56)
         raise RuntimeError(f"dim {next(d for d in wrapped if wrapped.count(d) > 1)} appears multiple times in the "
@@ -180,10 +181,18 @@ def _scalar(v) -> bool:
     return not isinstance(v, torch.Tensor) or (v.dim() == 0 and not isinstance(v, SparseTensor))
 
 
+def _nan(v) -> bool:
+    return v is not None and bool(torch.as_tensor(v).isnan().any())
+
+
 @_rule(aten.mul_.Tensor)
 @_rule(aten.mul_.Scalar)
 def _mul_inplace(x, other):
     if not isinstance(x, SparseTensor) or not _scalar(other):
+        return NotImplemented
+    if not bool(torch.as_tensor(other).isfinite().all()):
+        # 0 * inf is NaN: the unstored zeros would become NaN, which a SparseTensor cannot hold in place (A * inf,
+        # out of place, gives a dense result). Scaling only the stored values was silently wrong (helper-68).
         return NotImplemented
     x._values.mul_(other)
     return x
@@ -200,6 +209,8 @@ def _zero_inplace(x):
 @_rule(aten.clamp_.default)
 def _clamp_inplace(x, min=None, max=None):  # noqa: A002 - aten's argument names
     if not isinstance(x, SparseTensor) or (min is not None and min > 0) or (max is not None and max < 0):
+        return NotImplemented
+    if _nan(min) or _nan(max):  # torch makes every element NaN, the unstored zeros too
         return NotImplemented
     x._values.clamp_(min, max)
     return x

@@ -274,3 +274,22 @@ def test_block_coordinates_written_behind_the_version_counter():
     assert lines[:2] == ["OK", "OK"] and lines[-2:] == ["OK", "OK"], lines
     for line in lines[2:8]:
         assert line.startswith("ValueError:") and "crd1" in line, line
+
+
+@pytest.mark.parametrize("fmt", ["bsr(2,2)", "nm(2,4)"])
+def test_padded_zeros_count_as_stored_whatever_the_statement_or_gradient(fmt):
+    """The zeros a format pads its blocks or groups with are stored entries: a non-finite dense value met
+    there gives NaN (0 * inf), as in torch's BSR product. A converted operand dropped them only when no
+    gradient was recorded, so a BSR SpMV gave [1, 2] without requires_grad and [nan, nan] with it, and SpMV
+    disagreed with SpMM on the same operand (helper-68)."""
+    x = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 2]])
+    A = sb.sparse(x, fmt)
+    v = torch.ones(4)
+    v[1] = float("inf")
+    W = v[:, None].repeat(1, 3)
+    with_grad = A.with_values(A.stored_values.clone().requires_grad_())
+    results = [sb.einsum("ij,j->i", B, v).detach() for B in (A, with_grad)]
+    results += [sb.einsum("ij,jk->ik", B, W)[:, 0].detach() for B in (A, with_grad)]
+    for r in results[1:]:
+        torch.testing.assert_close(r, results[0], equal_nan=True)
+    assert results[0][0].isnan(), results[0]  # row 0 stores a zero at the inf's column

@@ -97,3 +97,33 @@ def test_compiled_zoo_models_in_inference_mode(name):
             out = compiled(*inputs)
         ref = model(*inputs)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dispatch", ["auto", "sparse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pruned_projection_times_an_input_in_inference_mode(dispatch, dtype, monkeypatch):
+    """A pruned linear whose output is multiplied by another input (a gated MLP's up projection): its region
+    may run the grouped path, whose products run on OpenMP workers. Those did not inherit the caller's
+    InferenceMode, and writing into an inference tensor there raised "Inplace update to inference tensor
+    outside InferenceMode" (helper-67: a pruned Llama's up_proj; the zoo's MoE in bfloat16). Three shapes."""
+    monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
+    torch.manual_seed(0)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.u = torch.nn.Linear(128, 256, bias=False)
+
+        def forward(self, x, y):
+            return self.u(x) * y
+
+    model = M().eval().to(dtype)
+    sb.prune(model, "magnitude", 0.9)
+    compiled = torch.compile(model, backend="scorch")
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    for shape in [(3, 12), (2, 20), (4, 7)]:
+        x, y = torch.randn(*shape, 128, dtype=dtype), torch.randn(*shape, 256, dtype=dtype)
+        with torch.inference_mode():
+            out = compiled(x, y)
+            ref = model(x, y)
+        torch.testing.assert_close(out, ref, **tol)

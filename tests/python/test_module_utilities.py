@@ -112,6 +112,22 @@ def test_gradient_clipping_and_zeroing_act_on_the_stored_values(fmt, foreach):
     g = sb.sparse(w, fmt)
     with pytest.raises(NotImplementedError, match="would write into a SparseTensor"):
         g.clamp_(min=0.1)  # (the unstored zeros would become 0.1)
+    # The unstored zeros would become NaN (0 * inf, a NaN bound): refused, as out of place such a product is
+    # dense. Scaling only the stored values was silently wrong (helper-68).
+    for bad in (lambda: g.mul_(float("inf")), lambda: g.mul_(torch.tensor(float("nan"))),
+                lambda: g.clamp_(min=float("nan")), lambda: torch._foreach_mul_([g], float("-inf"))):
+        with pytest.raises(NotImplementedError, match="would write into a SparseTensor"):
+            bad()
+    torch.testing.assert_close(g.to_dense(), w)  # untouched
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "bsr(2,2)", "nm(2,4)"])
+def test_a_sum_over_an_empty_dimension_list_sums_everything(fmt):
+    # torch.sum(x, []) is a full reduction; the rule summed nothing and gave x back (helper-68).
+    w = torch.randn(4, 8) * torch.tensor([1.0, 0, 1, 0] * 8).reshape(4, 8)
+    A = sb.sparse(w, fmt)
+    for got in (A.sum(dim=[]), torch.sum(A, []), A.sum(dim=())):
+        torch.testing.assert_close(got, w.sum())
 
 
 def test_a_state_dict_with_another_pattern_moves_the_gradient_with_it():
