@@ -48,9 +48,9 @@ x = torch.randn(600)
 
 
 # A thread writes out-of-range values into one index buffer of A (and puts the original back) while this one
-# calls a kernel on A: every call must raise a clear error or answer, never fault ({make}, {call}: the operand
+# calls an op on A: every call must raise a clear error or answer, never fault ({make}, {call}: the operand
 # and the call; {buffers}: the buffers written, one after the other).
-_RACING_KERNEL = """
+_RACING_WRITER = """
 import threading, time
 torch.manual_seed(0)
 N = 768
@@ -393,53 +393,22 @@ assert torch.equal(A.transpose(1, 1).to_dense(), A.to_dense())
 """),
 
     # A thread writing an index buffer in place (out-of-range values, then the original back) while this one
-    # densifies and unpacks the matrix: each call must raise or answer, never read or scatter out of bounds
-    # (both segfaulted: validation read pos and crd again after checking them, helper-61).
-    "racing_index_writes_to_dense_and_coordinates": case("""
-import threading, time
-torch.manual_seed(0)
-N = 1500
-A = sb.sparse(torch.randn(N, N).relu() * (torch.rand(N, N) < 0.02), "csr")
-outcomes = {}
-for name in ("crd1", "pos1"):
-    buf = A.level_buffers[name]
-    orig = buf.clone()
-    stop = time.time() + 1.5
-    def writer():
-        i = 0
-        while time.time() < stop:
-            i += 1
-            buf[(i * 7919) % (buf.numel() - 2) + 1] = 10**9 if i % 2 else -10**9
-            time.sleep(0.0002)
-            buf.copy_(orig)
-    t = threading.Thread(target=writer)
-    t.start()
-    while time.time() < stop:
-        for f in (A.to_dense, A.coordinates):
-            try:
-                f()
-                outcomes["ok"] = outcomes.get("ok", 0) + 1
-            except ValueError:
-                outcomes["ValueError"] = outcomes.get("ValueError", 0) + 1
-    t.join()
-    buf.copy_(orig)
-assert outcomes.get("ValueError", 0) > 0, outcomes  # the writer did land inside calls
-torch.testing.assert_close(A.to_dense().to_sparse_csr().values(), A.stored_values)
-"""),
-
-    # The same writer while generated kernels run on the matrix: each kernel checks a chunk's positions and
-    # coordinates and then reads them again, and those reads are kept in range (kept_in, kept_segment); a
-    # kernel that assembles a sparse result gets a copy of the buffers; the report of a bad index validates a
-    # copy. Before, every one of these died of SIGSEGV within a second or two.
-    **{f"racing_index_writes_to_{name}_kernel": case(_RACING_KERNEL.format(make=make, call=call, buffers=buffers))
+    # densifies and unpacks the matrix, or runs a generated kernel on it: each call must raise or answer,
+    # never read or scatter out of bounds. The format ops' validation read pos and crd again after checking
+    # them (helper-61); the kernels checked a chunk's positions and coordinates and then read them again. Now
+    # the format ops work on copies, a kernel checks and reads a private copy of each chunk (rows_snapshot)
+    # or keeps a re-read value in range (kept_in), a kernel that assembles a sparse result gets a copy of the
+    # buffers, and the report of a bad index validates a copy. Each case died of SIGSEGV before.
+    **{f"racing_index_writes_to_{name}": case(_RACING_WRITER.format(make=make, call=call, buffers=buffers))
        for name, (make, call, buffers) in {
-           "spmv": ('sb.sparse(D, "csr")', 'sb.einsum("ij,j->i", A, v)', ("crd1", "pos1")),
-           "spmm": ('sb.sparse(D, "csr")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
-           "transposed_spmv": ('sb.sparse(D, "csr")', 'sb.einsum("ji,j->i", A, v)', ("crd1", "pos1")),
-           "sddmm": ('sb.sparse(D, "csr")', 'sb.einsum("ij,ik,kj->ij", A, X, X.t().contiguous())', ("crd1", "pos1")),
-           "bsr": ('sb.sparse(D4, "bsr(4,4)")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
-           "spadd": ('sb.sparse(D, "csr")', 'A + B', ("crd1", "pos1")),
-           "csf_ttm": ('sb.sparse(T, "csf")', 'sb.einsum("ijk,kr->ijr", A, W)', ("crd2", "pos2")),
+           "dense_and_coordinates": ('sb.sparse(D, "csr")', '(A.to_dense(), A.coordinates())', ("crd1", "pos1")),
+           "spmv_kernel": ('sb.sparse(D, "csr")', 'sb.einsum("ij,j->i", A, v)', ("crd1", "pos1")),
+           "spmm_kernel": ('sb.sparse(D, "csr")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
+           "transposed_spmv_kernel": ('sb.sparse(D, "csr")', 'sb.einsum("ji,j->i", A, v)', ("crd1", "pos1")),
+           "sddmm_kernel": ('sb.sparse(D, "csr")', 'sb.einsum("ij,ik,kj->ij", A, X, X.t().contiguous())', ("crd1", "pos1")),
+           "bsr_kernel": ('sb.sparse(D4, "bsr(4,4)")', 'sb.einsum("ij,jk->ik", A, X)', ("crd1", "pos1")),
+           "spadd_kernel": ('sb.sparse(D, "csr")', 'A + B', ("crd1", "pos1")),
+           "csf_ttm_kernel": ('sb.sparse(T, "csf")', 'sb.einsum("ijk,kr->ijr", A, W)', ("crd2", "pos2")),
        }.items()},
 
     # --- 7. semantics that must not depend on dispatch ------------------------------------------------------
