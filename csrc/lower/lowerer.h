@@ -573,63 +573,7 @@ class Lowerer {
   // Bounds of this thread's share of a dense outer loop, balanced by nonzeros when a CSR-like operand
   // (dense level then compressed level) gives its row pointers.
   template <typename Parts>
-  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, LExpr& lo, LExpr& hi) {
-    const std::string lo_name = fmt::format("lo{}", v), hi_name = fmt::format("hi{}", v);
-    const LExpr tid = V("tid"), nt = V("nt"), next_tid = loops::add(V("tid"), I(1));
-    for (const auto& [id, p] : parts) {
-      const Format& f = format_of(id);
-      const auto* start = dynamic_cast<const loops::Int*>(states.at(id).b.get());
-      if (p.walk == LevelWalk::locate && p.level == 0 && f.levels().size() > 1 && f.levels()[1].kind->prefix_positions() &&
-          start && start->value == 0) {
-        const std::string pos = buf(p.tensor, 1, "pos");
-        const std::string crd = buf(p.tensor, 1, "crd");
-        // The thread's rows are visited in chunks of about chunk_entries() stored entries, each checked
-        // (rows_in_range) just before its rows run: inside a chunk, this operand's row segments and coordinates
-        // are used unchecked (span_checked), and the check's pass over the coordinates leaves them in cache for
-        // the rows that read them next (checking a thread's whole share first read a large operand's
-        // coordinates from memory twice: SpMV 4096x4096 at 5%, 20% of the kernel). A bad chunk ends the
-        // thread's rows. The caller's row loops go inside the chunk loop (close_chunks).
-        const std::string lt = fmt::format("lt{}", v), ht = fmt::format("ht{}", v), c = fmt::format("c{}", v);
-        out.push_back(loops::decl("const int64_t", lt, loops::call("balanced_bound", {V(pos), size_expr(v), tid, nt})));
-        out.push_back(loops::decl("const int64_t", ht, loops::call("balanced_bound", {V(pos), size_expr(v), next_tid, nt})));
-        out.push_back(loops::decl("int64_t", c, V(lt)));
-        // The chunk's positions and coordinates are checked on a private copy (rows_snapshot), and inside the
-        // chunk the buffers' names stand for the copy: every later read sees the values checked, whatever a
-        // caller writing the buffers during the call does (checked and then read again, they reached out of
-        // bounds under such a race). snapshot_free after the chunk loop (close_chunks).
-        const auto& lvars = access_.at(id).lvars;
-        const std::string snap = fmt::format("snap{}", v), sp = fmt::format("sp{}", v), sc = fmt::format("sc{}", v);
-        const LExpr rows_ok = loops::call("rows_snapshot", {V(pos), V(crd), V(lo_name), V(hi_name), V(crd + "_n"),
-                                                            size_expr(lvars.at(1)), V("bad"), V(snap), V(sp), V(sc)});
-        out.push_back(loops::line(fmt::format("RowsSnapshot {} = {{nullptr, nullptr, 0, 0}};", snap)));
-        chunk_cond_ = loops::lt(V(c), V(ht));
-        chunk_prelude_ = {
-            loops::decl("const int64_t", lo_name, V(c)),
-            loops::decl("int64_t", hi_name, loops::call("chunk_end", {V(pos), V(c), V(ht), loops::call("chunk_entries", {})})),
-            loops::assign(V(c), V(hi_name)),
-            loops::decl("const idx_t*", sp, V(pos)),
-            loops::decl("const idx_t*", sc, V(crd)),
-            loops::on_one_line({loops::if_then(loops::unary(UnOp::logical_not, rows_ok),
-                                               {loops::assign(V(hi_name), V(lo_name)), loops::assign(V(c), V(ht))})}),
-            loops::decl("const idx_t* __restrict", pos, V(sp)),
-            loops::decl("const idx_t* __restrict", crd, V(sc))};
-        chunk_free_ = loops::eval(loops::call("snapshot_free", {V(snap)}));
-        chunk_mark_ = out.size();
-        span_tensor_ = p.tensor;
-        span_var_ = v;
-        span_pos_ = pos;
-        lo = V(lo_name);
-        hi = V(hi_name);
-        reasons_.push_back(fmt::format("outer loop {} split by nonzeros of operand {}", st_.var_names[v],
-                                       st_.tensor_names[p.tensor]));
-        return;
-      }
-    }
-    out.push_back(loops::decl("const int64_t", lo_name, share_bound(size_expr(v), tid)));
-    out.push_back(loops::decl("const int64_t", hi_name, share_bound(size_expr(v), loops::paren(next_tid))));
-    lo = V(lo_name);
-    hi = V(hi_name);
-  }
+  void split_dense_range(int v, const Parts& parts, const States& states, Stmts& out, LExpr& lo, LExpr& hi);  // lower.cpp
 
   // if (lo < hi) any = true;  (an innermost reduction that will add at least once)
   static loops::StmtPtr any_if_nonempty(const LExpr& lo, const LExpr& hi) {
