@@ -164,13 +164,32 @@ _RANDOM_IN_MEMORY_ORDER = {"dropout", "dropout_", "native_dropout", "alpha_dropo
                            "multinomial"}
 
 
+# Ops that add values into a tensor through an index: torch 2.13's Inductor writes wrong values or out of bounds
+# (heap corruption) in its vectorized accumulating scatter when the values come from two inputs in the n-major
+# layout (a pruned product's result plus another's, then index_add_: docs/backend.md).
+_SCATTER_ACCUMULATE = {"index_add", "index_add_", "index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_",
+                       "embedding_dense_backward", "put", "put_", "index_reduce", "index_reduce_", "scatter_add",
+                       "scatter_add_", "scatter_reduce", "scatter_reduce_"}
+
+
+def _op_name(node: fx.Node) -> str:
+    """The name of what a node calls: a method's name, a function's, an ATen op's without its namespace and
+    overload (aten.index_add.default -> index_add)."""
+    if node.op == "call_method":
+        return node.target
+    if isinstance(node.target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return str(node.target).split(".")[1]
+    return getattr(node.target, "__name__", "")
+
+
 def _layout_matters(root: fx.Node) -> bool:
     """Must the region's result come back contiguous in its requested order? It is stored in the kernel's loop
     order (a pruned linear's y(b, n) as n-major, handed back as a transposed view), which every op but `view`
     takes as it is. Eager code never sees that layout: a `view` of the result fails, and so does one of a value
     that keeps its layout (a same-shape elementwise op on it, a reshape, unsqueeze or slice of it, any number of
     them), in the graph or in the caller's code after the graph returns it. Nor does a random op's draw order
-    (_RANDOM_IN_MEMORY_ORDER)."""
+    (_RANDOM_IN_MEMORY_ORDER). An accumulating scatter of such a value needs it contiguous too: Inductor
+    miscompiles it on that layout (_SCATTER_ACCUMULATE)."""
     seen, frontier = {root}, [root]
     while frontier:
         n = frontier.pop()
@@ -180,8 +199,9 @@ def _layout_matters(root: fx.Node) -> bool:
             seen.add(u)
             if u.op == "output":
                 return True
-            name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
-            if name in _VIEWS or str(u.target).startswith("aten.view") or name in _RANDOM_IN_MEMORY_ORDER:
+            name = _op_name(u)
+            if name in _VIEWS or str(u.target).startswith("aten.view") or name in _RANDOM_IN_MEMORY_ORDER \
+                    or name in _SCATTER_ACCUMULATE:
                 return True
             keeps = (u.op == "call_method" and u.target in ALIASING_METHODS) or \
                     (u.op == "call_function" and u.target in ALIASING_FUNCTIONS) or \

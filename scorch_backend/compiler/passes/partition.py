@@ -299,7 +299,7 @@ def _partition(gm: fx.GraphModule, attrs: dict, threshold: float, frozen: bool, 
         has_bias = linear_bias(view) is not None
         while not has_bias and len(root.users) == 1:  # scalar factors, negation, masks applied to the result
             user = next(iter(root.users))
-            if not _on_result(user):
+            if not _on_result(user) or user.name in taken:  # an op on two products' results: the first's
                 break
             root = user
             chain.append(user)
