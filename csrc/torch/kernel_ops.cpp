@@ -140,12 +140,17 @@ at::Tensor copy_buffer(const at::Tensor& b) {
 // A copy of a contiguous index buffer in slot `slot` of this thread's scratch, valid until the thread's next
 // kernel call: the slots keep their memory from call to call. Copies into fresh tensors made SpAdd 1.9x and
 // SpGEMM 1.2x slower (kernels.py, native): a large at::empty is a new mapping whose pages fault in at every
-// call, which cost more than the copy.
+// call, which cost more than the copy. A buffer above kScratchKeepBytes gets a fresh tensor instead (freed
+// with it), so that one product of a huge matrix does not leave that much memory held by each calling thread
+// for the life of the process; there the faults are a small part of a kernel that long.
+constexpr size_t kScratchKeepBytes = size_t{32} << 20;
+
 at::Tensor scratch_copy(const at::Tensor& b, size_t slot) {
   thread_local std::vector<std::vector<unsigned char>> slots;
+  const size_t bytes = static_cast<size_t>(b.numel()) * b.element_size();
+  if (bytes > kScratchKeepBytes) return copy_buffer(b);
   if (slots.size() <= slot) slots.resize(slot + 1);
   auto& mem = slots[slot];
-  const size_t bytes = static_cast<size_t>(b.numel()) * b.element_size();
   if (mem.size() < std::max<size_t>(bytes, 1)) mem.resize(std::max<size_t>(bytes, 1));
   if (bytes > 0) std::memcpy(mem.data(), b.data_ptr(), bytes);
   return at::from_blob(mem.data(), {b.numel()}, b.options());
