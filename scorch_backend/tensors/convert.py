@@ -52,17 +52,20 @@ def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTenso
                   torch.sparse_csc: ("csc", x.ccol_indices, x.row_indices)}.get(x.layout)
         if direct is not None and fmt.name == direct[0]:
             pos, crd = direct[1](), direct[2]()
-            return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "the pointer array"),
-                                               _index_buffer(crd, index_dtype, "the index array")],
-                                x.values().detach())
+            try:  # the same buffers, when each row's indices are sorted and unique (torch does not require it)
+                return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "the pointer array"),
+                                                   _index_buffer(crd, index_dtype, "the index array")],
+                                    x.values().detach())
+            except ValueError:
+                pass  # re-sorted through COO below, or refused there with what is wrong
         if x.layout == torch.sparse_bsr and fmt.name == "bsr({},{})".format(*x.values().shape[1:3]):
             pos, crd = x.crow_indices(), x.col_indices()
             return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "crow_indices"),
                                                _index_buffer(crd, index_dtype, "col_indices")],
                                 x.values().detach().reshape(-1))
     if x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
-        _check_compressed(x)  # torch's own conversion reads out of bounds on bad indices (a SIGSEGV)
-        x = x.to_sparse_coo()
+        check_compressed_bounds(x)  # torch's own conversion reads out of bounds on bad indices (a SIGSEGV)
+        x = x.to_sparse_coo()  # then coalesced below: unsorted columns in a row are sorted, duplicates summed
     if x.dense_dim() != 0:
         raise ValueError(f"hybrid sparse tensors (dense_dim={x.dense_dim()}) are not supported")
     x = x.coalesce()
@@ -70,14 +73,37 @@ def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTenso
     return SparseTensor(fmt, x.shape, buffers, vals, validate=False)
 
 
-def _check_compressed(x: torch.Tensor) -> None:
-    """torch's invariants of a compressed sparse tensor (made with check_invariants=False, say), as a ValueError."""
+def check_compressed_bounds(x: torch.Tensor) -> None:
+    """What a compressed torch.sparse tensor (CSR, CSC, BSR, BSC; made with check_invariants=False, say) must
+    hold before torch converts it to COO, which reads out of bounds otherwise (a SIGSEGV): pointers that start
+    at 0, never decrease and end at the number of stored entries, and indices inside the other dimension.
+    Unsorted or repeated indices within a row are allowed (torch's own invariants refuse them; Scorch sorts
+    them and sums repeats, as coalesce does). A ValueError names what fails."""
     rowwise = x.layout in (torch.sparse_csr, torch.sparse_bsr)
     compressed, plain = (x.crow_indices(), x.col_indices()) if rowwise else (x.ccol_indices(), x.row_indices())
-    try:
-        torch._validate_sparse_compressed_tensor_args(compressed, plain, x.values(), x.shape, x.layout)
-    except RuntimeError as e:
-        raise ValueError(f"invalid torch {str(x.layout).replace('torch.', '')} tensor: {e}") from None
+    name = str(x.layout).replace("torch.", "")
+    what = ("crow_indices", "col_indices") if rowwise else ("ccol_indices", "row_indices")
+    blocked = x.layout in (torch.sparse_bsr, torch.sparse_bsc)
+    batch = compressed.dim() - 1
+    block = tuple(x.values().shape[batch + 1:batch + 3]) if blocked else (1, 1)
+    outer, inner = (0, 1) if rowwise else (1, 0)
+    dims = x.shape[batch:batch + 2]
+    n_outer, n_inner = dims[outer] // block[outer], dims[inner] // block[inner]
+    nnz = plain.shape[-1]
+    if compressed.shape[-1] != n_outer + 1:
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} has {compressed.shape[-1]} entries per batch, "
+                         f"expected {n_outer + 1}")
+    if compressed.numel() and bool((compressed[..., 0] != 0).any()):
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} must start at 0")
+    if compressed.numel() and bool((compressed[..., -1] != nnz).any()):
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} must end at the number of stored entries ({nnz})")
+    if bool((compressed.diff(dim=-1) < 0).any()):
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} decreases")
+    if plain.numel() and bool(((plain < 0) | (plain >= n_inner)).any()):
+        bad = plain[(plain < 0) | (plain >= n_inner)][0].item()
+        raise ValueError(f"invalid torch {name} tensor: {what[1]} holds {bad}, outside 0..{n_inner - 1}")
+    if x.values().shape[batch] != nnz:
+        raise ValueError(f"invalid torch {name} tensor: {x.values().shape[batch]} values for {nnz} indices")
 
 
 def _from_scipy(x, fmt: Format, index_dtype) -> SparseTensor:

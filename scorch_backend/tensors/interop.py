@@ -30,7 +30,7 @@ import weakref
 import torch
 
 from .. import _C
-from .convert import _check_values_dtype, from_coordinates, sparse
+from .convert import _check_values_dtype, check_compressed_bounds, from_coordinates, sparse
 from .format import make_format
 from .sparse_tensor import SparseTensor
 
@@ -83,6 +83,7 @@ def _convert(x: torch.Tensor) -> SparseTensor:
     idx = _index_dtype(x)
     x = x.detach()
     if x.layout == torch.sparse_bsr:
+        check_compressed_bounds(x)  # torch's conversion reads out of bounds on bad indices
         coo = x.to_sparse_coo().coalesce()  # keeps the zeros stored inside blocks
         return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
     if x.layout in (torch.sparse_csr, torch.sparse_csc):
@@ -90,6 +91,7 @@ def _convert(x: torch.Tensor) -> SparseTensor:
             return sparse(x, fmt, index_dtype=idx)
         except ValueError:
             pass
+        check_compressed_bounds(x)  # unsorted columns are re-sorted below; bad pointers or indices raise here
         coo = x.to_sparse_coo().coalesce()
         return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
     coo = x.coalesce()

@@ -524,3 +524,50 @@ def test_a_compressed_torch_tensor_with_bad_indices_is_a_value_error(layout, fmt
         x = make(pos, crd, torch.tensor([1.0, 2.0]), (2, 2), check_invariants=False)
     with pytest.raises(ValueError):
         sb.sparse(x, fmt)
+
+
+BAD_COMPRESSED = {  # (pointers, indices, what the error names); a 2x2 matrix (2x2 blocks of 4x4 for BSR)
+    "pointers decrease": ([0, 3, 2], [1, 0], "decreases"),
+    "last pointer past the entries": ([0, 2, 9], [1, 0], "end at the number of stored entries"),
+    "first pointer not 0": ([1, 1, 2], [1, 0], "start at 0"),
+    "index past the end": ([0, 1, 2], [1, 7], "outside 0..1"),
+    "negative index": ([0, 1, 2], [-3, 0], "outside 0..1"),
+}
+
+
+def _compressed(layout, pos, crd, values=None):
+    pos, crd = torch.tensor(pos), torch.tensor(crd)
+    if layout == "bsr":
+        return torch.sparse_bsr_tensor(pos, crd, torch.ones(crd.numel(), 2, 2), (4, 4), check_invariants=False)
+    make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
+    values = torch.arange(1.0, crd.numel() + 1) if values is None else values
+    return make(pos, crd, values, (2, 2), check_invariants=False)
+
+
+@pytest.mark.parametrize("case", list(BAD_COMPRESSED))
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr"])
+@pytest.mark.parametrize("entry", ["from_torch_sparse", "sparse_coo", "sparse_csr", "compiled_input"])
+def test_bad_compressed_torch_tensors_are_refused_by_every_entry(case, layout, entry):
+    # sb.from_torch_sparse (and the conversion of a compiled model's torch.sparse inputs) fell back to torch's
+    # to_sparse_coo on a tensor whose own buffers were refused: a SIGSEGV for bad pointers.
+    pos, crd, message = BAD_COMPRESSED[case]
+    x = _compressed(layout, pos, crd)
+    with pytest.raises(ValueError, match=message):
+        if entry == "from_torch_sparse":
+            sb.from_torch_sparse(x)
+        elif entry == "compiled_input":
+            torch._dynamo.reset()
+            sb.compile(lambda a, v: a @ v)(x, torch.ones(x.shape[1]))  # the entry that converts torch.sparse
+        else:
+            sb.sparse(x, entry.split("_")[1])
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc"])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr", None])
+def test_unsorted_and_repeated_indices_in_a_row_are_sorted_and_summed(layout, fmt):
+    # torch allows them without its invariant check (docs/torch_sparse.md: re-sorted); sb.sparse refused them.
+    x = _compressed(layout, [0, 3, 4], [1, 0, 1, 0], torch.tensor([1.0, 2.0, 4.0, 8.0]))
+    want = torch.tensor([[2.0, 5.0], [8.0, 0.0]]) if layout == "csr" else torch.tensor([[2.0, 8.0], [5.0, 0.0]])
+    for got in (sb.sparse(x, fmt) if fmt else sb.sparse(x), sb.from_torch_sparse(x)):
+        torch.testing.assert_close(got.to_dense(), want)
+        assert got.nnz == 3
