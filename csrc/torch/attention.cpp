@@ -17,6 +17,7 @@
 
 #include "convert.h"
 #include "executor.h"
+#include "forward_ad.h"
 #include "region.h"
 #include "region_fingerprint.h"
 #include "region_kernels.h"
@@ -567,6 +568,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 
 at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                               double scale) {
+  refuse_forward_ad("scorch::masked_attention", {q, k, v, mask});
   const bool wants_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!wants_grad) {  // contiguous here too: traced, the copies join the graph (Inductor fuses them)
     at::AutoDispatchBelowADInplaceOrView guard;

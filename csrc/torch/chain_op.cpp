@@ -17,6 +17,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "forward_ad.h"
 #include "chain.h"
 #include "convert.h"
 
@@ -156,6 +157,7 @@ class ChainFunction : public torch::autograd::Function<ChainFunction> {
 };
 
 at::Tensor chain_autograd(c10::string_view program, at::TensorList operands) {
+  refuse_forward_ad("scorch::chain", operands);
   bool wants_grad = false;
   if (at::GradMode::is_enabled())
     for (const auto& t : operands) wants_grad = wants_grad || t.requires_grad();

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "forward_ad.h"
 #include "format/format.h"
 #include "format/storage.h"
 #include "convert.h"
@@ -212,6 +213,7 @@ at::Tensor to_dense_autograd(at::TensorList buffers, const at::Tensor& values, c
       if (const auto v = s.maybe_as_int()) SCORCH_CHECK(*v >= 0, "sizes must be non-negative, got {}", *v);
     return 0;
   });
+  refuse_forward_ad("scorch::to_dense", {values});
   if (!(at::GradMode::is_enabled() && values.requires_grad())) return to_dense_below_autograd(buffers, values, size, format);
   return ToDenseFunction::apply(buffers, values, size, std::string(format));
 }

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "forward_ad.h"
 #include "convert.h"
 #include "executor.h"
 #include "lower/differentiate.h"
@@ -177,6 +178,7 @@ std::tuple<at::Tensor, TensorVec> kernel_below_autograd_symint(c10::string_view 
 
 std::tuple<at::Tensor, TensorVec> kernel_autograd(c10::string_view spec, at::TensorList inputs,
                                                   c10::SymIntArrayRef sizes, int64_t threads) {
+  refuse_forward_ad("scorch::kernel", inputs);
   bool wants_grad = false;
   if (at::GradMode::is_enabled())
     for (const auto& t : inputs) wants_grad = wants_grad || t.requires_grad();

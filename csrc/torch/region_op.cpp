@@ -5,6 +5,7 @@
 
 #include <ATen/record_function.h>
 
+#include "forward_ad.h"
 #include "convert.h"
 #include "region.h"
 #include "region_kernels.h"
@@ -137,6 +138,7 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
 };
 
 at::Tensor region_autograd(c10::string_view program, at::TensorList operands) {
+  refuse_forward_ad("scorch::region", operands);
   bool wants_grad = false;
   if (at::GradMode::is_enabled())
     for (const auto& t : operands) wants_grad = wants_grad || t.requires_grad();

@@ -69,7 +69,9 @@ def _sampled_slots(spec: str):
 def _kernel_fake(spec, inputs, sizes, num_threads):
     info = _spec_info(spec)
     out_shape = [sizes[v] for v in info["out_vars"]]
-    device = inputs[0].device if inputs else torch.device("cpu")
+    # (a meta operand among CPU ones makes the dispatcher run this kernel: the result must be meta too, never
+    # uninitialized CPU memory handed back as if computed)
+    device = next((t.device for t in inputs if t.device.type == "meta"), inputs[0].device if inputs else torch.device("cpu"))
     value_dtype = torch.float64 if info["f64"] else torch.float32
     if info["out_format"] == "strided":
         return torch.empty(out_shape, dtype=value_dtype, device=device), []

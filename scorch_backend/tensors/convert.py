@@ -15,7 +15,7 @@ import torch
 from .._native import ops
 from .format import Format, FormatLike, make_format
 from .sparse_tensor import (INDEX_DTYPES, VALUE_DTYPES, SparseTensor, _check_index_dtype,  # noqa: F401
-                            _check_values_dtype, _from_dense, sizes_of, to_format, to_scipy, to_torch)
+                            _check_values_dtype, _from_dense, refuse_dual, sizes_of, to_format, to_scipy, to_torch)
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -140,6 +140,7 @@ def sparse(x, format: FormatLike = "csr", *, mode_order: Sequence[int] | None = 
             blocksize = tuple(x.values().shape[1:3])
         fmt = make_format(format, x.dim(), mode_order=mode_order, blocksize=blocksize)
         if x.layout == torch.strided:
+            refuse_dual(x)  # its values are read by a kernel: a forward-mode tangent would be dropped
             return _from_dense(x, fmt, index_dtype)
         if x.layout in _SPARSE_LAYOUTS:
             return _from_torch_sparse(x, fmt, index_dtype)

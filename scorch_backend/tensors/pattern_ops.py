@@ -19,9 +19,17 @@ def _same_pattern(x: SparseTensor, values: torch.Tensor) -> SparseTensor:
     return SparseTensor(x.format, x.shape, x._buffer_list(), values, validate=False)
 
 
+def outside_inference(x: SparseTensor):
+    """The mode a view of `x` is made in: a view op's result must not be an inference tensor when its input is
+    not one, or torch refuses to give it the input's version counter under `torch.inference_mode` ("Cannot
+    set version_counter for inference tensor": A.t() of a SparseTensor made before the mode)."""
+    return torch.inference_mode(torch.is_inference_mode_enabled() and x.is_inference())
+
+
 @_rule(aten.detach.default, aten.alias.default)
 def _detach(x):
-    return _same_pattern(x, x._values.detach())
+    with outside_inference(x):
+        return _same_pattern(x, x._values.detach())
 
 
 @_rule(aten.clone.default)

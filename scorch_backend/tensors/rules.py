@@ -12,7 +12,7 @@ import torch
 from .convert import sparse
 from . import frontend
 from .frontend import compute, einsum
-from .pattern_ops import _sparse_mm_reduce
+from .pattern_ops import _sparse_mm_reduce, outside_inference
 from .sparse_tensor import _TORCH_FUNCTION_RULES, SparseTensor, _rule, _shares_pattern
 
 aten = torch.ops.aten
@@ -26,7 +26,8 @@ def _tensor(x) -> bool:
 # --- layout: transposes and permutations (the format's level order permuted; no data moves) ----------------
 def _permuted(x: SparseTensor, perm) -> SparseTensor:
     shape = [x.shape[p] for p in perm]
-    return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
+    with outside_inference(x):  # a view: not an inference tensor unless x is one
+        return SparseTensor(x.format.permute_dims(perm), shape, x._buffer_list(), x._values, validate=False)
 
 
 @_rule(aten.t.default)

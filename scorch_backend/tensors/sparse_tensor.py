@@ -16,6 +16,7 @@ import warnings
 from typing import Sequence
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import _C
 from .._native import ops
@@ -30,6 +31,13 @@ _plain_torch_function = torch._C._disabled_torch_function_impl
 
 # The torch.sparse layout a format is the same storage as (torch.sparse code reads these through .layout).
 TORCH_LAYOUT_OF_FORMAT = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "coo": torch.sparse_coo}
+
+
+def refuse_dual(t: torch.Tensor) -> None:
+    """Forward-mode AD is not derived for sparse tensors: a tangent on their values would be dropped silently."""
+    if fwAD._current_level >= 0 and fwAD.unpack_dual(t).tangent is not None:
+        raise NotImplementedError("forward-mode AD (torch.func.jvp, jacfwd, dual tensors) is not supported by "
+                                  "Scorch's sparse tensors; use reverse mode (backward() or torch.autograd.grad)")
 
 
 def coo_like(fmt) -> bool:
@@ -103,6 +111,7 @@ class SparseTensor(torch.Tensor):
             raise TypeError(f"values must be a tensor, got {type(values).__name__}")
         if values.dtype not in VALUE_DTYPES:
             raise TypeError(f"values must be float32, float64, bfloat16 or float16, got {values.dtype}")
+        refuse_dual(values)
         names = tuple(format.buffer_names)
         buffers = list(buffers)
         if len(buffers) != len(names):
@@ -295,6 +304,8 @@ class SparseTensor(torch.Tensor):
         requires grad and its gradient reaches them (through every op on it, the dispatch rules included)."""
         if values.shape != self._values.shape:
             raise ValueError(f"values must have shape {tuple(self._values.shape)}, got {tuple(values.shape)}")
+        if values.device != self._values.device:
+            raise ValueError(f"values are on {values.device}; this SparseTensor's are on {self._values.device}")
         if values.requires_grad and torch.is_grad_enabled():
             return _FromValues.apply(self, values)
         return SparseTensor(self._format, self.shape, self._buffer_list(), values, validate=False)
@@ -341,6 +352,8 @@ class _Values(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x = ctx.pattern
+        if grad.requires_grad and torch.is_grad_enabled():  # create_graph: keep the gradient's own history
+            return _FromValues.apply(x, grad)
         return SparseTensor(x.format, x.shape, x._buffer_list(), grad, validate=False)
 
 
@@ -353,6 +366,10 @@ def _shares_pattern(a: "SparseTensor", b: "SparseTensor") -> bool:
 def _values_on(pattern: "SparseTensor", grad: torch.Tensor) -> torch.Tensor:
     """`grad` (a SparseTensor of any pattern, or dense) read at `pattern`'s stored positions."""
     if isinstance(grad, SparseTensor):
+        if grad.requires_grad and torch.is_grad_enabled():  # create_graph: read its values through autograd
+            if _shares_pattern(grad, pattern):
+                return grad.stored_values
+            return grad.to_dense()[tuple(pattern.coordinates())].reshape(pattern._values.shape)
         if _shares_pattern(grad, pattern):
             return grad._values
         got = _C.values_at(grad, pattern.coordinates())
@@ -616,22 +633,17 @@ def to_scipy(x: SparseTensor):
 
     if x.dim() != 2:
         raise ValueError(f"scipy.sparse holds 2-D arrays, got {x.dim()} dimensions")
-    shape = tuple(x.shape)
+    shape, name, b = tuple(x.shape), x.format.name, x.level_buffers
     values = x.stored_values.detach()
-    if values.dtype in (torch.bfloat16, torch.float16):
-        values = values.float()
-    name = x.format.name
+    values = values.float() if values.dtype in (torch.bfloat16, torch.float16) else values
     if name in ("csr", "csc"):
         make = sp.csr_array if name == "csr" else sp.csc_array
-        b = x.level_buffers
         return make((values.numpy(), b["crd1"].numpy(), b["pos1"].numpy()), shape=shape)
     if name.startswith("bsr("):
         bh, bw = x.format.blocksize
-        b = x.level_buffers
         return sp.bsr_array((values.reshape(-1, bh, bw).numpy(), b["crd1"].numpy(), b["pos1"].numpy()), shape=shape)
     coords, vals = _coordinates_and_values(x)
-    if vals.dtype in (torch.bfloat16, torch.float16):
-        vals = vals.float()
+    vals = vals.float() if vals.dtype in (torch.bfloat16, torch.float16) else vals
     return sp.coo_array((vals.numpy(), (coords[0].numpy(), coords[1].numpy())), shape=shape)
 
 

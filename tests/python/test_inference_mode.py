@@ -127,3 +127,20 @@ def test_a_pruned_projection_times_an_input_in_inference_mode(dispatch, dtype, m
             out = compiled(x, y)
             ref = model(x, y)
         torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csf"])
+def test_views_of_a_tensor_made_outside_inference_mode(fmt):
+    # A view's result was made an inference tensor, which torch then refused the input's version counter
+    # ("Cannot set version_counter for inference tensor"): A.t() and A @ A.t() failed under the mode.
+    shape = (6, 5, 4) if fmt == "csf" else (6, 5)
+    dense = torch.rand(shape) * (torch.rand(shape) < 0.4)
+    A = sb.sparse(dense, fmt)
+    with torch.inference_mode():
+        views = [A.detach(), A.permute(*reversed(range(A.dim())))]
+        if A.dim() == 2:
+            views += [A.t(), A.transpose(0, 1), A.T]
+            torch.testing.assert_close((A @ A.t()).to_dense(), dense @ dense.t())
+    for v in views:
+        want = dense if v.shape == dense.shape else dense.permute(*reversed(range(dense.dim())))
+        torch.testing.assert_close(v.to_dense(), want)
