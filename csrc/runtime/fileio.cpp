@@ -92,6 +92,11 @@ void make_dirs(const std::string& path) {
   struct stat sb;
   if (::stat(path.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) return;
   if (::stat(path.c_str(), &sb) == 0) why = "it exists and is not a directory";
+  else if (::lstat(path.c_str(), &sb) == 0 && S_ISLNK(sb.st_mode)) {
+    char to[4096];
+    const ssize_t n = ::readlink(path.c_str(), to, sizeof to - 1);
+    why = fmt::format("it is a symbolic link to {}, which does not exist", n > 0 ? std::string(to, n) : "?");
+  }
   SCORCH_CHECK(false, "cannot create the kernel cache directory {} ({})", path, why.empty() ? "reason unknown" : why);
 }
 

@@ -57,8 +57,8 @@ const std::vector<std::pair<std::string, std::string>>& feature_macros() {
 
 Target resolve_uncached(const std::string& name) {
   SCORCH_CHECK(valid_name(name),
-               "bad Scorch target '{}': use native, generic, scalar or a compiler architecture name such as "
-               "x86-64-v3 (letters, digits, '.', '_', '+', '-')",
+               "bad Scorch target '{}' (SCORCH_TARGET, or a target given to the call): use native, generic, "
+               "scalar or a compiler architecture name such as x86-64-v3 (letters, digits, '.', '_', '+', '-')",
                name);
 #if defined(__aarch64__)
   const bool aarch64_host = true;
@@ -85,7 +85,8 @@ Target resolve_uncached(const std::string& name) {
                 fmt::format("scorch: compiling a kernel failed: the compiler ({}) does not run for target '{}' "
                             "(exit {}): {}", fmt::join(argv, " "), name, rc, out.substr(0, 400)));
   }
-  SCORCH_CHECK(rc == 0, "the compiler does not accept Scorch target '{}' ({}): {}", name, fmt::join(argv, " "),
+  SCORCH_CHECK(rc == 0, "the compiler does not accept Scorch target '{}' (SCORCH_TARGET, or a target given to the "
+               "call; the compiler is CXX's) ({}): {}", name, fmt::join(argv, " "),
                out.substr(0, 400));
   // Every predefined macro, sorted: the fingerprint covers anything that can change the generated code.
   std::set<std::string> lines;

@@ -120,7 +120,22 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
         result[1 + k] = g.permute(perm).to(t.scalar_type());
         continue;
       }
-      const RegionGradient rg = region_gradient(program, static_cast<int>(k));
+      RegionGradient rg = region_gradient(program, static_cast<int>(k));
+      // A packed operand whose size the call gives (-1: a rewritten model's sparse input, docs/rewrite.md) keeps
+      // the size this call resolved: the gradient program may lack the letter that gave it (operand k's own,
+      // e.g. j of `adj(i,j) @ h(j,k)` when differentiating h), and resolve_packed_size would refuse it.
+      bool given = false;
+      for (int j : rg.operands)
+        if (j >= 0 && !p.operands[j].packed.empty())
+          for (int64_t d : p.operands[j].packed_size) given = given || d < 0;
+      if (given) {
+        RegionProgram g = region_program(rg.text);
+        for (size_t i = 0; i < rg.operands.size(); ++i) {
+          const int j = rg.operands[i];
+          if (j >= 0 && !p.operands[j].packed.empty()) g.operands[i].packed_size = s.packed_sizes[j];
+        }
+        rg.text = g.text();
+      }
       std::vector<at::Tensor> args;
       for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);
       for (int j : rg.operands)  // the packed operands' index buffers follow, in the gradient program's order

@@ -310,6 +310,16 @@ def test_a_cache_that_cannot_be_a_directory_says_why(tmp_path):
     assert "it exists and is not a directory" in failed["message"], failed
     below = run_child(in_the_way / "cache")
     assert below["error"] == "ValueError" and "Not a directory" in below["message"], below
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "gone")  # was "(reason unknown)": mkdir saw EEXIST, stat saw nothing
+    failed = run_child(dangling)
+    assert failed["error"] == "ValueError" and "symbolic link to" in failed["message"], failed
+    assert "which does not exist" in failed["message"], failed
+
+
+def test_a_bad_target_names_the_variable(tmp_path):
+    failed = run_child(tmp_path / "cache", SCORCH_TARGET="-1")
+    assert failed["error"] == "ValueError" and "SCORCH_TARGET" in failed["message"], failed
 
 
 def test_a_blank_cache_variable_is_unset(tmp_path):

@@ -525,6 +525,30 @@ def test_a_sparse_input_of_the_wrong_size_is_refused_as_eager_refuses_it(tmp_pat
                 m(bad, h)
 
 
+@pytest.mark.parametrize("shape", [(10, 10), (7, 13), (1, 5)])
+def test_gradients_through_a_sparse_input_of_the_rewritten_module(tmp_path, shape):
+    """The gradient program of the dense operand kept the packed input, whose column count the call gives;
+    without the letter that gave it, every backward raised "packed operand 1 has no size for its letter"."""
+    class G(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 8)
+
+        def forward(self, adj, h):
+            return adj @ self.lin(h)
+
+    torch.manual_seed(0)
+    model = G()
+    new, _ = _rewrite(model, (sb_sparse((torch.rand(10, 10) < 0.3).float()), torch.randn(10, 16)))
+    adj_d = (torch.rand(*shape) < 0.4).float()
+    for m in (new, torch.jit.script(new)):
+        h, g = torch.randn(shape[1], 16, requires_grad=True), torch.randn(shape[0], 8)
+        (m(adj_d.to_sparse_csr(), h) * g).sum().backward()
+        h2 = h.detach().clone().requires_grad_()
+        (adj_d @ model.lin(h2) * g).sum().backward()
+        _close(h.grad, h2.grad)
+
+
 def sb_sparse(dense):
     import scorch_backend as sb
 
