@@ -317,17 +317,10 @@ class SparseTensor(torch.Tensor):
     # --- operators ---------------------------------------------------------------------------------------
     # torch.Tensor's operators turn a TypeError into NotImplemented (so Python tries the other operand), which
     # loses the message naming the problem ("operand 1 has dtype torch.int64"): these call the op itself.
-    def __matmul__(self, other):
-        return torch.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return torch.matmul(other, self)
-
-    def __mul__(self, other):
-        return torch.mul(self, other)
-
-    def __rmul__(self, other):
-        return torch.mul(other, self)
+    __matmul__, __rmatmul__ = (lambda s, o: torch.matmul(s, o)), (lambda s, o: torch.matmul(o, s))
+    __mul__, __rmul__ = (lambda s, o: torch.mul(s, o)), (lambda s, o: torch.mul(o, s))
+    __add__, __radd__ = (lambda s, o: torch.add(s, o)), (lambda s, o: torch.add(o, s))
+    __sub__, __rsub__ = (lambda s, o: torch.sub(s, o)), (lambda s, o: torch.sub(o, s))
 
     # --- ATen dispatch ---------------------------------------------------------------------------------
     @classmethod

@@ -337,3 +337,15 @@ def test_format_ops_refuse_negative_sizes_by_name(size, grad):
     for op in (torch.ops.scorch.to_dense, torch.ops.scorch.unpack, torch.ops.scorch.validate):
         with pytest.raises(ValueError, match="sizes must be non-negative"):
             op(list(A.level_buffers.values()), values, [6, size], A.format.canonical)
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*", "@"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_operators_with_a_tensor_scorch_cannot_compute_name_its_dtype(op, dtype, side):
+    # + and - fell back to Python's "unsupported operand type(s) for +" (torch.Tensor's operators turn the
+    # TypeError into NotImplemented); * and @ already named the dtype.
+    A = sb.sparse(torch.eye(3), "csr")
+    t = torch.ones(3, 3, dtype=dtype)
+    with pytest.raises((TypeError, RuntimeError), match=str(dtype) if dtype != torch.bool or op != "-" else "bool"):
+        eval(f"A {op} t" if side == "left" else f"t {op} A")
