@@ -4,11 +4,22 @@
 # through a lock file (2 cores: never two builds at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec 9>/tmp/scorch-heavy.lock
+lock=${SCORCH_HEAVY_LOCK:-/tmp/scorch-heavy.lock}
+exec 9>"$lock"
 if ! flock -n 9; then
   # Say who holds it: a caller that wrapped this script in `flock /tmp/scorch-heavy.lock` waits here forever.
-  holders=$(fuser /tmp/scorch-heavy.lock 2>/dev/null | tr -s ' ' || true)
-  echo "dev-build: waiting for /tmp/scorch-heavy.lock (open in processes:${holders:- unknown});" \
+  holders=$(fuser "$lock" 2>/dev/null | tr -s ' ' || true)
+  # Held by one of our own ancestors (the script run under flock on this lock): waiting would never end.
+  pid=$PPID
+  while [ "${pid:-0}" -gt 1 ]; do
+    if [[ " $holders " == *" $pid "* ]]; then
+      echo "dev-build: $lock is held by process $pid, which started this script: it takes" \
+           "the lock itself, do not run it under flock on that lock" >&2
+      exit 2
+    fi
+    pid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+  done
+  echo "dev-build: waiting for $lock (open in processes:${holders:- unknown});" \
        "do not run this script under flock on that lock, it takes the lock itself" >&2
   flock 9
 fi
