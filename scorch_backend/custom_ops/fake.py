@@ -71,7 +71,8 @@ def _kernel_fake(spec, inputs, sizes, num_threads):
     out_shape = [sizes[v] for v in info["out_vars"]]
     # (a meta operand among CPU ones makes the dispatcher run this kernel: the result must be meta too, never
     # uninitialized CPU memory handed back as if computed)
-    device = next((t.device for t in inputs if t.device.type == "meta"), inputs[0].device if inputs else torch.device("cpu"))
+    first = inputs[0].device if inputs else torch.device("cpu")
+    device = next((t.device for t in inputs if t.device.type == "meta"), first)
     value_dtype = torch.float64 if info["f64"] else torch.float32
     if info["out_format"] == "strided":
         return torch.empty(out_shape, dtype=value_dtype, device=device), []
