@@ -15,7 +15,8 @@ import torch
 from .._native import ops
 from .format import Format, FormatLike, make_format
 from .sparse_tensor import (INDEX_DTYPES, VALUE_DTYPES, SparseTensor, _check_index_dtype,  # noqa: F401
-                            _check_values_dtype, _from_dense, refuse_dual, sizes_of, to_format, to_scipy, to_torch)
+                            _check_values_dtype, _from_dense, refuse_dual, sizes_of, to_format, to_scipy,
+                            to_torch)
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 
@@ -52,7 +53,7 @@ def _from_torch_sparse(x: torch.Tensor, fmt: Format, index_dtype) -> SparseTenso
                   torch.sparse_csc: ("csc", x.ccol_indices, x.row_indices)}.get(x.layout)
         if direct is not None and fmt.name == direct[0]:
             pos, crd = direct[1](), direct[2]()
-            try:  # the same buffers, when each row's indices are sorted and unique (torch does not require it)
+            try:  # the same buffers, when each row's indices are sorted and unique (torch need not have it)
                 return SparseTensor(fmt, x.shape, [_index_buffer(pos, index_dtype, "the pointer array"),
                                                    _index_buffer(crd, index_dtype, "the index array")],
                                     x.values().detach())
@@ -91,12 +92,13 @@ def check_compressed_bounds(x: torch.Tensor) -> None:
     n_outer, n_inner = dims[outer] // block[outer], dims[inner] // block[inner]
     nnz = plain.shape[-1]
     if compressed.shape[-1] != n_outer + 1:
-        raise ValueError(f"invalid torch {name} tensor: {what[0]} has {compressed.shape[-1]} entries per batch, "
-                         f"expected {n_outer + 1}")
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} has {compressed.shape[-1]} entries per "
+                         f"batch, expected {n_outer + 1}")
     if compressed.numel() and bool((compressed[..., 0] != 0).any()):
         raise ValueError(f"invalid torch {name} tensor: {what[0]} must start at 0")
     if compressed.numel() and bool((compressed[..., -1] != nnz).any()):
-        raise ValueError(f"invalid torch {name} tensor: {what[0]} must end at the number of stored entries ({nnz})")
+        raise ValueError(f"invalid torch {name} tensor: {what[0]} must end at the number of stored entries "
+                         f"({nnz})")
     if bool((compressed.diff(dim=-1) < 0).any()):
         raise ValueError(f"invalid torch {name} tensor: {what[0]} decreases")
     if plain.numel() and bool(((plain < 0) | (plain >= n_inner)).any()):

@@ -34,10 +34,10 @@ TORCH_LAYOUT_OF_FORMAT = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "coo
 
 
 def refuse_dual(t: torch.Tensor) -> None:
-    """Forward-mode AD is not derived for sparse tensors: a tangent on their values would be dropped silently."""
+    """Forward-mode AD is not derived for sparse tensors: a tangent on their values would be dropped."""
     if fwAD._current_level >= 0 and fwAD.unpack_dual(t).tangent is not None:
-        raise NotImplementedError("forward-mode AD (torch.func.jvp, jacfwd, dual tensors) is not supported by "
-                                  "Scorch's sparse tensors; use reverse mode (backward() or torch.autograd.grad)")
+        raise NotImplementedError("forward-mode AD (torch.func.jvp, jacfwd, dual tensors) is not supported "
+                                  "by Scorch's sparse tensors; use reverse mode (backward(), autograd.grad)")
 
 
 def coo_like(fmt) -> bool:
@@ -305,7 +305,7 @@ class SparseTensor(torch.Tensor):
         if values.shape != self._values.shape:
             raise ValueError(f"values must have shape {tuple(self._values.shape)}, got {tuple(values.shape)}")
         if values.device != self._values.device:
-            raise ValueError(f"values are on {values.device}; this SparseTensor's are on {self._values.device}")
+            raise ValueError(f"values are on {values.device}, this SparseTensor's on {self._values.device}")
         if values.requires_grad and torch.is_grad_enabled():
             return _FromValues.apply(self, values)
         return SparseTensor(self._format, self.shape, self._buffer_list(), values, validate=False)

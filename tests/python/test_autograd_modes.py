@@ -1,6 +1,6 @@
 """Autograd beyond one reverse pass: gradients of gradients (create_graph=True) through the eager ops whose
 backward hands over a SparseTensor, and forward-mode AD, which Scorch does not derive and must refuse rather
-than drop a tangent. Values on the meta device are refused too (a kernel would hand back uninitialized memory)."""
+than drop a tangent. Meta-device values are refused too (a kernel would return uninitialized memory)."""
 
 import pytest
 import torch
@@ -31,7 +31,8 @@ def test_gradients_of_gradients(fmt, op):
     # The first gradient was right but cut from its history: no grad_fn (a second grad raised), or, for S * S,
     # a silently wrong second derivative ([4, 16, 36] for [12, 48, 108]).
     A = sb.sparse(DENSE, fmt)
-    other = sb.sparse(torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, -1.0, 0.0, 0.5], [0.0, 0.0, 1.0, 2.0]], dtype=D), fmt)
+    other_dense = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, -1.0, 0.0, 0.5], [0.0, 0.0, 1.0, 2.0]], dtype=D)
+    other = sb.sparse(other_dense, fmt)
     v = A.stored_values.detach().clone().requires_grad_()
     assert torch.autograd.gradgradcheck(lambda vv: OPS[op](A.with_values(vv), other).to_dense(), (v,))
 

@@ -317,7 +317,7 @@ print("ok")
 
 @pytest.mark.parametrize("dispatch", ["sparse", "auto"])
 def test_compiled_scatter_of_region_results_matches_eager(monkeypatch, dispatch):
-    # In a child: the miscompiled scatter corrupted the heap (the process aborts) or gave relative errors of 2.
+    # In a child: the miscompiled scatter corrupted the heap (the process aborts) or gave relative errors of 2
     monkeypatch.setenv("SCORCH_DISPATCH", dispatch)
     r = subprocess.run([sys.executable, "-c", SCATTER_CHILD, str(pathlib.Path(__file__).parent)],
                        capture_output=True, text=True, timeout=600)

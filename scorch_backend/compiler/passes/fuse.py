@@ -164,12 +164,12 @@ _RANDOM_IN_MEMORY_ORDER = {"dropout", "dropout_", "native_dropout", "alpha_dropo
                            "multinomial"}
 
 
-# Ops that add values into a tensor through an index: torch 2.13's Inductor writes wrong values or out of bounds
-# (heap corruption) in its vectorized accumulating scatter when the values come from two inputs in the n-major
-# layout (a pruned product's result plus another's, then index_add_: docs/backend.md).
-_SCATTER_ACCUMULATE = {"index_add", "index_add_", "index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_",
-                       "embedding_dense_backward", "put", "put_", "index_reduce", "index_reduce_", "scatter_add",
-                       "scatter_add_", "scatter_reduce", "scatter_reduce_"}
+# Ops that add values into a tensor through an index: torch 2.13's Inductor writes wrong values or out of
+# bounds (heap corruption) in its vectorized accumulating scatter when the values come from two inputs in the
+# n-major layout (a pruned product's result plus another's, then index_add_: docs/backend.md).
+_SCATTER_ACCUMULATE = {"index_add", "index_add_", "index_put", "index_put_", "_unsafe_index_put",
+                       "_index_put_impl_", "embedding_dense_backward", "put", "put_", "index_reduce",
+                       "index_reduce_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"}
 
 
 def _op_name(node: fx.Node) -> str:
