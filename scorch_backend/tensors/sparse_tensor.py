@@ -459,6 +459,10 @@ def rebuild_sparse_tensor(canonical: str, ndim: int, shape, buffers, values, req
         # torch's legacy (non-zipfile) loader fills the storages only after unpickling: what is read here is
         # not the file's data yet (a check of it failed at random, helper-64). Built unchecked, with versions
         # no buffer has, so the first use checks the buffers (SparseTensor.check_unchanged, the C++ side).
+        # What can be checked without the data is checked here.
+        if not all(isinstance(s, int) and s >= 0 for s in shape) or any(
+                not isinstance(t, torch.Tensor) or t.device.type != "cpu" for t in [values, *buffers]):
+            raise ValueError("a saved SparseTensor has a negative or non-integer size, or data not on the CPU")
         out = SparseTensor(Format(canonical, ndim), shape, buffers, values, validate=False)
         out._checked_versions = tuple(-2 for _ in out._buffer_names)
     else:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.utils.prune as prune
 
 import scorch_backend as sb
+from scorch_backend.tensors.sparse_tensor import rebuild_sparse_tensor
 
 D = torch.tensor([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0]])
 
@@ -168,6 +169,29 @@ def test_a_legacy_file_with_bad_indices_is_refused_at_first_use():
         B = torch.load(io.BytesIO(bytes(raw)), weights_only=False)
         with pytest.raises(ValueError, match="out of range"):
             use(B)
+
+
+class _Tampered:
+    """Pickles as a SparseTensor rebuilt from these arguments (a crafted file)."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return rebuild_sparse_tensor, self.args
+
+
+@pytest.mark.parametrize("case", ["negative size", "meta values"])
+def test_a_tampered_legacy_file_names_the_problem(case):
+    # The legacy loader's unchecked construction raised torch's "numel: integer multiplication overflow" or
+    # "Tensor.item() cannot be called on meta tensors".
+    A = sb.sparse(D, "csr")
+    shape, values = ((-3, 3), A.stored_values) if case == "negative size" else ((3, 3), A.stored_values.to("meta"))
+    buf = io.BytesIO()
+    torch.save(_Tampered(A.format.canonical, 2, shape, A._buffer_list(), values.detach(), False), buf,
+               _use_new_zipfile_serialization=False)
+    with pytest.raises(ValueError, match="negative or non-integer size, or data not on the CPU"):
+        torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
 
 
 @pytest.mark.parametrize("strict", [True, False])
