@@ -273,11 +273,21 @@ def _distributed_rank() -> tuple[int, int] | None:
     return None
 
 
+# Each name is agreed once per process: the outcome (rank 0's value, or this rank's own after a timeout) is
+# kept, so a name rank 0 never publishes costs one bounded wait, not one per call.
+_agreed_values: dict[str, float] = {}
+
+
 def agreed(name: str, value: float) -> float:
-    """`value` on rank 0 of a distributed job, rank 0's value everywhere else; `value` outside one."""
+    """`value` on rank 0 of a distributed job, rank 0's value everywhere else; `value` outside one. Every rank
+    must ask for the same names whatever its own state (a rank whose measurement failed offers a stand-in
+    under the same name, _agreed_calibration): a name only one rank asks for is waited on while rank 0 sits
+    in the job's next collective (the DDP test under the automatic dispatch stalled 3 x 120 s that way)."""
     ranks = _distributed_rank()
     if ranks is None:
         return value
+    if name in _agreed_values:
+        return _agreed_values[name]
     import datetime
 
     import torch.distributed as dist
@@ -287,13 +297,14 @@ def agreed(name: str, value: float) -> float:
         store = dist.distributed_c10d._get_default_store()
         if ranks[0] == 0:
             store.set(key, repr(float(value)))
-            return value
-        store.wait([key], datetime.timedelta(seconds=AGREE_TIMEOUT_S))
-        return float(store.get(key).decode())
+        else:
+            store.wait([key], datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+            value = float(store.get(key).decode())
     except Exception as e:  # noqa: BLE001 - agreement is best effort; the job must go on
         log.get("cost_model").warning("rank %d keeps its own %s (%.4g): rank 0's did not arrive (%s)", ranks[0],
                                       name, value, e)
-        return value
+    _agreed_values[name] = value
+    return value
 
 
 def _agreed_calibration(threads: int, result: dict) -> dict:
@@ -301,8 +312,10 @@ def _agreed_calibration(threads: int, result: dict) -> dict:
         return result
     result = dict(result)
     result["dense_crossover_density"] = agreed(f"crossover/{threads}", float(result["dense_crossover_density"]))
-    if result.get("dense_rate"):
-        result["dense_rate"] = agreed(f"dense_rate/{threads}", float(result["dense_rate"]))
+    # Always agreed, under one name: a rank on the shipped numbers (its measurement failed) has no dense rate
+    # and offers a quick measurement instead, so that it asks for the same names as rank 0.
+    rate = result.get("dense_rate") or _quick_dense_rate(threads)
+    result["dense_rate"] = agreed(f"dense_rate/{threads}", float(rate))
     result["source"] += " (rank 0's numbers, shared by every rank)"
     return result
 
@@ -334,8 +347,8 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
 def dense_rate(threads: int) -> float:
     """Multiply-adds per second of a dense float32 matmul on this machine with `threads` threads (from the
     calibration; a quick 384^3 measurement when it has none)."""
-    rate = calibration(threads).get("dense_rate")
-    return float(rate) if rate else agreed(f"quick_dense_rate/{threads}", _quick_dense_rate(threads))
+    rate = calibration(threads).get("dense_rate")  # always there in a distributed job (_agreed_calibration)
+    return float(rate) if rate else _quick_dense_rate(threads)
 
 
 @functools.lru_cache(maxsize=8)

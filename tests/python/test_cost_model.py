@@ -94,3 +94,49 @@ def test_a_measurement_without_the_cpu_is_not_kept():
     with pytest.raises(cost_model.UnreliableMeasurement, match="too busy"):
         cost_model._best_time(lambda: time.sleep(0.02), 3, threads=1)
     # (a run on the CPU passes: the calibration tests above measure for real)
+
+
+class _Store:
+    """A process group's store as two simulated ranks share it, counting the waits."""
+
+    def __init__(self):
+        self.values, self.waits = {}, []
+
+    def set(self, key, value):
+        self.values[key] = value.encode() if isinstance(value, str) else value
+
+    def wait(self, keys, timeout):
+        self.waits.append(keys[0])
+        if keys[0] not in self.values:
+            raise RuntimeError(f"wait timeout after {timeout}")
+
+    def get(self, key):
+        return self.values[key]
+
+
+def _as_rank(monkeypatch, rank, store):
+    monkeypatch.setattr(cost_model, "_distributed_rank", lambda: (rank, 2))
+    monkeypatch.setattr(cost_model, "_agreed_values", {}, raising=False)  # a process of its own
+    monkeypatch.setattr(torch.distributed.distributed_c10d, "_get_default_store", lambda: store)
+
+
+def test_ranks_agree_on_the_same_names_whatever_their_calibration(monkeypatch):
+    # Rank 1's measurement failed (the shipped numbers: no dense rate), rank 0's did not: rank 1 waited for a
+    # "quick_dense_rate" rank 0 never publishes, 120 s at every call, while rank 0 sat in DDP's allreduce.
+    store = _Store()
+    _as_rank(monkeypatch, 0, store)
+    measured = {"dense_crossover_density": 0.5, "dense_rate": 3e10, "source": "measured"}
+    assert cost_model._agreed_calibration(1, measured)["dense_rate"] == 3e10
+    _as_rank(monkeypatch, 1, store)
+    shipped = {"dense_crossover_density": 0.43, "dense_rate": None, "source": "fallback"}
+    got = cost_model._agreed_calibration(1, shipped)
+    assert got["dense_crossover_density"] == 0.5 and got["dense_rate"] == 3e10
+    assert all(k in store.values for k in store.waits)  # every name rank 1 asked for, rank 0 published
+
+
+def test_a_name_rank_zero_never_publishes_is_waited_for_once(monkeypatch):
+    store = _Store()
+    _as_rank(monkeypatch, 1, store)
+    assert cost_model.agreed("never_published", 2.0) == 2.0  # its own value, after the (failed) wait
+    assert cost_model.agreed("never_published", 5.0) == 2.0  # the outcome is kept: no second wait
+    assert store.waits == ["scorch/cost_model/never_published"]
