@@ -490,11 +490,14 @@ def _cache_key_tag() -> str:
 
 def _data_dependent(e: BaseException) -> bool:
     """Whether e, or an exception it came from, is torch's error for a branch on a data-dependent size."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, GuardOnDataDependentSymNode):
+        # Also an op whose output's size depends on the data (aten.nonzero, scorch.pack), met while tracing the
+        # backward of a product whose n:m or BSR operand the planner converts (helper-72).
+        if isinstance(e, (GuardOnDataDependentSymNode, DynamicOutputShapeException, DataDependentOutputException)):
             return True
         seen.add(id(e))
         e = e.__cause__ or e.__context__
