@@ -494,19 +494,22 @@ def test_gcn_with_a_sparse_input_rewrites_and_takes_new_graphs(tmp_path):
         _close(loaded(x, empty), model(x, sb_sparse(torch.zeros(x.shape[0], x.shape[0]))))
 
 
+class _AdjLinear(torch.nn.Module):
+    """A graph layer taking its adjacency as a sparse input: adj @ lin(h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 8)
+
+    def forward(self, adj, h):
+        return adj @ self.lin(h)
+
+
 def test_a_sparse_input_of_the_wrong_size_is_refused_as_eager_refuses_it(tmp_path):
     """The region reads rows from crow_indices and columns from the dense operand; the rewritten module checks
     the input's declared size against both, scripted and after save/load, instead of returning a result of
     another shape."""
-    class G(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(16, 8)
-
-        def forward(self, adj, h):
-            return adj @ self.lin(h)
-
-    model = G().eval()
+    model = _AdjLinear().eval()
     new, _ = _rewrite(model, (sb_sparse((torch.rand(10, 10) < 0.3).float()), torch.randn(10, 16)))
     scripted = torch.jit.script(new)
     torch.jit.save(scripted, str(tmp_path / "g.pt"))
@@ -529,16 +532,8 @@ def test_a_sparse_input_of_the_wrong_size_is_refused_as_eager_refuses_it(tmp_pat
 def test_gradients_through_a_sparse_input_of_the_rewritten_module(tmp_path, shape):
     """The gradient program of the dense operand kept the packed input, whose column count the call gives;
     without the letter that gave it, every backward raised "packed operand 1 has no size for its letter"."""
-    class G(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(16, 8)
-
-        def forward(self, adj, h):
-            return adj @ self.lin(h)
-
     torch.manual_seed(0)
-    model = G()
+    model = _AdjLinear()
     new, _ = _rewrite(model, (sb_sparse((torch.rand(10, 10) < 0.3).float()), torch.randn(10, 16)))
     adj_d = (torch.rand(*shape) < 0.4).float()
     for m in (new, torch.jit.script(new)):
