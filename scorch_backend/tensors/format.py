@@ -120,7 +120,10 @@ def make_format(fmt: FormatLike, ndim: int, *, mode_order: Sequence[int] | None 
         if fmt.strip() == "bsr":
             if blocksize is None or len(blocksize) != 2:
                 raise ValueError("format 'bsr' needs blocksize=(rows, cols)")
-            fmt = f"bsr({int(blocksize[0])},{int(blocksize[1])})"
+            if any(isinstance(b, bool) or not hasattr(b, "__index__") for b in blocksize):
+                # int() took 2.0 as 2 and True as 1 (helper-72)
+                raise TypeError(f"blocksize must be two integers, got {tuple(blocksize)!r}")
+            fmt = f"bsr({operator.index(blocksize[0])},{operator.index(blocksize[1])})"
         elif blocksize is not None:
             raise ValueError(f"blocksize only goes with format 'bsr', got format {fmt!r}")
         return Format(fmt, ndim)

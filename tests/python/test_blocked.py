@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -293,3 +294,11 @@ def test_padded_zeros_count_as_stored_whatever_the_statement_or_gradient(fmt):
     for r in results[1:]:
         torch.testing.assert_close(r, results[0], equal_nan=True)
     assert results[0][0].isnan(), results[0]  # row 0 stores a zero at the inf's column
+
+
+@pytest.mark.parametrize("blocksize", [(2.0, 2), (True, 2), (2, False), ("2", 2)])
+def test_a_blocksize_that_is_not_two_integers_is_refused(blocksize):
+    # int() took 2.0 as 2 and True as 1: bsr(2,2) and bsr(1,2) without a word (helper-72).
+    with pytest.raises(TypeError, match="blocksize must be two integers"):
+        sb.sparse(torch.eye(4), "bsr", blocksize=blocksize)
+    assert sb.sparse(torch.eye(4), "bsr", blocksize=(np.int64(2), torch.tensor(2))).format.blocksize == (2, 2)
