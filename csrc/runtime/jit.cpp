@@ -232,9 +232,14 @@ void forget_held_lock(int fd) {
 class KeyLock {
  public:
   KeyLock(const std::string& path, double compile_timeout) {
-    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-    SCORCH_CHECK_KIND(ErrorKind::runtime, fd_ >= 0, "cannot open the kernel cache lock {}: {}", path,
-                      std::strerror(errno));
+    // Not through a symbolic link, as the entries' files are not (a link to /dev/null was taken as the lock).
+    fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const int open_err = errno;
+    SCORCH_CHECK_KIND(ErrorKind::runtime, fd_ >= 0, "cannot open the kernel cache lock {}: {}{}", path,
+                      std::strerror(open_err),
+                      open_err == EISDIR  ? " (a directory is in the way: remove it)"
+                      : open_err == ELOOP ? " (a symbolic link is in the way: remove it)"
+                                          : "");
     // Noted from the open on: a child forked while this waits for the lock would share it once taken
     // (helper-47: the same hang as a child forked during the compile).
     note_held_lock(fd_);

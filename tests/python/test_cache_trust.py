@@ -398,6 +398,24 @@ def test_a_directory_where_an_entry_belongs_is_named(built, ext):
     assert leftovers(cache) == []
 
 
+@pytest.mark.parametrize("what", ["directory", "dangling link", "link to /dev/null"])
+def test_something_in_the_way_of_the_lock_is_named(built, what):
+    # The lock was opened through symbolic links: one to /dev/null was taken as the lock, a dangling one gave
+    # "No such file or directory", and a directory got no hint (the entries' own files had them).
+    cache, first = built
+    pathlib.Path(first["library"]).write_bytes(b"")  # damaged: the child must take the lock to rebuild
+    lock = cache / (key_of(first) + ".lock")
+    lock.unlink(missing_ok=True)
+    if what == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(cache / "gone" if what == "dangling link" else "/dev/null")
+    failed = run_child(cache)
+    assert failed.get("error") == "RuntimeError", failed
+    way = "a directory" if what == "directory" else "a symbolic link"
+    assert f"{way} is in the way: remove it" in failed["message"], failed["message"]
+
+
 def test_a_read_only_cache_still_loads_its_verified_entries(built):
     # A prebuilt cache shipped on a read-only file system: the private copy each load makes goes to TMPDIR.
     cache, first = built
