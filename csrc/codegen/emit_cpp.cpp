@@ -205,15 +205,16 @@ inline bool rows_snapshot(const I* __restrict pos, const I* __restrict crd, int6
     s.pos = p;
     s.pos_cap = cap;
   }
-  // Each value read once from the caller's buffer, copied and checked on the copy in the same loop (a memcpy
-  // and then a check of the copy, or a running previous value, ran 3-10% slower on SpMV).
+  // The positions copied, then checked on the copy, with a compiler barrier between: checked in the copying
+  // loop, the vectorized comparison P[k + 1] < P[k] loaded pos twice (at i and at i + 1) instead of reading
+  // the copy, so a value a racing writer changed between the two loads was stored unchecked (a 0 in the
+  // middle of the copy: a row running over the coordinates' copy, SIGSEGV in test_hostile's racing SpMM,
+  // about 1 run in 6). The positions are a small part of a chunk (rows, not entries).
   I* __restrict P = s.pos;
+  for (int64_t i = lo; i <= hi; ++i) P[i - lo] = pos[i];
+  __asm__ __volatile__("" ::: "memory");  // the check reads the copy, never the caller's buffer again
   int dec = 0;
-  P[0] = pos[lo];
-  for (int64_t i = lo; i < hi; ++i) {
-    P[i - lo + 1] = pos[i + 1];
-    dec |= P[i - lo + 1] < P[i - lo];
-  }
+  for (int64_t k = 0; k < hi - lo; ++k) dec |= P[k + 1] < P[k];
   const int64_t b = P[0], e = P[hi - lo];
   const bool ok = !dec && (uint64_t)b <= (uint64_t)e && (uint64_t)e <= (uint64_t)len;
   bad |= !ok;
