@@ -5,8 +5,8 @@
 
 #include <ATen/record_function.h>
 
-#include "forward_ad.h"
 #include "convert.h"
+#include "forward_ad.h"
 #include "region.h"
 #include "region_kernels.h"
 #include "region_operands.h"

@@ -87,13 +87,9 @@ def _convert(x: torch.Tensor) -> SparseTensor:
         coo = x.to_sparse_coo().coalesce()  # keeps the zeros stored inside blocks
         return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
     if x.layout in (torch.sparse_csr, torch.sparse_csc):
-        try:  # the same buffers, when they are in order (torch does not require sorted column indices)
-            return sparse(x, fmt, index_dtype=idx)
-        except ValueError:
-            pass
-        check_compressed_bounds(x)  # unsorted columns are re-sorted below; bad pointers or indices raise here
-        coo = x.to_sparse_coo().coalesce()
-        return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
+        # The same buffers when each row is in order; else re-sorted (repeats summed), bad pointers refused
+        # (convert._from_torch_sparse).
+        return sparse(x, fmt, index_dtype=idx)
     coo = x.coalesce()
     return from_coordinates(coo.indices(), coo.values(), x.shape, fmt, index_dtype=idx)
 
