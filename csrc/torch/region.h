@@ -87,6 +87,7 @@ struct RegionProgram {
   bool has_masks = false;
   bool has_relu = false;  // some operand is relu(tensor) (RegionOperand::relu)
   bool has_nonempty = false;  // some pattern must keep an entry in every fiber (RegionOperand::nonempty)
+  bool call_sized = false;    // some packed operand's size is given by the call (a -1 in its packed size)
   // What the finiteness check reads (region.cpp: values_finite): the operands whose values are multiplied by
   // a compressed operand's skipped zeros (dense ones not under a pattern, and compressed ones; not packed), none
   // when no operand is compressed. `selects_on_output`: a pattern over the output's letters (a select in eager).
@@ -103,13 +104,18 @@ struct RegionProgram {
 const RegionProgram& region_program(const std::string& text);
 
 // The program of d out / d operand k: its text, the operands it takes (-1 is the output gradient) and the
-// letters it produces.
+// letters it produces. Derived once per program and operand. A packed operand whose size the call gives keeps
+// its -1 there: the caller hands the sizes it resolved over with GivenPackedSizes (region_operands.h), so that
+// one text serves every size (a text per size grew the program cache by one entry per graph in training).
 struct RegionGradient {
   std::string text;
   std::vector<int> operands;
   std::string produced;
 };
-RegionGradient region_gradient(const std::string& text, int k);
+const RegionGradient& region_gradient(const std::string& text, int k);
+
+// How many programs have been parsed (the cache never shrinks; tests check it does not grow per call).
+size_t region_program_count();
 
 // Run a program. `operands`: one tensor per program operand (a packed operand's stored values), then the index
 // buffers of the packed operands. `force`: "" (choose), "dense", "sparse" or "grouped".

@@ -5,6 +5,8 @@
 
 #include <ATen/record_function.h>
 
+#include <optional>
+
 #include "convert.h"
 #include "forward_ad.h"
 #include "region.h"
@@ -83,6 +85,12 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const std::string& program,
                                                 at::TensorList operands) {
     ctx->saved_data["program"] = program;
+    const RegionProgram& p = region_program(program);
+    if (p.call_sized) {  // the packed sizes this call resolves (GivenPackedSizes: maybe given to it in turn)
+      std::vector<int64_t> flat;
+      for (const auto& size : split_operands(p, operands).packed_sizes) flat.insert(flat.end(), size.begin(), size.end());
+      ctx->saved_data["packed_sizes"] = flat;
+    }
     ctx->save_for_backward(operands.vec());
     return {region_below_autograd(program, operands)};
   }
@@ -92,6 +100,20 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
     const std::string program = ctx->saved_data["program"].toStringRef();
     const RegionProgram& p = region_program(program);
     const auto all = ctx->get_saved_variables();
+    // A gradient program's own backward: the sizes its call was given (it may lack the letters that give them).
+    std::optional<GivenPackedSizes> forward_sizes;
+    if (p.call_sized) {
+      const auto flat = ctx->saved_data["packed_sizes"].toIntVector();
+      std::vector<std::vector<int64_t>> sizes(p.operands.size());
+      auto at = flat.begin();
+      for (size_t k = 0; k < p.operands.size(); ++k) {
+        if (p.operands[k].packed.empty()) continue;
+        const auto n = static_cast<std::ptrdiff_t>(p.operands[k].packed_size.size());
+        sizes[k].assign(at, at + n);
+        at += n;
+      }
+      forward_sizes.emplace(p, std::move(sizes));
+    }
     const Slots s = split_operands(p, all);
     const at::TensorList operands = s.slots;
     torch::autograd::variable_list result(1 + all.size());  // index buffers and packed values get none
@@ -120,21 +142,19 @@ class RegionFunction : public torch::autograd::Function<RegionFunction> {
         result[1 + k] = g.permute(perm).to(t.scalar_type());
         continue;
       }
-      RegionGradient rg = region_gradient(program, static_cast<int>(k));
-      // A packed operand whose size the call gives (-1: a rewritten model's sparse input, docs/rewrite.md) keeps
+      const RegionGradient& rg = region_gradient(program, static_cast<int>(k));
+      // A packed operand whose size the call gives (-1: a rewritten model's sparse input, docs/rewrite.md) gets
       // the size this call resolved: the gradient program may lack the letter that gave it (operand k's own,
       // e.g. j of `adj(i,j) @ h(j,k)` when differentiating h), and resolve_packed_size would refuse it.
-      bool given = false;
-      for (int j : rg.operands)
-        if (j >= 0 && !p.operands[j].packed.empty())
-          for (int64_t d : p.operands[j].packed_size) given = given || d < 0;
-      if (given) {
-        RegionProgram g = region_program(rg.text);
+      const RegionProgram& gp = region_program(rg.text);
+      std::optional<GivenPackedSizes> given;
+      if (gp.call_sized) {
+        std::vector<std::vector<int64_t>> sizes(rg.operands.size());
         for (size_t i = 0; i < rg.operands.size(); ++i) {
           const int j = rg.operands[i];
-          if (j >= 0 && !p.operands[j].packed.empty()) g.operands[i].packed_size = s.packed_sizes[j];
+          if (j >= 0 && !p.operands[j].packed.empty()) sizes[i] = s.packed_sizes[j];
         }
-        rg.text = g.text();
+        given.emplace(gp, std::move(sizes));
       }
       std::vector<at::Tensor> args;
       for (int j : rg.operands) args.push_back(j < 0 ? grad : operands[j]);

@@ -17,8 +17,13 @@ namespace {
 std::vector<int64_t> resolve_packed_size(const RegionProgram& p, size_t k, const Slots& s) {
   const RegionOperand& o = p.operands[k];
   std::vector<int64_t> size = o.packed_size;
+  const std::vector<int64_t>* given = p.call_sized ? GivenPackedSizes::find(p, k) : nullptr;
   for (size_t d = 0; d < size.size(); ++d) {
     if (size[d] >= 0) continue;
+    if (given && d < given->size() && (*given)[d] >= 0) {
+      size[d] = (*given)[d];
+      continue;
+    }
     const char c = o.letters[d];
     for (size_t j = 0; j < p.operands.size() && size[d] < 0; ++j) {
       const std::string letters = p.operands[j].tensor_letters();
@@ -42,7 +47,9 @@ std::vector<int64_t> resolve_packed_size(const RegionProgram& p, size_t k, const
   return size;
 }
 
-ValidatedOnce validated;  // packed operands' buffers (a deployed model's are data read from a file)
+ValidatedOnce validated;
+
+thread_local const GivenPackedSizes* innermost_given = nullptr;  // packed operands' buffers (a deployed model's are data read from a file)
 
 }  // namespace
 
@@ -83,6 +90,19 @@ Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::Sca
   for (const auto& b : s.buffers[k]) buffers.push_back(b.contiguous());
   return Operand{&f, size, std::move(buffers),
                  values.scalar_type() == dtype ? values.contiguous() : values.to(dtype)};
+}
+
+GivenPackedSizes::GivenPackedSizes(const RegionProgram& program, std::vector<std::vector<int64_t>> sizes)
+    : program_(&program), sizes_(std::move(sizes)), outer_(innermost_given) {
+  innermost_given = this;
+}
+
+GivenPackedSizes::~GivenPackedSizes() { innermost_given = outer_; }
+
+const std::vector<int64_t>* GivenPackedSizes::find(const RegionProgram& program, size_t k) {
+  for (const GivenPackedSizes* g = innermost_given; g; g = g->outer_)
+    if (g->program_ == &program) return k < g->sizes_.size() && !g->sizes_[k].empty() ? &g->sizes_[k] : nullptr;
+  return nullptr;
 }
 
 namespace {

@@ -25,6 +25,26 @@ Slots split_operands(const RegionProgram& p, at::TensorList operands, bool resol
 // Packed operand k as the executor takes it, its buffers validated (once per identity, version and size).
 Operand packed_operand(const RegionProgram& p, size_t k, const Slots& s, at::ScalarType dtype);
 
+// While one lives on this thread, a call of `program` takes these sizes for its packed operands whose size the
+// program leaves to the call (-1): one list per operand, empty for the rest. How a gradient program, whose
+// operands may lack the letter that gave such a size (j of `adj(i,j) @ h(j,k)` when differentiating h), gets
+// the sizes its forward call resolved, without a text of its own per size. Nested ones stack.
+class GivenPackedSizes {
+ public:
+  GivenPackedSizes(const RegionProgram& program, std::vector<std::vector<int64_t>> sizes);
+  ~GivenPackedSizes();
+  GivenPackedSizes(const GivenPackedSizes&) = delete;
+  GivenPackedSizes& operator=(const GivenPackedSizes&) = delete;
+
+  // The sizes given to operand k of `program` by the innermost one for it (nullptr: none).
+  static const std::vector<int64_t>* find(const RegionProgram& program, size_t k);
+
+ private:
+  const RegionProgram* program_;
+  std::vector<std::vector<int64_t>> sizes_;
+  const GivenPackedSizes* outer_;
+};
+
 // The dtype a region computes in: its floating operands' promoted type (float32 when none).
 at::ScalarType region_dtype(const RegionProgram& p, at::TensorList operands);
 

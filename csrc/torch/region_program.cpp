@@ -169,6 +169,7 @@ RegionProgram parse_text(const std::string& text) {
     r.expand = static_cast<int>(expand);
     r.weight = as<bool>(a[5], "weight flag");
     if (a.size() == 7) read_packed(as<JsonObject>(a[6], "packed operand: an object expected"), r);
+    for (int64_t d : r.packed_size) p.call_sized = p.call_sized || d < 0;
     p.packed_buffers += r.packed_buffers;
     p.operands.push_back(std::move(r));
   }
@@ -325,20 +326,24 @@ std::string RegionProgram::text() const {
   return s + "}";
 }
 
+namespace {
+std::mutex programs_mu;
+std::unordered_map<std::string, std::unique_ptr<RegionProgram>> programs;
+}  // namespace
+
 const RegionProgram& region_program(const std::string& text) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::unique_ptr<RegionProgram>> programs;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(programs_mu);
     auto it = programs.find(text);
     if (it != programs.end()) return *it->second;
   }
   auto p = std::make_unique<RegionProgram>(parse_text(text));
-  std::lock_guard lock(mu);  // never shrinks: callers hold references (a process has a bounded set of regions)
+  std::lock_guard lock(programs_mu);  // never shrinks: callers hold references (a process has a bounded set of regions)
   return *programs.emplace(text, std::move(p)).first->second;
 }
 
-RegionGradient region_gradient(const std::string& text, int k) {
+namespace {
+RegionGradient derive_gradient(const std::string& text, int k) {
   const RegionProgram& p = region_program(text);
   SCORCH_CHECK(k >= 0 && k < static_cast<int>(p.operands.size()), "scorch::region: no operand {}", k);
   const RegionOperand& target = p.operands[k];
@@ -350,7 +355,7 @@ RegionGradient region_gradient(const std::string& text, int k) {
                "plain variant on the ReLU's output", p.title);
   if (p.has_addends()) {  // the product's gradient program; its operands named by their indices here
     const auto at = std::find(p.product_operands.begin(), p.product_operands.end(), k);
-    RegionGradient r = region_gradient(p.product_text, static_cast<int>(at - p.product_operands.begin()));
+    RegionGradient r = derive_gradient(p.product_text, static_cast<int>(at - p.product_operands.begin()));
     for (int& j : r.operands)
       if (j >= 0) j = p.product_operands[static_cast<size_t>(j)];
     return r;
@@ -403,6 +408,26 @@ RegionGradient region_gradient(const std::string& text, int k) {
   g.label = p.label;
   r.text = g.text();
   return r;
+}
+}  // namespace
+
+const RegionGradient& region_gradient(const std::string& text, int k) {
+  const RegionProgram& p = region_program(text);
+  static std::mutex mu;
+  static std::map<std::pair<const RegionProgram*, int>, std::unique_ptr<RegionGradient>> derived;
+  {
+    std::lock_guard lock(mu);
+    auto it = derived.find({&p, k});
+    if (it != derived.end()) return *it->second;
+  }
+  auto r = std::make_unique<RegionGradient>(derive_gradient(text, k));  // ValueError for no such gradient
+  std::lock_guard lock(mu);  // as the programs: never shrinks, callers hold references
+  return *derived.emplace(std::make_pair(&p, k), std::move(r)).first->second;
+}
+
+size_t region_program_count() {
+  std::lock_guard lock(programs_mu);
+  return programs.size();
 }
 
 }  // namespace scorch::torch_glue

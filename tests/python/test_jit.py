@@ -544,6 +544,67 @@ def test_gradients_through_a_sparse_input_of_the_rewritten_module(tmp_path, shap
         _close(h.grad, h2.grad)
 
 
+def test_training_over_graphs_of_many_sizes_parses_no_program_per_size(tmp_path):
+    """The gradient program of the dense operand gets the sparse input's sizes from the call. It had a text of
+    its own per graph size, so the program cache (never freed) grew by one entry per new size: without bound in
+    training over mini-batches of graphs. Twice differentiable as well (the gradient program's own backward)."""
+    from scorch_backend import _C
+
+    class G(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 4)
+
+        def forward(self, adj, h):
+            return adj @ self.lin(h)
+
+    torch.manual_seed(1)
+    model = G()
+    new, _ = _rewrite(model, (sb_sparse((torch.rand(9, 9) < 0.3).float()), torch.randn(9, 6)))
+
+    def step(n, create_graph=False):
+        adj_d = (torch.rand(n, n + 2) < 0.4).float()
+        h = torch.randn(n + 2, 6, requires_grad=True)
+        g = torch.randn(n, 4)
+        (gh,) = torch.autograd.grad((new(adj_d.to_sparse_csr(), h) * g).sum(), h, create_graph=create_graph)
+        h2 = h.detach().clone().requires_grad_()
+        (gh2,) = torch.autograd.grad((adj_d @ model.lin(h2) * g).sum(), h2, create_graph=create_graph)
+        _close(gh, gh2)
+        return gh, h, gh2, h2
+
+    step(5)
+    before = _C.region_cache_sizes()["programs"]
+    for n in range(6, 30):
+        step(n)
+    assert _C.region_cache_sizes()["programs"] == before
+
+
+def test_second_order_through_a_gradient_program_with_a_sparse_input_of_the_call():
+    """adj(i,j) x(j,k) y(k,l) with adj packed at a size the call gives: x's gradient program lacks x, the only
+    other operand with j, and gets adj's size from the call; its own backward (y's gradient of |d/dx|^2) runs
+    too, at several sizes."""
+    program = json.dumps({"operands": [["ij", "sparse", False, False, 0, False,
+                                        {"format": "dense(0),compressed(1)", "size": [-1, -1]}],
+                                       ["jk", "dense", False, True, 0, False],
+                                       ["kl", "dense", False, True, 0, False]],
+                          "out": "il", "coef": 1.0, "frozen": False, "name": "second_order"})
+    torch.manual_seed(3)
+    for n, m in [(4, 6), (7, 3), (1, 5)]:
+        adj = (torch.rand(n, m) < 0.5).float()
+        csr = adj.to_sparse_csr()
+        x = torch.randn(m, 3, requires_grad=True)
+        y = torch.randn(3, 2, requires_grad=True)
+        g = torch.randn(n, 2)
+        out = torch.ops.scorch.region(program, [csr.values(), x, y, csr.crow_indices(), csr.col_indices()])
+        (gx,) = torch.autograd.grad((out * g).sum(), x, create_graph=True)
+        (gy,) = torch.autograd.grad((gx ** 2).sum(), y)
+        x2, y2 = x.detach().requires_grad_(), y.detach().requires_grad_()
+        (gx2,) = torch.autograd.grad((adj @ x2 @ y2 * g).sum(), x2, create_graph=True)
+        (gy2,) = torch.autograd.grad((gx2 ** 2).sum(), y2)
+        _close(gx, gx2)
+        _close(gy, gy2)
+
+
 def sb_sparse(dense):
     import scorch_backend as sb
 
