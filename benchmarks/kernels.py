@@ -76,6 +76,7 @@ from kernel_cases import (CONTENDERS, EQUATIONS, K_SDDMM, KERNELS, N_SPMM, RANK_
                           nm_pruned, random_tensor3, scipy_of_torch, setup_bsr, setup_case, setup_mttkrp,
                           setup_nm, setup_ttm, torch_coo, torch_csr)
 from kernel_jit import JIT_COLD_TARGET_S, JIT_DISK_TARGET_S, jit_times, summarize_jit  # noqa: E402
+from kernel_ceilings import report_compute_bound, report_sddmm_floor  # noqa: E402
 
 
 # Geometric mean of (torch CSR time / Scorch time) that each kernel should reach, and JIT limits in seconds.
@@ -460,46 +461,6 @@ def report_targets(summary, jit_summary) -> dict:
 FMA_KERNELS = ("spmm", "bsr", "nm")  # whose work is counted in multiply-adds (2 * nnz * N_SPMM FLOP)
 
 
-def report_compute_bound(results, peak: dict) -> None:
-    """The BSR cases as fractions of the FMA peak, for them and the CSR kernel on the same weights: the BSR
-    kernel cannot run above the peak, so a ratio over the CSR kernel above peak / CSR's fraction cannot be
-    reached on this CPU and target, however the kernel is written."""
-    if not peak.get("gflops"):
-        return
-    rows = [r for r in results if r["kernel"] == "bsr" and "scorch" in r and "torch_coo" in r["contenders"]]
-    if not rows:
-        return
-    log(f"\nBSR SpMM against the FMA peak ({peak['gflops']:.0f} GFLOP/s, {peak['vector_bytes']}-byte vectors)")
-    for r in rows:
-        bsr = r["flop"] / r["scorch"]["median_s"] / 1e9 / peak["gflops"]
-        csr = r["flop"] / r["contenders"]["torch_coo"]["median_s"] / 1e9 / peak["gflops"]
-        r["fma_peak_fraction"] = {"bsr": bsr, "scorch_csr": csr}
-        log(f"  {r['matrix']:<44} BSR {100 * bsr:4.0f}% of peak, Scorch CSR {100 * csr:4.0f}%: "
-            f"{BSR_TARGET_VS_SCORCH_CSR:g}x over CSR needs {100 * BSR_TARGET_VS_SCORCH_CSR * csr:4.0f}%, "
-            f"at most {1 / csr:.2f}x is possible")
-    if any(r["fma_peak_fraction"]["bsr"] > 1.0 for r in rows):
-        log("  WARNING: a kernel ran above the measured peak, so the probe was disturbed: these fractions say "
-            "nothing")
-
-
-def report_sddmm_floor(results) -> None:
-    """The SDDMM cases against their floor (Q's rows read at the stored entries, kernel_cases.py): a kernel
-    cannot run under it, so a ratio over torch above torch's time / floor cannot be reached here."""
-    rows = [r for r in results if r["kernel"] == "sddmm" and "scorch" in r and "floor" in r
-            and "torch_csr" in r["contenders"]]
-    if not rows:
-        return
-    log("\nSDDMM against its floor (sb.einsum('ij,jk->k', S, Q): Q's row read at each stored entry, no P, no "
-        "dot products)")
-    for r in rows:
-        floor = r["floor"]["median_s"]
-        r["floor_ratio"] = {"scorch": r["scorch"]["median_s"] / floor,
-                            "torch_csr": r["contenders"]["torch_csr"]["median_s"] / floor}
-        log(f"  {r['matrix']:<44} floor {fmt_time(floor):>9}; Scorch {r['floor_ratio']['scorch']:5.2f}x it, "
-            f"torch {r['floor_ratio']['torch_csr']:5.2f}x: {TARGETS['sddmm']:g}x over torch needs "
-            f"{r['floor_ratio']['torch_csr'] / TARGETS['sddmm']:.2f}x the floor")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # main
 
@@ -662,8 +623,8 @@ def main(argv=None) -> int:
     summary = summarize(results, args.kernels, args.threads, triad_gbps)
     jit_summary = summarize_jit(jit, args.kernels) if jit is not None else None
     targets = report_targets(summary, jit_summary)
-    report_compute_bound(results, peak)
-    report_sddmm_floor(results)
+    report_compute_bound(results, peak, BSR_TARGET_VS_SCORCH_CSR)
+    report_sddmm_floor(results, TARGETS["sddmm"])
 
     mism = [f"{r['kernel']}/{r['matrix']}" for r in results if r.get("check", {}).get("ok") is False]
     fails = [f"{r['kernel']}/{r['matrix']}: {r['error']}" for r in results if "error" in r]
