@@ -192,7 +192,7 @@ Transposed transpose_pattern(const Operand& pattern) {
 Transposed transposed_of(const at::Tensor& mask, const Operand& pattern) {
   const int64_t nb = pattern.shape[0], cols = pattern.shape[2], nnz = pattern.buffers[1].numel();
   const at::Tensor kept = cached_derived(
-      mask, fmt::format("attention-transposed|{}|{}", nb, c10::toString(pattern.buffers[0].scalar_type())),
+      mask, fmt::format("attention-transposed|{}#{}", c10::toString(pattern.buffers[0].scalar_type()), nb),
       [&] {
         const Transposed t = transpose_pattern(pattern);
         return at::cat({t.pos, t.crd, t.order});

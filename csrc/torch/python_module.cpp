@@ -604,6 +604,7 @@ PYBIND11_MODULE(_C, m) {
     d["inputs"] = c.inputs;
     d["max_weights"] = c.max_weights;
     d["max_inputs"] = c.max_inputs;
+    d["forms"] = c.forms;
     d["programs"] = glue::region_program_count();  // parsed region programs (never freed)
     return d;
   });

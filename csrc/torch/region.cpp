@@ -63,10 +63,35 @@ struct Entry {
   // consumer that reads it dense, demoted or by columns (a transposed activation in a training step) needs
   // no copy.
   at::Tensor rows;
-  // Guards the lazily filled parts above (density, row_counts, rows, sparse, layouts) once the entry is in the
-  // cache: callers on several threads (a model served from a thread pool; the op releases the GIL) share it.
+  // The keys of forms sized by the call, in `sparse` or `layouts`, most recently used first: a pattern broadcast
+  // over a batch, attention's transposed pattern per batch x heads (a layout key with '#'). Each holds batch x
+  // nnz entries; one per batch size met, a server seeing many sizes kept them all for good (helper-73: +133 MB
+  // over 46 sizes of one 512x512 mask). At most kSizedForms are kept; see touch_sized.
+  std::list<std::string> sized;
+  // Guards the lazily filled parts above (density, row_counts, rows, sparse, layouts, sized) once the entry is
+  // in the cache: callers on several threads (a model served from a thread pool; the op releases the GIL) share it.
   std::mutex mu;
 };
+
+// Sized forms kept per cache entry: a few, so that a loader's last short batch, or alternating train and
+// evaluation batch sizes, do not compress again at every switch.
+constexpr size_t kSizedForms = 4;
+
+// Key `key` of a sized form of e was just used (or made): first in e.sized, and the least recently used one
+// beyond kSizedForms dropped from e.sparse or e.layouts. Called with e.mu held.
+void touch_sized(Entry& e, const std::string& key) {
+  for (auto it = e.sized.begin(); it != e.sized.end(); ++it)
+    if (*it == key) {
+      e.sized.splice(e.sized.begin(), e.sized, it);
+      return;
+    }
+  e.sized.push_front(key);
+  while (e.sized.size() > kSizedForms) {
+    e.sparse.erase(e.sized.back());
+    e.layouts.erase(e.sized.back());
+    e.sized.pop_back();
+  }
+}
 using EntryPtr = std::shared_ptr<Entry>;
 
 struct Lru {
@@ -232,6 +257,7 @@ Operand sparse_of(const at::Tensor& t, Entry& e, const RegionOperand& o, at::Sca
   const char* order = o.col_major ? "T" : o.relu ? "R" : "";
   std::string key = fmt::format("{}{}|{}|", static_cast<int>(o.kind), order, c10::toString(dtype));
   for (auto s : lead) key += std::to_string(s) + ",";
+  if (!lead.empty()) touch_sized(e, key);  // (before the form exists: what it evicts is never this key)
   auto it = e.sparse.find(key);
   if (it != e.sparse.end()) return it->second;
   if (o.kind == RegionOperand::Kind::pattern && lead.empty()) {
@@ -287,8 +313,10 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
   cached = cached && !t.is_inference();  // as in entry_of
   Hashed hashed;
   EntryPtr e = cached ? lookup(t, frozen, weight, &hashed) : nullptr;
+  const bool sized = key.find('#') != std::string::npos;  // a layout sized by the call (Entry::sized)
   if (e) {
     std::lock_guard lock(e->mu);
+    if (sized) touch_sized(*e, key);
     auto it = e->layouts.find(key);
     if (it != e->layouts.end()) return it->second;
   }
@@ -306,10 +334,12 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
   if (cached) {
     if (fresh) {
       fresh->layouts[key] = out;  // before the entry is shared
+      if (sized) touch_sized(*fresh, key);
       remember(t, fresh, weight);
       return out;
     }
     std::lock_guard lock(e->mu);
+    if (sized) touch_sized(*e, key);  // (evicted meanwhile by other sizes: kept again, first)
     e->layouts.try_emplace(key, out);  // (another thread may have made the same layout meanwhile)
   }
   return out;
@@ -679,7 +709,13 @@ RegionStats region_stats() {
 
 RegionCacheSizes region_cache_sizes() {
   std::lock_guard lock(cache_mu);
-  return {weights.order.size(), inputs.order.size(), kMaxWeights, kMaxInputs};
+  size_t forms = 0;
+  for (const Lru* cache : {&weights, &inputs})
+    for (const auto& [key, e] : cache->order) {
+      std::lock_guard entry_lock(e->mu);
+      forms += e->sparse.size() + e->layouts.size();
+    }
+  return {weights.order.size(), inputs.order.size(), kMaxWeights, kMaxInputs, forms};
 }
 
 void region_clear_cache() {

@@ -147,7 +147,8 @@ double cached_density(const at::Tensor& t, bool frozen);
 // A tensor derived from t, made by `make` the first time and kept in t's entry of the operand cache under `key`
 // while t's version and fingerprint stay, as the region op keeps a weight's dense layouts; cleared with the
 // cache. `weight`: t is kept on the weights' side (parameters, buffers), else on the data inputs' (a mask).
-// Made anew at every call for a tensor without a version counter.
+// Made anew at every call for a tensor without a version counter. A key holding '#' names a form sized by the
+// call ("family#sizes"): only the few most recently used of those are kept per tensor (region.cpp: touch_sized).
 at::Tensor cached_derived(const at::Tensor& t, const std::string& key, const std::function<at::Tensor()>& make,
                           bool weight = true);
 
@@ -159,9 +160,10 @@ struct RegionStats {
   int64_t content_hashes = 0;  // hashes of a data input's bytes (taken for a cache entry, or to check one)
 };
 RegionStats region_stats();
-// Entries in the cache of weights and of data inputs, and their limits.
+// Entries in the cache of weights and of data inputs, their limits, and the forms (compressed operands, dense
+// layouts, derived tensors) their entries hold.
 struct RegionCacheSizes {
-  size_t weights, inputs, max_weights, max_inputs;
+  size_t weights, inputs, max_weights, max_inputs, forms;
 };
 RegionCacheSizes region_cache_sizes();
 void region_clear_cache();

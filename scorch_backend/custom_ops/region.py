@@ -211,6 +211,9 @@ def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
 # Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
 # tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
 # The cache lives in C++ (csrc/torch/region.cpp): 512 weights, 8 data inputs, 32 fingerprint entries.
+# An entry keeps the four most recently used of its forms sized by the call (a mask's pattern broadcast over the
+# batch, its transpose for the backward): one per batch size met grew without bound (_C.region_cache_sizes()
+# counts the forms).
 
 
 class _Stats(Mapping):
