@@ -43,7 +43,13 @@ constexpr size_t kMaxWeights = 512;  // most recently used parameters and buffer
 constexpr size_t kMaxInputs = 8;     // data inputs: a new batch is a new tensor
 
 struct Entry {
-  at::Tensor alias;  // keeps the memory from being reused by another tensor while the entry lives
+  // Whose entry it is: the tensor's storage, held weakly. A StorageImpl is not freed while a weak reference to
+  // it lives, so a later tensor given the same memory has another one and is not taken for this tensor
+  // (lookup: same_memory). Held strongly (an alias, as before 2026-11-29), a dropped model's weights stayed in
+  // memory until 512 newer ones pushed them out (helper-73). Entries whose storage is gone are swept when a new
+  // entry is made (remember). `alias` only for a tensor without storage.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;
+  at::Tensor alias;
   int64_t version = 0;
   std::vector<uint8_t> fingerprint;
   std::vector<int64_t> fingerprint_at;  // the element offsets it was read at (fingerprint_offsets)
@@ -119,7 +125,28 @@ struct Lru {
     order.clear();
     index.clear();
   }
+  // Drops the entries whose tensor's storage has been freed (Entry::storage).
+  void sweep() {
+    for (auto it = order.begin(); it != order.end();) {
+      if (it->second->storage && it->second->storage->expired()) {
+        index.erase(it->first);
+        it = order.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 };
+
+void own(Entry& e, const at::Tensor& t) {
+  if (t.has_storage()) e.storage.emplace(t.storage().getWeakStorageImpl());
+  else e.alias = t.detach();
+}
+
+bool same_memory(const Entry& e, const at::Tensor& t) {
+  if (!e.storage) return true;  // (the alias keeps the memory: the key's data pointer is this tensor's)
+  return t.has_storage() && !e.storage->expired() && e.storage->_unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+}
 
 // Never destroyed: at exit the caches' tensors may hold memory that Python owns (torch.from_numpy's storage,
 // whose deleter takes the GIL), and static destructors run after the interpreter is gone (a SIGSEGV at exit).
@@ -189,14 +216,16 @@ EntryPtr lookup(const at::Tensor& t, bool frozen, bool weight, Hashed* hashed = 
     e = (weight ? weights : inputs).get(key);
   }
   // A write through torch moves the version; a fused optimizer step does not, and is caught by the fingerprint.
-  if (!e || e->version != static_cast<int64_t>(t._version())) return nullptr;
+  if (!e || !same_memory(*e, t) || e->version != static_cast<int64_t>(t._version())) return nullptr;
   if (!frozen && !unchanged(t, *e, hashed)) return nullptr;
   return e;
 }
 
 void remember(const at::Tensor& t, EntryPtr e, bool weight) {
   std::lock_guard lock(cache_mu);
-  (weight ? weights : inputs).put(tensor_key(t), std::move(e));
+  Lru& cache = weight ? weights : inputs;
+  cache.sweep();  // (a few hundred entries at most, once per new entry)
+  cache.put(tensor_key(t), std::move(e));
 }
 
 // A matrix laid out by columns: its transpose is contiguous.
@@ -230,7 +259,7 @@ EntryPtr entry_of(const at::Tensor& t, bool cached, bool frozen, bool weight, bo
     }
   }
   auto e = std::make_shared<Entry>();
-  e->alias = t.detach();
+  own(*e, t);
   e->version = cached ? static_cast<int64_t>(t._version()) : -1;
   if (cached) take_fingerprint(t, *e, weight, hashed);
   measure_density(t, *e, relu);
@@ -326,7 +355,7 @@ at::Tensor derived_of(const at::Tensor& t, const std::string& key, const std::fu
   std::shared_ptr<Entry> fresh;
   if (cached && !e) {
     fresh = std::make_shared<Entry>();
-    fresh->alias = t.detach();
+    own(*fresh, t);
     fresh->version = static_cast<int64_t>(t._version());
     take_fingerprint(t, *fresh, weight, hashed);
   }

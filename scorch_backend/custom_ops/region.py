@@ -207,7 +207,9 @@ def _out_storage(text: str) -> tuple[str, tuple[int, ...]]:
 # be seen; update tensors through torch ops (or in torch.no_grad()).
 # frozen_weights=True skips the fingerprint for weights and checks only the version counter: for weights that do
 # not train (a fused optimizer step, .data and numpy writes go unseen there).
-# The entry holds an alias of the tensor, which keeps its memory from being reused by an unrelated tensor.
+# The entry holds the tensor's storage weakly and checks it on every hit: an unrelated tensor that later gets the
+# same memory has another storage, and a dropped model's weights are freed (their entries go when the next entry
+# is made). It held an alias until 2026-11-29, which kept up to 512 dropped weights in memory.
 # Weights keep the MAX_WEIGHTS most recently used entries; data inputs only MAX_INPUTS (a new batch is a new
 # tensor: its entry serves the backward pass and repeated calls on the same input, then goes).
 # The cache lives in C++ (csrc/torch/region.cpp): 512 weights, 8 data inputs, 32 fingerprint entries.

@@ -297,6 +297,31 @@ def test_cache_keeps_few_data_inputs():
     assert sizes["inputs"] <= sizes["max_inputs"] == 8
 
 
+def test_cache_lets_a_dropped_models_weights_go(monkeypatch):
+    """The cache held each weight it compressed (an alias): a model dropped by the user kept its weights in
+    memory until 512 newer ones pushed them out (helper-73: a checkpoint sweep grew by every model). Now the
+    weight's memory goes with the model, its entry goes when the next one is made, and a new weight that gets
+    the freed memory is not taken for the old one (each model's result is checked)."""
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
+    _C.region_clear_cache()
+    x = torch.randn(4, 24)
+    counts = []
+    for seed in range(6):
+        model = Fn(lambda x, W, b: x @ W.t() + b)
+        with torch.no_grad():
+            model.W.copy_(pruned(16, 24, seed=seed))
+        compiled = torch.compile(model, backend="scorch")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        weight = model.W.untyped_storage()
+        del model, compiled
+        torch._dynamo.reset()
+        assert torch._C._storage_Use_Count(weight._cdata) == 1  # only `weight` holds it now
+        del weight
+        counts.append(_C.region_cache_sizes()["weights"])
+    assert counts[-1] <= 2, counts  # the dropped models' entries swept (one per model before)
+
+
 def test_cache_keeps_few_batch_sized_forms_of_a_mask(monkeypatch):
     """A mask's pattern broadcast over the batch, and its transpose for the backward, are sized by the call: the
     cache kept one of each per batch size met, for good (helper-73: +214 MB over 35 batch sizes in training).
