@@ -405,8 +405,20 @@ Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) 
     elements = saturating_add(elements, o.numel());
     if (o.sparse()) densities.push_back(o.density());
   }
-  Decision d = choose_by_density(densities, elements, threads, explain);
-  if (d.dense && !all_finite(ops)) {  // also when forced: the contract does not depend on dispatch
+  if (!densities.empty() && elements <= kTinyDenseElements && dispatch_mode() == DispatchMode::automatic) {
+    // The tiny rule is for operands held dense (a region's): a stored sparse one would be densified first,
+    // which costs more than the kernel (helper-75: a 32x32 SpMV 36-55 us dense, 5.6-7 us the kernel).
+    Decision k;
+    if (explain)
+      k.why = fmt::format("tiny problem ({} dense elements) with a stored sparse operand: the kernel, without "
+                          "densifying it", elements);
+    return k;
+  }
+  return choose_by_density(densities, elements, threads, explain);
+}
+
+Decision finite_or_kernel(Decision d, const std::function<bool()>& finite, bool explain) {
+  if (d.dense && !finite()) {  // also when forced: the contract does not depend on dispatch
     d.dense = false;
     if (explain)
       d.why = "an operand holds inf or NaN: unstored entries are never multiplied, which only the kernel keeps (a "
@@ -417,12 +429,36 @@ Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain) 
 
 namespace {
 
+// Does a stored sparse operand's term hold exactly the output's letters (each once)? Every einsum operand is a
+// factor, so the result is zero wherever that operand stores nothing: a sampled product ("ij,ik,jk->ij").
+bool sampled_by_a_factor(const std::string& equation, const std::vector<Operand>& ops) {
+  const size_t arrow = equation.find("->");
+  if (arrow == std::string::npos || equation.find('.') != std::string::npos) return false;
+  auto letters_of = [](const std::string& term) {
+    std::string l;
+    for (char c : term)
+      if (std::isalpha(static_cast<unsigned char>(c))) l += c;
+    std::sort(l.begin(), l.end());
+    return l;
+  };
+  const std::string out = letters_of(equation.substr(arrow + 2));
+  if (out.empty() || std::adjacent_find(out.begin(), out.end()) != out.end()) return false;
+  const std::string lhs = equation.substr(0, arrow);
+  size_t start = 0;
+  for (size_t k = 0; k < ops.size() && start <= lhs.size(); ++k) {
+    const size_t end = std::min(lhs.find(',', start), lhs.size());
+    if (ops[k].sparse() && letters_of(lhs.substr(start, end - start)) == out) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 // The eager measurement (eager_measure.cpp) for calls of at most two operands with a dense result, or a sparse
 // one with a summed index (SpGEMM: the rule multiplies densities as for an SpMM, and at 0.5-0.8 the kernel ran
 // 2.4-5.5x slower than the dense product and its compression, helper-43 F9). An elementwise product with a
 // sparse result always takes the kernel (run_einsum).
 Decision measured_choice(const std::string& equation, const PlanEntry& entry, const std::vector<Operand>& ops,
-                         int64_t threads, bool explain, Decision d) {
+                         int64_t threads, bool explain, Decision d, const std::function<bool()>& finite) {
   if (dispatch_mode() != DispatchMode::automatic || !measure_regions() || ops.size() > 2) return d;
   int64_t elements = 0;
   for (const auto& o : ops) elements = saturating_add(elements, o.numel());
@@ -439,7 +475,7 @@ Decision measured_choice(const std::string& equation, const PlanEntry& entry, co
     at::Tensor r = dense_product(equation, ops, result);
     if (entry.out) compress(r);  // (the caller compresses a dense run's sparse result the same way)
   };
-  c.finite = [&] { return all_finite(ops); };
+  c.finite = finite;
   return measured_eager_choice(c, std::move(d));
 }
 
@@ -542,15 +578,30 @@ Outcome run_einsum(const std::string& equation, const std::vector<Operand>& ops,
   Outcome out;
   out.plan = &entry->plan;
   Decision d;
-  if (decide && entry->out && entry->plan.var_sizes.size() == entry->plan.out_shape.size() &&
+  const bool elementwise = entry->plan.var_sizes.size() == entry->plan.out_shape.size();
+  if (decide && entry->out && (elementwise || sampled_by_a_factor(equation, ops)) &&
       dispatch_mode() == DispatchMode::automatic) {
     // A product with a sparse result and nothing summed visits each stored entry of its sparse factors once;
     // densifying, multiplying and compressing again never pays (helper-43: ij,ij->ij at density 0.75 ran
-    // dense 95x slower than the kernel).
-    if (explain) d.why = "an elementwise product with a sparse result: the kernel visits only stored entries";
+    // dense 95x slower than the kernel). Nor does it for a sampled product (SDDMM): its result lies within
+    // the sparse factor on the output's letters, and the kernel computes only those entries (helper-75: at
+    // density 0.9 the dense run of "ij,ik,jk->ij" was 144-177x slower than torch's S * (X @ Y.T)).
+    if (explain)
+      d.why = elementwise ? "an elementwise product with a sparse result: the kernel visits only stored entries"
+                          : "a sampled product (its result within a sparse factor's entries): the kernel computes "
+                            "only those";
   } else if (decide) {
+    // Unstored entries must never meet inf or NaN, so a dense choice stands only on finite values: checked once,
+    // and only where the choice is dense (a sum over every operand, 20-50 us on a small call; it was taken
+    // before the measured choice, which then often kept the kernel: helper-75).
+    std::optional<bool> finite_known;
+    const std::function<bool()> finite = [&] {
+      if (!finite_known) finite_known = all_finite(ops);
+      return *finite_known;
+    };
     d = choose(ops, threads, explain);
-    d = measured_choice(equation, *entry, ops, threads, explain, std::move(d));
+    d = measured_choice(equation, *entry, ops, threads, explain, std::move(d), finite);
+    d = finite_or_kernel(std::move(d), finite, explain);
   } else if (explain) {
     d.why = "the caller chose the sparse kernel";
   }

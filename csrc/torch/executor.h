@@ -52,11 +52,9 @@ struct Decision {
   std::string why;  // filled only when asked for (it formats numbers)
 };
 
-// The dense-or-sparse choice for an einsum over these operands: SCORCH_DISPATCH forces a side; else a tiny
-// problem or sparse operands denser (combined) than `crossover` go dense. Operands holding inf or NaN
-// always run the kernel, which never multiplies unstored entries.
-// The same choice from the sparse operands' densities and the dense elements of all operands (no check of
-// the values). Forced modes as above.
+// The dense-or-sparse choice from the sparse operands' densities and the dense elements of all operands (no
+// check of the values): SCORCH_DISPATCH forces a side; else a tiny problem or sparse operands denser (combined)
+// than the crossover go dense.
 Decision choose_by_density(const std::vector<double>& densities, int64_t elements, int64_t threads, bool explain);
 
 // Measures (or loads) the crossover for a thread count and the current target and hands it to
@@ -65,8 +63,13 @@ Decision choose_by_density(const std::vector<double>& densities, int64_t element
 void set_calibration_hook(std::function<void(int64_t threads)> hook);
 
 // The crossover is the one calibrated for `threads` and the current target (set_calibrated_crossover, measured
-// through the calibration hook the first time), unless SCORCH_DENSE_CROSSOVER overrides it.
+// through the calibration hook the first time), unless SCORCH_DENSE_CROSSOVER overrides it. A tiny problem
+// with a stored sparse operand takes the kernel (densifying it would cost more). The values are not checked:
+// finite_or_kernel, on the final choice.
 Decision choose(const std::vector<Operand>& ops, int64_t threads, bool explain);
+
+// A dense choice turned back to the kernel when `finite` says some operand holds inf or NaN.
+Decision finite_or_kernel(Decision d, const std::function<bool()>& finite, bool explain);
 
 struct Outcome {
   Route route = Route::kernel;
