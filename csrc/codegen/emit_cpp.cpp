@@ -52,6 +52,15 @@ inline vec_t vload(const val_t* p) {
   memcpy(&v, p, sizeof v);
   return v;
 }
+// The n values at p (n < lanes) in the first lanes. Read as one vector when the whole of it lies before `end`
+// (the operand's last element + 1), which is every row of a row-major operand but its last: the lanes past n
+// then hold the next row's values, which the caller never stores. Else lane by lane, the rest zero.
+inline vec_t vload_upto(const val_t* p, int64_t n, const val_t* end) {
+  if (end - p >= (int64_t)(sizeof(vec_t) / sizeof(val_t))) return vload(p);
+  vec_t v = {};
+  for (int64_t l = 0; l < n; ++l) v[l] = p[l];
+  return v;
+}
 #endif
 
 // Output stream of one thread: coordinate tuples and values, grown by doubling.

@@ -40,6 +40,8 @@ Stmts unpack_arguments(const KernelSpec& spec) {
         b.push_back(line(fmt::format("const int64_t t{}_st{} = {};", t, d, stride)));
         stride += fmt::format(" * N{}", first->vars[d]);
       }
+      // Its elements: how far a vector load may read (vload_upto, the last columns of an SpMM's tiles).
+      b.push_back(line(fmt::format("const int64_t t{}_numel = {}; (void)t{}_numel;", t, stride, t)));
       continue;
     }
     const auto& levels = op.format->levels();

@@ -263,6 +263,9 @@ class Lowerer {
         const LExpr idx = sum_of(terms, I(0));
         LExpr addr = loops::unary(UnOp::address_of, loops::load(V(fmt::format("t{}_{}", e->tensor, base)), idx));
         if (offset != 0) addr = loops::add(addr, I(offset));
+        if (partial_vector_)
+          return loops::call("vload_upto", {addr, V("jn"), loops::add(V(fmt::format("t{}_data", e->tensor)),
+                                                                       V(fmt::format("t{}_numel", e->tensor)))});
         return loops::call("vload", {addr});
       }
       case ExprKind::literal: return value_literal(e->value);
@@ -603,6 +606,9 @@ class Lowerer {
   int tile_var_ = -1;
   bool vector_tile_ = false;
   int tile_vectors_ = 4;  // vector accumulators of the vector pass being generated
+  // The pass being generated is the last one, over the jn < lanes columns left: its loads take jn lanes
+  // (vload_upto), whole vectors where the operand's buffer goes on past them.
+  bool partial_vector_ = false;
   int scalar_tile_ = 16;  // columns of the array tile being generated
   VectorShape machine_;
   bool parallel_ = false;

@@ -160,7 +160,14 @@ TEST(KernelSpec, RoundTrip) {
 TEST(Codegen, RegisterTilesAndLocalSums) {
   // SpMM: a tile of output columns accumulates in registers across the row's nonzeros.
   const std::string spmm = kernel_source("out(i0,i1) = t0(i0,i2) * t1(i2,i1); t0=csr; t1=strided; out=strided; f32; i32");
-  EXPECT_NE(spmm.find("tacc[jj] +="), std::string::npos) << spmm;
+  // The columns short of a full tile: vectors of registers when the target has them (the last one loading only
+  // the columns left, vload_upto), else a small array.
+  if (spmm.find("vload(") != std::string::npos) {
+    EXPECT_NE(spmm.find("vload_upto("), std::string::npos) << spmm;
+    EXPECT_EQ(spmm.find("tacc[jj] +="), std::string::npos) << spmm;
+  } else {
+    EXPECT_NE(spmm.find("tacc[jj] +="), std::string::npos) << spmm;
+  }
   EXPECT_NE(spmm.find("#pragma omp simd"), std::string::npos);
   // SpMV: the row's sum is kept in a register and stored once.
   const std::string spmv = kernel_source("out(i0) = t0(i0,i1) * t1(i1); t0=csr; t1=strided; out=strided; f32; i32");

@@ -16,6 +16,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t1_data = (const val_t*)args->inputs[3];
   const int64_t t1_st1 = 1;
   const int64_t t1_st0 = 1 * N1;
+  const int64_t t1_numel = 1 * N1 * N2; (void)t1_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t os1 = 1;
   const int64_t os0 = 1 * N1;
@@ -160,31 +161,21 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
               o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
           }
-          for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
-            const int64_t jo = (N1 / 8) * 8 + jt * 64;
-            const int64_t jn = std::min<int64_t>(64, N1 - jo);
-            val_t tacc[64] = {};
+          if (jdone < N1) {
+            const int64_t jo = jdone;
+            const int64_t jn = N1 - jo;
+            const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+            vec_t va0 = {};
             int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad); const int64_t q0l1_W = ((0 * N0 + i0) < (0 * N0 + i0) + 1) ? (N2 + 31) / 32 : 0; const int64_t q0l1_C = (q0l1_W + 1) / 2; const idx_t* __restrict q0l1_r = t0_mask1 + ((0 * N0 + i0) < (0 * N0 + i0) + 1 ? (0 * N0 + i0) : 0) * ((N2 + 31) / 32); int64_t q0l1_w = 0; uint64_t q0l1_b = q0l1_C > 0 ? ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)) : 0u; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); int64_t q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
               const int64_t k0l1 = p0l1;
               const int64_t i2 = in_range(q0l1, N2, bad);
-              if (jn == 64) {
-                #pragma omp simd
-                for (int64_t jj = 0; jj < 64; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
-                }
-              } else {
-                for (int64_t jj = 0; jj < jn; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
-                }
-              }
+              va0 += (t0_vals[k0l1] * vload_upto(&t1_jo[i2 * t1_st0], jn, t1_data + t1_numel));
               q0l1_b &= q0l1_b - 1; while (!q0l1_b && ++q0l1_w < q0l1_C) q0l1_b = ((uint64_t)(uint32_t)q0l1_r[2 * q0l1_w] | (2 * q0l1_w + 1 < q0l1_W ? (uint64_t)(uint32_t)q0l1_r[2 * q0l1_w + 1] << 32 : 0u)); q0l1 = q0l1_b ? q0l1_w * 64 + __builtin_ctzll(q0l1_b) : INT64_MAX;
             }
             bad |= !(q0l1 == INT64_MAX);
-            for (int64_t jj = 0; jj < jn; ++jj) {
-              o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
+            for (int64_t l = 0; l < jn; ++l) {
+              o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
             }
           }
         }

@@ -8,8 +8,10 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const int64_t N0 = args->sizes[0]; (void)N0;
   const val_t* __restrict t0_data = (const val_t*)args->inputs[0];
   const int64_t t0_st0 = 1;
+  const int64_t t0_numel = 1 * N0; (void)t0_numel;
   const val_t* __restrict t1_data = (const val_t*)args->inputs[1];
   const int64_t t1_st0 = 1;
+  const int64_t t1_numel = 1 * N0; (void)t1_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t out_numel = 1; (void)out_numel;
   int nthreads = args->num_threads > 0 ? args->num_threads : 1;

@@ -11,6 +11,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t0_data = (const val_t*)args->inputs[0];
   const int64_t t0_st1 = 1;
   const int64_t t0_st0 = 1 * N2;
+  const int64_t t0_numel = 1 * N2 * N0; (void)t0_numel;
   const idx_t* __restrict t1_pos1 = (const idx_t*)args->inputs[1];
   const idx_t* __restrict t1_crd1 = (const idx_t*)args->inputs[2];
   const int64_t t1_crd1_n = args->lengths ? args->lengths[2] : (int64_t)t1_pos1[(1 * N1)];

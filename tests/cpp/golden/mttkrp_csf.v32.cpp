@@ -25,9 +25,11 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t1_data = (const val_t*)args->inputs[7];
   const int64_t t1_st1 = 1;
   const int64_t t1_st0 = 1 * N1;
+  const int64_t t1_numel = 1 * N1 * N2; (void)t1_numel;
   const val_t* __restrict t2_data = (const val_t*)args->inputs[8];
   const int64_t t2_st1 = 1;
   const int64_t t2_st0 = 1 * N1;
+  const int64_t t2_numel = 1 * N1 * N3; (void)t2_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t os1 = 1;
   const int64_t os0 = 1 * N1;
@@ -270,34 +272,40 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
             o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
           }
         }
-        for (int64_t jt = 0; jt < (N1 - (N1 / 8) * 8 + 63) / 64; ++jt) {
-          const int64_t jo = (N1 / 8) * 8 + jt * 64;
-          const int64_t jn = std::min<int64_t>(64, N1 - jo);
-          val_t tacc[64] = {};
+        if (jdone < N1) {
+          const int64_t jo = jdone;
+          const int64_t jn = N1 - jo;
+          const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+          const val_t* __restrict t2_jo = t2_data + jo * t2_st1;
+          vec_t va0 = {};
           int64_t k0l1 = t0_pos1[k0l0], ke0l1 = t0_pos1[k0l0 + 1]; segment(k0l1, ke0l1, t0_crd1_n, bad);
           for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
             const int64_t k0l1 = p0l1;
             const int64_t i2 = in_range(t0_crd1[k0l1], N2, bad);
             int64_t k0l2 = t0_pos2[k0l1], ke0l2 = t0_pos2[k0l1 + 1]; segment(k0l2, ke0l2, t0_crd2_n, bad);
-            for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
-              const int64_t k0l2 = p0l2;
-              const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
-              if (jn == 64) {
-                #pragma omp simd
-                for (int64_t jj = 0; jj < 64; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += ((t0_vals[k0l2] * t1_data[i2 * t1_st0 + i1 * t1_st1]) * t2_data[i3 * t2_st0 + i1 * t2_st1]);
+            const bool pf_0l2 = (N3 * t2_st0) * 4 > l2_cache_bytes() && N1 <= 256;
+            if (pf_0l2) {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                if (pf_0l2) {
+                  const int64_t pfp = k0l2 + 16 < ke0l2 ? k0l2 + 16 : ke0l2 - 1; const int64_t pfc = t0_crd2[pfp];
+                  if ((uint64_t)pfc < (uint64_t)N3) {
+                    __builtin_prefetch(&t2_data[pfc * t2_st0 + jo * t2_st1] + 0);
+                  }
                 }
-              } else {
-                for (int64_t jj = 0; jj < jn; ++jj) {
-                  const int64_t i1 = jo + jj;
-                  tacc[jj] += ((t0_vals[k0l2] * t1_data[i2 * t1_st0 + i1 * t1_st1]) * t2_data[i3 * t2_st0 + i1 * t2_st1]);
-                }
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += ((t0_vals[k0l2] * vload_upto(&t1_jo[i2 * t1_st0], jn, t1_data + t1_numel)) * vload_upto(&t2_jo[i3 * t2_st0], jn, t2_data + t2_numel));
+              }
+            } else {
+              for (int64_t p0l2 = k0l2; p0l2 < ke0l2; ++p0l2) {
+                const int64_t k0l2 = p0l2;
+                const int64_t i3 = in_range(t0_crd2[k0l2], N3, bad);
+                va0 += ((t0_vals[k0l2] * vload_upto(&t1_jo[i2 * t1_st0], jn, t1_data + t1_numel)) * vload_upto(&t2_jo[i3 * t2_st0], jn, t2_data + t2_numel));
               }
             }
           }
-          for (int64_t jj = 0; jj < jn; ++jj) {
-            o[i0 * os0 + (jo + jj) * os1] += tacc[jj];
+          for (int64_t l = 0; l < jn; ++l) {
+            o[i0 * os0 + (jo + 0 + l) * os1] += va0[l];
           }
         }
       }

@@ -15,6 +15,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t1_data = (const val_t*)args->inputs[3];
   const int64_t t1_st1 = 1;
   const int64_t t1_st0 = 1 * N1;
+  const int64_t t1_numel = 1 * N1 * N0; (void)t1_numel;
   int nthreads = args->num_threads > 0 ? args->num_threads : 1;
   val_t* __restrict sampled_out = (val_t*)args->out_dense;  // the sampling operand's size
   int bad_index = 0;

@@ -8,6 +8,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const int64_t N0 = args->sizes[0]; (void)N0;
   const val_t* __restrict t0_data = (const val_t*)args->inputs[0];
   const int64_t t0_st0 = 1;
+  const int64_t t0_numel = 1 * N0; (void)t0_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t os0 = 1;
   const int64_t out_numel = 1 * N0; (void)out_numel;

@@ -16,6 +16,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t1_data = (const val_t*)args->inputs[3];
   const int64_t t1_st1 = 1;
   const int64_t t1_st0 = 1 * N1;
+  const int64_t t1_numel = 1 * N1 * N2; (void)t1_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t os1 = 1;
   const int64_t os0 = 1 * N1;
@@ -238,29 +239,34 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
                 o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
               }
             }
-            for (int64_t jt = 0; jt < (N1 - (N1 / 4) * 4 + 31) / 32; ++jt) {
-              const int64_t jo = (N1 / 4) * 4 + jt * 32;
-              const int64_t jn = std::min<int64_t>(32, N1 - jo);
-              val_t tacc[32] = {};
+            if (jdone < N1) {
+              const int64_t jo = jdone;
+              const int64_t jn = N1 - jo;
+              const val_t* __restrict t1_jo = t1_data + jo * t1_st1;
+              vec_t va0 = {};
               int64_t k0l1 = t0_pos1[(0 * N0 + i0)], ke0l1 = t0_pos1[(0 * N0 + i0) + 1];
-              for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
-                const int64_t k0l1 = p0l1;
-                const int64_t i2 = t0_crd1[k0l1];
-                if (jn == 32) {
-                  #pragma omp simd
-                  for (int64_t jj = 0; jj < 32; ++jj) {
-                    const int64_t i1 = jo + jj;
-                    tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
+              const bool pf_0l1 = (N2 * t1_st0) * 8 > l2_cache_bytes() && N1 <= 128;
+              if (pf_0l1) {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  if (pf_0l1) {
+                    const int64_t pfp = k0l1 + 16 < ke0l1 ? k0l1 + 16 : ke0l1 - 1; const int64_t pfc = t0_crd1[pfp];
+                    if ((uint64_t)pfc < (uint64_t)N2) {
+                      __builtin_prefetch(&t1_data[pfc * t1_st0 + jo * t1_st1] + 0);
+                    }
                   }
-                } else {
-                  for (int64_t jj = 0; jj < jn; ++jj) {
-                    const int64_t i1 = jo + jj;
-                    tacc[jj] += (t0_vals[k0l1] * t1_data[i2 * t1_st0 + i1 * t1_st1]);
-                  }
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload_upto(&t1_jo[i2 * t1_st0], jn, t1_data + t1_numel));
+                }
+              } else {
+                for (int64_t p0l1 = k0l1; p0l1 < ke0l1; ++p0l1) {
+                  const int64_t k0l1 = p0l1;
+                  const int64_t i2 = t0_crd1[k0l1];
+                  va0 += (t0_vals[k0l1] * vload_upto(&t1_jo[i2 * t1_st0], jn, t1_data + t1_numel));
                 }
               }
-              for (int64_t jj = 0; jj < jn; ++jj) {
-                o[i0 * os0 + (jo + jj) * os1] = tacc[jj];
+              for (int64_t l = 0; l < jn; ++l) {
+                o[i0 * os0 + (jo + 0 + l) * os1] = va0[l];
               }
             }
           }

@@ -17,6 +17,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t0_vals = (const val_t*)args->inputs[3];
   const val_t* __restrict t1_data = (const val_t*)args->inputs[4];
   const int64_t t1_st0 = 1;
+  const int64_t t1_numel = 1 * N1; (void)t1_numel;
   val_t* __restrict out = (val_t*)args->out_dense;
   const int64_t os0 = 1;
   const int64_t out_numel = 1 * N0; (void)out_numel;

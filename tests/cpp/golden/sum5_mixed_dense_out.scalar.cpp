@@ -20,6 +20,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t2_data = (const val_t*)args->inputs[6];
   const int64_t t2_st1 = 1;
   const int64_t t2_st0 = 1 * N1;
+  const int64_t t2_numel = 1 * N1 * N0; (void)t2_numel;
   const idx_t* __restrict t3_pos0 = (const idx_t*)args->inputs[7];
   const idx_t* __restrict t3_crd0 = (const idx_t*)args->inputs[8];
   const int64_t t3_crd0_n = args->lengths ? args->lengths[8] : (int64_t)t3_pos0[1];

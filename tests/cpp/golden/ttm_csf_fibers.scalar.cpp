@@ -25,6 +25,7 @@ extern "C" int scorch_kernel(scorch_kernel_args* args) {
   const val_t* __restrict t1_data = (const val_t*)args->inputs[7];
   const int64_t t1_st1 = 1;
   const int64_t t1_st0 = 1 * N2;
+  const int64_t t1_numel = 1 * N2 * N3; (void)t1_numel;
   int nthreads = args->num_threads > 0 ? args->num_threads : 1;
   val_t* __restrict out = (val_t*)args->out_dense;  // a dense block under each shared position
   int bad_index = 0;
