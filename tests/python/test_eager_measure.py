@@ -150,3 +150,25 @@ def test_a_sparse_result_with_a_summed_index_is_measured_and_its_choice_followed
     # An elementwise product with a sparse result is never measured: the kernel visits only stored entries.
     sb.einsum("ij,ij->ij", A, sb.sparse(random_dense((96, 80), 0.5, seed=43), "csr"))
     assert stats()["measured"] == after["measured"]
+
+
+def test_a_sparse_result_is_measured_from_well_below_the_crossover(auto):
+    # The product of the densities says nothing of how full an SpGEMM's result comes out: at 0.3 each (0.09,
+    # under 0.3 / 3, where an SpMM trusts the rule) its result is nearly full and the kernel assembled it at
+    # 39 ms against 22 for the dense product and its compression (helper-75, 1000^3). Such calls are measured
+    # from crossover / 40 on; an SpMM of the same density is not.
+    a, b = random_dense((90, 70), 0.3, seed=51), random_dense((70, 60), 0.3, seed=52)
+    A, B = sb.sparse(a, "csr"), sb.sparse(b, "csr")
+    before = measured()
+    out = sb.einsum("ij,jk->ik", A, B)
+    assert isinstance(out, sb.SparseTensor)
+    torch.testing.assert_close(out.to_dense(), a @ b, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
+    S = sb.sparse(random_dense((90, 70), 0.09, seed=53), "csr")
+    torch.testing.assert_close(sb.einsum("ij,jk->ik", S, b), S.to_dense() @ b, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
+    # Far below even that window (0.05 x 0.05 against 0.3 / 40): the rule's kernel, unmeasured.
+    c, d = random_dense((90, 70), 0.05, seed=54), random_dense((70, 60), 0.05, seed=55)
+    got = sb.einsum("ij,jk->ik", sb.sparse(c, "csr"), sb.sparse(d, "csr"))
+    torch.testing.assert_close(got.to_dense(), c @ d, rtol=1e-4, atol=1e-4)
+    assert measured() == before + 1
