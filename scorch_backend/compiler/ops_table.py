@@ -414,10 +414,18 @@ def _kept_where(mask, ctx: Context, out_rank: int):
     return sup, (d if d is not None else 0.5)
 
 
-def _not_of(mask):
-    """m for ~m, else None."""
-    if isinstance(mask, fx.Node) and op_of(mask).name == "aten.bitwise_not":
-        return mask.args[0]
+def negated_mask(mask):
+    """m for ~m (logical_not(m)) and for m == 0 (True exactly where m is zero, of any dtype: "mask == 0" is how
+    much attention code spells the masked-out positions), else None."""
+    if not isinstance(mask, fx.Node):
+        return None
+    view = op_of(mask)
+    if view.name == "aten.bitwise_not":
+        return view.args[0]
+    if view.name == "aten.eq" and len(view.args) == 2:
+        m, zero = view.args
+        if isinstance(m, fx.Node) and (_is_zero(zero) or zero is False):
+            return m
     return None
 
 
@@ -465,7 +473,7 @@ def _rule_masked_fill(node, view, ctx):
     if len(view.args) < 3:
         return None
     x, mask, value = view.args[0], view.args[1], view.args[2]
-    kept = _not_of(mask)
+    kept = negated_mask(mask)
     if kept is None or not (_is_zero(value) or _is_neg_inf(value)):
         return None
     sup, d = _kept_where(kept, ctx, rank_of(node))
@@ -678,6 +686,7 @@ _op("aten.softmax", ["input|self", "dim"], [torch.softmax, F.softmax], ["softmax
 
 # ops the rules look at, with no rule of their own
 _op("aten.bitwise_not", X, [operator.invert, torch.bitwise_not, torch.logical_not], ["logical_not", "bitwise_not"])
+_op("aten.eq", ["input|self", "other"], [operator.eq, torch.eq], ["eq"])  # (m == 0: negated_mask)
 _op("aten.topk", ["input|self", "k", "dim"], [torch.topk], ["topk"])
 _op("aten.zeros_like", X, [torch.zeros_like])
 _op("aten.getitem", [], [operator.getitem])

@@ -36,7 +36,7 @@ from torch import fx
 from ... import config
 from .. import region_cost
 from ... import log as _log
-from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias
+from ..ops_table import CONTRACTIONS, OPS, is_scalar, linear_bias, negated_mask
 from .fuse import Chained, Fused, FuseError, chain_of, fuse, sequence_of
 from .graph import Writes, describe, example, op_of, shape_of, source_label
 
@@ -84,7 +84,8 @@ def _last_two_swapped(node: fx.Node) -> bool:
 
 
 def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
-    """(members, q, k, v, mask, scale) when `node` ends softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v."""
+    """(members, q, k, v, mask, scale) when `node` ends softmax(masked_fill(q @ k^T * c, ~mask, -inf)) @ v
+    (or mask == 0 for ~mask: ops_table.negated_mask)."""
     view = op_of(node)
     if view.name != "aten.matmul" or len(view.args) != 2:
         return None
@@ -102,9 +103,9 @@ def _masked_attention(node: fx.Node, attrs: dict, threshold: float):
     x, notmask, value = filled.args
     if not (isinstance(value, float) and math.isinf(value) and value < 0):
         return None
-    if not isinstance(notmask, fx.Node) or op_of(notmask).name != "aten.bitwise_not":
+    mask = negated_mask(notmask)
+    if mask is None:
         return None
-    mask = notmask.args[0]
     members, scale = [node, attn, filled], 1.0
     if _single_user(notmask):
         members.append(notmask)
