@@ -337,7 +337,9 @@ def choose_dense(densities: list[float], dense_elements: int) -> tuple[bool, str
     combined = math.prod(densities)
     threshold = crossover_density()
     if dense_elements <= TINY_DENSE_ELEMENTS:
-        return True, f"tiny problem ({dense_elements} dense elements): dense ATen code has less overhead"
+        # (as the executor's `choose`: densifying a stored sparse operand costs more than the kernel there)
+        return False, (f"tiny problem ({dense_elements} dense elements) with a stored sparse operand: the kernel, "
+                       "without densifying it")
     if combined >= threshold:
         return True, (f"sparse operands' combined density {combined:.3g} >= crossover {threshold:.3g} "
                       "(measured on this machine): dense is faster")

@@ -429,10 +429,12 @@ def _einsum_python(equation: str, operands, out_format, choose: bool, executor_c
         # there). Deciding here would read a density that may be symbolic (a guard on the number of stored
         # entries, or an error formatting it).
         choose, why = False, "traced: the choice is made when the graph runs"
-    if choose and plan["out_format"] != "strided" and len(plan["var_sizes"]) == len(plan["out_shape"]) and \
-            config.dispatch_mode() == "auto":
-        # (as the executor: an elementwise product with a sparse result visits only stored entries)
-        choose, why = False, "an elementwise product with a sparse result: the kernel visits only stored entries"
+    if choose and plan["out_format"] != "strided" and config.dispatch_mode() == "auto":
+        # (as the executor: an elementwise or a sampled product with a sparse result visits only stored entries)
+        if len(plan["var_sizes"]) == len(plan["out_shape"]):
+            choose, why = False, "an elementwise product with a sparse result: the kernel visits only stored entries"
+        elif _sampled_by_a_factor(equation, ops_):
+            choose, why = False, "a sampled product (its result within a sparse factor's entries): the kernel"
     if choose and executor_chose_dense:
         dense, why = True, "the executor chose the dense path"
     elif choose:
@@ -484,6 +486,17 @@ def _all_finite(ops_) -> bool:
         if not bool(torch.isfinite(t.detach().sum(dtype=acc))):
             return False
     return True
+
+
+def _sampled_by_a_factor(equation: str, ops_) -> bool:
+    """Whether a stored sparse operand's term holds exactly the output's letters (executor.cpp's rule of the
+    same name): every einsum operand is a factor, so the result lies within that operand's entries."""
+    if "->" not in equation or "." in equation:
+        return False
+    lhs, out = "".join(equation.split()).split("->")
+    if not out or len(set(out)) != len(out):
+        return False
+    return any(o.sparse and sorted(term) == sorted(out) for term, o in zip(lhs.split(","), ops_))
 
 
 def _pairwise_einsum(equation: str, factors: list) -> torch.Tensor:

@@ -62,7 +62,7 @@ def test_decisions(monkeypatch, capsys):
     monkeypatch.setenv("SCORCH_MEASURE", "0")
     assert cost_model.choose_dense([0.6], 10**6)[0]          # a 60%-dense "sparse" operand runs dense
     assert not cost_model.choose_dense([0.01], 10**6)[0]
-    assert cost_model.choose_dense([0.01], 100)[0]           # tiny: dense
+    assert not cost_model.choose_dense([0.9], 100)[0]        # tiny with a stored sparse operand: the kernel
     assert not cost_model.choose_dense([0.5, 0.1], 10**6)[0]  # SpGEMM-like: densities multiply
     # The dense path gives the same results, including a sparse result in the plan's format, and gradients.
     monkeypatch.setenv("SCORCH_DEBUG", "1")

@@ -268,9 +268,10 @@ def test_a_sampled_product_runs_the_kernel_at_any_density(monkeypatch, density):
     x, y = torch.randn(70, 16, generator=g), torch.randn(90, 16, generator=g)
     S = sb.sparse(s, "csr")
     runs = _count_dense_runs(monkeypatch)
-    for eq, want in (("ij,ik,jk->ij", s * (x @ y.T)), ("ik,ij,jk->ji", (s * (x @ y.T)).T)):
+    for eq, want, fmt in (("ij,ik,jk->ij", s * (x @ y.T), None), ("ik,ij,jk->ji", (s * (x @ y.T)).T, None),
+                          ("ij,ik,jk->ij", s * (x @ y.T), "csr")):  # (a preset: the Python path decides)
         ops = (S, x, y) if eq.startswith("ij") else (x, S, y)
-        got = sb.einsum(eq, *ops)
+        got = sb.einsum(eq, *ops, out_format=fmt)
         assert isinstance(got, sb.SparseTensor)
         torch.testing.assert_close(got.to_dense(), want, rtol=1e-4, atol=1e-4)
     assert len(runs) == 0
