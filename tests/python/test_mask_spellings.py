@@ -86,10 +86,13 @@ ATTENTION_SPELLINGS = {
 
 @pytest.mark.parametrize("how", list(ATTENTION_SPELLINGS))
 @pytest.mark.parametrize("grad", [False, True])
-def test_each_spelling_of_the_masked_positions_is_masked_attention(how, grad):
+def test_each_spelling_of_the_masked_positions_is_masked_attention(how, grad, monkeypatch):
     """masked_fill(mask == 0, -inf), the most common spelling in attention code, was left dense: only ~mask
-    was read as the negated mask."""
+    was read as the negated mask. (Recognition is the subject: the sparse path is forced, since under the
+    default dispatch a 64x64 attention is rightly left dense.)"""
     from scorch_backend import _C
+
+    monkeypatch.setenv("SCORCH_DISPATCH", "sparse")
 
     class Attention(nn.Module):
         def __init__(self):
